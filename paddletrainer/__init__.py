@@ -1,0 +1,54 @@
+"""paddletrainer: a PaddlePaddle-native trainer with 4D hybrid parallelism.
+
+The public API mirrors ``paddlenlp.trainer``: a script written for PaddleNLP's Trainer runs after changing
+its import to ``from paddletrainer import ...``. Importing this package never imports paddlenlp; the
+public names are resolved on first use (PEP 562), so ``import paddletrainer`` stays cheap and a submodule
+can be imported on its own.
+"""
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    "PdArgumentParser": "argparser",
+    "TrainingArguments": "training_args",
+    "Trainer": "trainer",
+    "CallbackHandler": "callbacks",
+    "DefaultFlowCallback": "callbacks",
+    "EarlyStoppingCallback": "callbacks",
+    "PrinterCallback": "callbacks",
+    "ProgressCallback": "callbacks",
+    "TrainerCallback": "callbacks",
+    "TrainerControl": "callbacks",
+    "TrainerState": "callbacks",
+    "DataCollatorWithPadding": "data",
+    "GlobalBatchSampler": "data",
+    "default_data_collator": "data",
+    "get_scheduler": "optimization",
+    "EvalPrediction": "trainer_utils",
+    "IntervalStrategy": "trainer_utils",
+    "OptimizerNames": "trainer_utils",
+    "PredictionOutput": "trainer_utils",
+    "SchedulerType": "trainer_utils",
+    "ShardingOption": "trainer_utils",
+    "TrainOutput": "trainer_utils",
+    "get_last_checkpoint": "trainer_utils",
+    "set_seed": "trainer_utils",
+    "speed_metrics": "trainer_utils",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'paddletrainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # cache: the next lookup is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,107 @@
+"""Mixed precision: what the arguments ask for, and how it reaches Paddle.
+
+``AmpConfig.from_args`` is pure; ``AmpConfig.autocast()``, ``decorate()`` and ``grad_scaler()`` are the only
+places AMP touches Paddle, so a test can check exactly which dtype, level, lists and scaler settings
+arrive there.
+
+CPU policy. Paddle 3.3.1's CPU build keeps ``auto_cast`` in float32, leaves O2-decorated weights in
+float32, gives ``GradScaler`` no scale, and has no bf16 matmul kernel: AMP on CPU would silently train in
+fp32 while reporting fp16/bf16. So on CPU ``fp16``/``bf16`` is an error by default; ``amp_on_cpu=
+"fp32_dry_run"`` runs the same AMP wiring (auto_cast, decorate, scaler) and warns loudly that the math is
+fp32 — useful to dry-run a GPU config on a laptop.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import paddle
+
+logger = logging.getLogger(__name__)
+
+
+def device_supports_amp() -> bool:
+    """True where Paddle has reduced-precision kernels (a CUDA, XPU or custom-device build)."""
+    if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu():
+        return True
+    return bool(paddle.device.get_all_custom_device_type())
+
+
+@dataclass(frozen=True)
+class AmpConfig:
+    """Resolved mixed-precision settings (``enabled`` False means plain fp32)."""
+
+    enabled: bool = False
+    dtype: str = "float32"  # "float16" | "bfloat16" when enabled
+    level: str = "O1"  # "O1" (per-op casting) | "O2" (weights cast, fp32 master weights)
+    custom_white_list: List[str] = field(default_factory=list)
+    custom_black_list: List[str] = field(default_factory=list)
+    use_scaler: bool = False  # dynamic loss scaling: fp16 only (bf16 has fp32's exponent range)
+    init_loss_scaling: float = 2.0**15
+    master_grad: bool = False
+    dry_run: bool = False  # True: wiring runs but the device computes in fp32 (CPU)
+
+    @classmethod
+    def from_args(cls, args, device_has_amp: Optional[bool] = None) -> "AmpConfig":
+        """Read ``fp16``/``bf16``/``fp16_opt_level``/lists/``scale_loss``/``amp_master_grad``/``amp_on_cpu``."""
+        if not (args.fp16 or args.bf16):
+            return cls()
+        if device_has_amp is None:
+            device_has_amp = device_supports_amp()
+        flag = "fp16" if args.fp16 else "bf16"
+        dry_run = False
+        if not device_has_amp:
+            policy = getattr(args, "amp_on_cpu", "error")
+            if policy != "fp32_dry_run":
+                raise ValueError(
+                    f"{flag}=True needs a GPU/XPU: this Paddle build has no {flag} kernels on CPU; "
+                    "remove the flag, or pass --amp_on_cpu fp32_dry_run to run the AMP wiring in fp32"
+                )
+            dry_run = True
+        return cls(
+            enabled=True,
+            dtype="float16" if args.fp16 else "bfloat16",
+            level=args.fp16_opt_level,
+            custom_white_list=list(args.amp_custom_white_list or []),
+            custom_black_list=list(args.amp_custom_black_list or []),
+            use_scaler=bool(args.fp16),
+            init_loss_scaling=float(args.scale_loss),
+            master_grad=bool(args.amp_master_grad),
+            dry_run=dry_run,
+        )
+
+    def warn_if_dry_run(self) -> None:
+        if self.dry_run:
+            logger.warning(
+                "AMP DRY RUN: %s %s requested on a CPU-only Paddle; auto_cast/decorate/GradScaler are wired as "
+                "configured but Paddle computes in float32 here. Losses and speed are NOT those of %s.",
+                self.dtype, self.level, self.dtype,
+            )
+
+    def autocast(self):
+        """The forward-pass context: ``paddle.amp.auto_cast`` with our settings, or a no-op in fp32."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        return paddle.amp.auto_cast(
+            enable=True,
+            custom_white_list=self.custom_white_list or None,
+            custom_black_list=self.custom_black_list or None,
+            level=self.level,
+            dtype=self.dtype,
+        )
+
+    def decorate(self, model, optimizer):
+        """O2: cast weights and give the optimizer fp32 master weights (``paddle.amp.decorate``)."""
+        if not self.enabled or self.level != "O2":
+            return model, optimizer
+        return paddle.amp.decorate(
+            models=model, optimizers=optimizer, level="O2", dtype=self.dtype, master_grad=self.master_grad
+        )
+
+    def grad_scaler(self) -> Optional[paddle.amp.GradScaler]:
+        """A dynamic ``GradScaler`` for fp16, None otherwise."""
+        if not (self.enabled and self.use_scaler):
+            return None
+        return paddle.amp.GradScaler(init_loss_scaling=self.init_loss_scaling, use_dynamic_loss_scaling=True)

@@ -1,0 +1,377 @@
+"""Names, placements and the index of a checkpoint: pure functions, no I/O, no paddle.
+
+A checkpoint directory ``checkpoint-<step>/`` holds
+
+* ``model_state.tp00_pp01.safetensors`` / ``optimizer.tp00_pp01_shard01.safetensors`` — one file per writing
+  rank, holding only the tensor pieces that rank was chosen to write (see :func:`assign_writers`);
+* ``checkpoint_index.json`` — the only file that says where everything is (:func:`build_index`);
+* small JSON files (trainer state, args, scheduler, scaler, data position, model config) and one
+  ``rng_state.<coords>.pkl`` per rank;
+* ``.checkpoint_complete`` — written last; a directory without it is not a checkpoint.
+
+Every tensor has a *global key*: ``model/<state_dict name>`` or ``optim/<param global name>/<state kind>``.
+A *piece* is the part of the global tensor one file stores: a box (``offsets`` + ``shape``) and, for
+flat-sliced storage (sharding stage 3), a ``flat`` range ``[start, stop)`` inside that box's row-major
+flattening. Loading in another layout only needs :func:`box_overlap` / :func:`flat_rows` between the
+pieces and the slice the loading rank owns — no collectives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+try:  # one constant shared with get_last_checkpoint in trainer_utils (owned by another module)
+    from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER
+except Exception:  # trainer_utils not present yet, or does not define it: same string
+    CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
+
+FORMAT_NAME = "paddletrainer-checkpoint"
+FORMAT_VERSION = 1
+INDEX_NAME = "checkpoint_index.json"
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+TMP_INFIX = ".tmp-"
+TRAINER_STATE_NAME = "trainer_state.json"
+TRAINING_ARGS_NAME = "training_args.json"
+SCHEDULER_NAME = "scheduler.json"
+SCALER_NAME = "scaler.json"
+DATA_STATE_NAME = "data_state.json"
+CONFIG_NAME = "config.json"
+
+MODEL_PREFIX = "model/"
+OPTIM_PREFIX = "optim/"
+
+_CKPT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+_TMP_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+){re.escape(TMP_INFIX)}.+$")
+
+
+class CheckpointError(RuntimeError):
+    """Base class of the errors this package raises."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """The checkpoint does not fit the model/optimizer (names or shapes); carries the list."""
+
+    def __init__(self, mismatches: List[str]):
+        self.mismatches = list(mismatches)
+        shown = "\n  ".join(self.mismatches[:50])
+        more = f"\n  ... and {len(self.mismatches) - 50} more" if len(self.mismatches) > 50 else ""
+        super().__init__(f"checkpoint does not match the model ({len(self.mismatches)} problems):\n  {shown}{more}")
+
+
+class CheckpointCorruptError(CheckpointError):
+    """A file's size or checksum differs from the index; ``files`` names them."""
+
+    def __init__(self, ckpt_dir: str, files: List[str], details: List[str]):
+        self.files = list(files)
+        super().__init__(f"corrupt checkpoint {ckpt_dir}: " + "; ".join(details))
+
+
+# ----------------------------------------------------------------------------------------- names
+def rank_suffix(tp_rank: int, pp_rank: int, sharding_rank: Optional[int] = None) -> str:
+    """``tp00_pp01`` or ``tp00_pp01_shard01`` — the suffixes PaddleNLP users know."""
+    s = f"tp{tp_rank:02d}_pp{pp_rank:02d}"
+    return s if sharding_rank is None else f"{s}_shard{sharding_rank:02d}"
+
+
+def model_file_name(tp_rank: int, pp_rank: int, sharding_rank: Optional[int] = None) -> str:
+    """Model weights of one (tp, pp) cell; sharding rank only when weights are sharded (stage 3)."""
+    return f"model_state.{rank_suffix(tp_rank, pp_rank, sharding_rank)}.safetensors"
+
+
+def optimizer_file_name(tp_rank: int, pp_rank: int, sharding_rank: int) -> str:
+    return f"optimizer.{rank_suffix(tp_rank, pp_rank, sharding_rank)}.safetensors"
+
+
+def rank_coords(dp_rank: int, sharding_rank: int, tp_rank: int, pp_rank: int) -> str:
+    """Key of per-rank state (RNG): the full coordinates, so it can only be restored into the same cell."""
+    return f"dp{dp_rank:02d}_shard{sharding_rank:02d}_tp{tp_rank:02d}_pp{pp_rank:02d}"
+
+
+def rng_file_name(coords: str) -> str:
+    return f"rng_state.{coords}.pkl"
+
+
+def model_key(name: str) -> str:
+    return MODEL_PREFIX + name
+
+
+def optim_key(param_name: str, kind: str) -> str:
+    """Optimizer state keyed by the parameter's global name so it reshards exactly like the parameter."""
+    return f"{OPTIM_PREFIX}{param_name}/{kind}"
+
+
+def split_optim_key(key: str) -> Tuple[str, str]:
+    """Inverse of :func:`optim_key` (param names contain dots, never a slash-separated kind)."""
+    assert key.startswith(OPTIM_PREFIX), key
+    name, kind = key[len(OPTIM_PREFIX):].rsplit("/", 1)
+    return name, kind
+
+
+def checkpoint_dir_name(step: int) -> str:
+    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+def tmp_dir_name(step: int, unique_id: str) -> str:
+    return f"{PREFIX_CHECKPOINT_DIR}-{step}{TMP_INFIX}{unique_id}"
+
+
+def parse_checkpoint_step(dir_name: str) -> Optional[int]:
+    """Step of a published ``checkpoint-N`` directory name; None for anything else (tmp dirs too)."""
+    m = _CKPT_RE.match(dir_name)
+    return int(m.group(1)) if m else None
+
+
+def is_tmp_dir_name(dir_name: str) -> bool:
+    return _TMP_RE.match(dir_name) is not None
+
+
+# ------------------------------------------------------------------------------------ placements
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a local tensor sits in its global tensor.
+
+    ``offsets``/``shape`` give the box; ``flat`` (optional) says the local data is only
+    ``box.reshape(-1)[start:stop]`` (stage-3 style flat slicing of a possibly TP-split box).
+    """
+
+    global_shape: Tuple[int, ...]
+    offsets: Tuple[int, ...]
+    shape: Tuple[int, ...]
+    flat: Optional[Tuple[int, int]] = None
+
+    @property
+    def is_full(self) -> bool:
+        return self.flat is None and tuple(self.shape) == tuple(self.global_shape)
+
+    @property
+    def local_numel(self) -> int:
+        return (self.flat[1] - self.flat[0]) if self.flat else math.prod(self.shape)
+
+
+def replicated(shape: Sequence[int]) -> Placement:
+    shape = tuple(int(s) for s in shape)
+    return Placement(shape, (0,) * len(shape), shape)
+
+
+def tp_placement(local_shape: Sequence[int], split_axis: int, tp_rank: int, tp_degree: int) -> Placement:
+    """A tensor-parallel slice: even split of ``split_axis`` (Paddle's mp layers require divisibility)."""
+    local_shape = tuple(int(s) for s in local_shape)
+    if not 0 <= split_axis < len(local_shape):
+        raise ValueError(f"split_axis {split_axis} out of range for shape {local_shape}")
+    gshape = list(local_shape)
+    gshape[split_axis] *= tp_degree
+    offsets = [0] * len(local_shape)
+    offsets[split_axis] = tp_rank * local_shape[split_axis]
+    return Placement(tuple(gshape), tuple(offsets), local_shape)
+
+
+def flat_placement(box: Placement, start: int, stop: int) -> Placement:
+    """Flat range ``[start, stop)`` of ``box`` (clipped to the box: stage 3 pads the last slice)."""
+    n = math.prod(box.shape)
+    start, stop = max(0, min(start, n)), max(0, min(stop, n))
+    return dataclasses.replace(box, flat=(start, stop))
+
+
+# ------------------------------------------------------------------------------------- overlaps
+def box_overlap(
+    a_off: Sequence[int], a_shape: Sequence[int], b_off: Sequence[int], b_shape: Sequence[int]
+) -> Optional[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """Intersection of two boxes in global coordinates: ``(offsets, shape)`` or None if empty.
+
+    0-d boxes (scalars) always overlap with shape ``()``.
+    """
+    offs, shape = [], []
+    for ao, asz, bo, bsz in zip(a_off, a_shape, b_off, b_shape):
+        lo, hi = max(ao, bo), min(ao + asz, bo + bsz)
+        if hi <= lo:
+            return None
+        offs.append(lo)
+        shape.append(hi - lo)
+    return tuple(offs), tuple(shape)
+
+
+def relative_slices(offsets: Sequence[int], shape: Sequence[int], origin: Sequence[int]) -> Tuple[slice, ...]:
+    """Slices selecting the global box (offsets, shape) inside an array whose [0,..] is at ``origin``."""
+    return tuple(slice(o - g, o - g + s) for o, s, g in zip(offsets, shape, origin))
+
+
+def flat_rows(piece_shape: Sequence[int], flat: Tuple[int, int], row_lo: int, row_hi: int) -> Optional[Tuple[int, int]]:
+    """Which part of a flat piece falls in rows ``[row_lo, row_hi)`` (dim 0) of its box.
+
+    Returns ``(lo, hi)`` as flat positions inside the box (so ``lo - flat[0]`` indexes the stored 1-D
+    array, ``lo - row_lo * row_width`` indexes a buffer holding those rows), or None.
+    """
+    row_width = math.prod(piece_shape[1:]) if len(piece_shape) > 1 else 1
+    lo, hi = max(row_lo * row_width, flat[0]), min(row_hi * row_width, flat[1])
+    return (lo, hi) if lo < hi else None
+
+
+def row_block_of_flat(shape: Sequence[int], flat: Tuple[int, int]) -> Tuple[int, int]:
+    """Smallest row range ``[r0, r1)`` (dim 0) of a box whose flattening covers ``flat``."""
+    row_width = math.prod(shape[1:]) if len(shape) > 1 else 1
+    return flat[0] // row_width, -(-flat[1] // row_width)
+
+
+# ---------------------------------------------------------------------------------------- pieces
+@dataclasses.dataclass(frozen=True)
+class PieceEntry:
+    """One rank's candidate piece of one tensor, before writers are chosen (all_gather'd metadata)."""
+
+    key: str
+    dtype: str
+    placement: Placement
+    rank: int
+    file: str
+
+
+def _piece_identity(e: PieceEntry) -> tuple:
+    p = e.placement
+    return (e.key, p.global_shape, p.offsets, p.shape, p.flat)
+
+
+def assign_writers(entries_per_rank: Sequence[Sequence[PieceEntry]]) -> List[List[PieceEntry]]:
+    """Each distinct piece is written once, by the lowest rank holding it (replicas across dp/tp/...).
+
+    Pure: given everybody's candidates (same list on every rank), every rank computes the same answer,
+    so no topology-specific "who writes" rules are needed (tied weights and TP-replicated norms included).
+    Raises if two ranks disagree about a tensor's global shape or dtype — that is a bug upstream.
+    """
+    seen: Dict[tuple, int] = {}
+    meta: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+    out: List[List[PieceEntry]] = [[] for _ in entries_per_rank]
+    for rank, entries in enumerate(entries_per_rank):
+        for e in entries:
+            m = (e.placement.global_shape, e.dtype)
+            if meta.setdefault(e.key, m) != m:
+                raise CheckpointError(f"ranks disagree on {e.key}: {meta[e.key]} vs {m} (rank {rank})")
+            ident = _piece_identity(e)
+            if ident not in seen:
+                seen[ident] = rank
+                out[rank].append(e)
+    return out
+
+
+def coverage_problems(tensors: Dict[str, dict]) -> List[str]:
+    """Tensors whose pieces do not add up to the full tensor (a layout description bug or lost rank)."""
+    problems = []
+    for key, t in tensors.items():
+        total = math.prod(t["shape"])
+        covered = sum(
+            (p["flat"][1] - p["flat"][0]) if p.get("flat") else math.prod(p["shape"]) for p in t["pieces"]
+        )
+        # pieces never overlap (assign_writers dedups identical ones; layouts partition), so a sum suffices
+        if covered != total:
+            problems.append(f"{key}: pieces cover {covered} of {total} elements")
+    return problems
+
+
+def build_index(
+    pieces: Iterable[PieceEntry],
+    files: Dict[str, Dict[str, object]],
+    topology: Dict[str, int],
+    extra: Optional[Dict[str, object]] = None,
+) -> dict:
+    """The index JSON: format, writing topology, per-file size/crc32, per-tensor shape/dtype/pieces."""
+    tensors: Dict[str, dict] = {}
+    for e in sorted(pieces, key=lambda e: (e.key, e.placement.offsets, e.placement.flat or (0, 0))):
+        t = tensors.setdefault(e.key, {"shape": list(e.placement.global_shape), "dtype": e.dtype, "pieces": []})
+        p = {"file": e.file, "offsets": list(e.placement.offsets), "shape": list(e.placement.shape)}
+        if e.placement.flat is not None:
+            p["flat"] = list(e.placement.flat)
+        t["pieces"].append(p)
+    problems = coverage_problems(tensors)
+    if problems:
+        raise CheckpointError("incomplete checkpoint description: " + "; ".join(problems[:20]))
+    index = {
+        "format": FORMAT_NAME,
+        "version": FORMAT_VERSION,
+        "topology": dict(topology),
+        "files": {f: dict(files[f]) for f in sorted(files)},
+        "tensors": tensors,
+    }
+    if extra:
+        index.update(extra)
+    return index
+
+
+def check_index(index: dict) -> None:
+    """Reject what this code cannot read (other formats, newer versions)."""
+    if index.get("format") != FORMAT_NAME:
+        raise CheckpointError(f"not a {FORMAT_NAME} index (format={index.get('format')!r})")
+    if int(index.get("version", 0)) > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint format version {index['version']} is newer than {FORMAT_VERSION}")
+
+
+def placement_of_piece(piece: dict, global_shape: Sequence[int]) -> Placement:
+    flat = tuple(piece["flat"]) if piece.get("flat") else None
+    return Placement(tuple(global_shape), tuple(piece["offsets"]), tuple(piece["shape"]), flat)
+
+
+def pieces_for(index: dict, key: str, target: Placement) -> List[dict]:
+    """Pieces of ``key`` whose box overlaps the target's box (flat pieces are filtered by rows later)."""
+    t = index["tensors"][key]
+    return [
+        p
+        for p in t["pieces"]
+        if box_overlap(p["offsets"], p["shape"], target.offsets, target.shape) is not None
+    ]
+
+
+def files_for_reads(index: dict, wanted: Dict[str, Placement]) -> List[str]:
+    """Files a rank must open (and verify) to load ``wanted`` — only those, not the whole checkpoint."""
+    files = set()
+    for key, target in wanted.items():
+        if key in index["tensors"]:
+            files.update(p["file"] for p in pieces_for(index, key, target))
+    return sorted(files)
+
+
+def compare_to_index(
+    index: dict, expected: Dict[str, Tuple[Tuple[int, ...], str]], complete_model: bool, prefix: str = MODEL_PREFIX
+) -> List[str]:
+    """Mismatches between what the local model expects (global key -> (global shape, dtype)) and the index.
+
+    ``complete_model``: the local model holds every tensor (no pipeline split), so keys in the checkpoint
+    that the model lacks are reported too. Dtype differences are not mismatches (loading casts).
+    """
+    stored = index["tensors"]
+    problems = []
+    for key, (shape, _dtype) in sorted(expected.items()):
+        if key not in stored:
+            problems.append(f"missing in checkpoint: {key} {list(shape)}")
+        elif list(stored[key]["shape"]) != list(shape):
+            problems.append(f"shape mismatch: {key} checkpoint {stored[key]['shape']} vs model {list(shape)}")
+    if complete_model:
+        for key in sorted(stored):
+            if key.startswith(prefix) and key not in expected:
+                problems.append(f"unexpected in checkpoint: {key} {stored[key]['shape']}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------- rotation
+def select_checkpoints_to_delete(
+    steps: Sequence[int], save_total_limit: Optional[int], best_step: Optional[int] = None
+) -> List[int]:
+    """Oldest complete checkpoints beyond ``save_total_limit``; never the newest nor the best.
+
+    So ``save_total_limit=1`` with a best that is not the newest keeps two (like HF/PaddleNLP).
+    """
+    if not save_total_limit or save_total_limit <= 0:
+        return []
+    ordered = sorted(set(steps))
+    if not ordered:
+        return []
+    protected = {ordered[-1]} | ({best_step} if best_step is not None else set())
+    keep = len(ordered)
+    doomed = []
+    for s in ordered:
+        if keep <= save_total_limit:
+            break
+        if s in protected:
+            continue
+        doomed.append(s)
+        keep -= 1
+    return doomed

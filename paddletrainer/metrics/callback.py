@@ -1,0 +1,128 @@
+"""``MetricsCallback``: sends the Trainer's logs to the writers named by ``args.report_to``."""
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import socket
+from typing import Dict, List, Optional
+
+from ..callbacks import TrainerCallback
+from .writers import MetricsWriter, VisualDLWriter, _is_number, build_writers
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["MetricsCallback", "VisualDLCallback", "default_logging_dir", "rewrite_logs"]
+
+
+def default_logging_dir(output_dir: str) -> str:
+    """``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>``: the PaddleNLP/HF default, one directory per run."""
+    stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
+    return os.path.join(output_dir or ".", "runs", f"{stamp}_{socket.gethostname()}")
+
+
+def rewrite_logs(logs: Dict[str, object]) -> Dict[str, object]:
+    """Group keys for dashboards: ``eval_x -> eval/x``, ``test_x -> test/x``, anything else ``-> train/x``."""
+    out = {}
+    for key, value in logs.items():
+        if key.startswith("eval_"):
+            out["eval/" + key[len("eval_"):]] = value
+        elif key.startswith("test_"):
+            out["test/" + key[len("test_"):]] = value
+        else:
+            out["train/" + key] = value
+    return out
+
+
+def _unwrap(model):
+    # paddle.DataParallel and fleet wrappers keep the user's model in `_layers`.
+    while model is not None and hasattr(model, "_layers"):
+        model = model._layers
+    return model
+
+
+class MetricsCallback(TrainerCallback):
+    """Writes every numeric value of ``on_log`` to the writers of ``report_to``, on world rank 0 only.
+
+    The gate is ``state.is_world_process_zero`` rather than ``args.should_log``: with ``log_on_each_node``
+    ``should_log`` is true on one process per node, and a run must have exactly one writer.
+
+    Args:
+        report_to: writer names (see ``build_writers``); ``None`` reads ``args.report_to``.
+        logging_dir: where the writers write; ``None`` reads ``args.logging_dir``, then falls back to
+            ``default_logging_dir(args.output_dir)``.
+        writers: ready-made writers to use instead of building them (tests, custom backends).
+
+    Logged once per run, at the first ``on_train_begin`` or ``on_log``: the training arguments as text
+    ("args", from ``args.to_json_string()``) and hyper-parameters (``args.to_sanitized_dict()``) when args
+    has them, and the model config as text ("model_config") when the model has ``.config``.
+    """
+
+    def __init__(self, report_to=None, logging_dir: Optional[str] = None,
+                 writers: Optional[List[MetricsWriter]] = None):
+        self.report_to = report_to
+        self.logging_dir = logging_dir
+        self.writers: Optional[List[MetricsWriter]] = list(writers) if writers is not None else None
+        self._run_info_logged = False
+
+    def _open(self, args, state, model=None) -> bool:
+        """Build the writers if needed; return False on processes that must not write."""
+        if not state.is_world_process_zero:
+            return False
+        if self.writers is None:
+            report_to = self.report_to if self.report_to is not None else getattr(args, "report_to", None)
+            self.logging_dir = (self.logging_dir or getattr(args, "logging_dir", None)
+                                or default_logging_dir(getattr(args, "output_dir", ".")))
+            self.writers = build_writers(report_to, self.logging_dir)
+        if not self._run_info_logged:
+            self._run_info_logged = True
+            self._log_run_info(args, model)
+        return bool(self.writers)
+
+    def _log_run_info(self, args, model) -> None:
+        texts = {}
+        if hasattr(args, "to_json_string"):
+            texts["args"] = args.to_json_string()
+        config = getattr(_unwrap(model), "config", None)
+        if config is not None:
+            texts["model_config"] = config.to_json_string() if hasattr(config, "to_json_string") else str(config)
+        hparams = args.to_sanitized_dict() if hasattr(args, "to_sanitized_dict") else None
+        for writer in self.writers:
+            for tag, text in texts.items():
+                writer.log_text(tag, text, step=0)
+            if hparams:
+                writer.log_hparams(hparams)
+            writer.flush()
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._open(args, state, model)
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        # evaluate() without train() logs too, so the writers may first open here.
+        if not logs or not self._open(args, state, model):
+            return
+        values = {tag: value for tag, value in rewrite_logs(logs).items() if _is_number(value)}
+        skipped = sorted(set(logs) - {k for k in logs if _is_number(logs[k])})
+        if skipped:
+            logger.debug("Not a number, not written: %s", ", ".join(skipped))
+        for writer in self.writers:
+            writer.log_scalars(values, state.global_step)
+            # Log steps are infrequent, so flushing each one keeps dashboards current at little cost.
+            writer.flush()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for writer in self.writers or []:
+            writer.close()
+        self.writers = None
+        self._run_info_logged = False
+
+
+class VisualDLCallback(MetricsCallback):
+    """PaddleNLP's ``integrations.VisualDLCallback`` signature: VisualDL only, optionally with a given
+    ``visualdl.LogWriter``."""
+
+    def __init__(self, vdl_writer=None):
+        writers = None
+        if vdl_writer is not None:
+            writers = [VisualDLWriter(log_writer=vdl_writer)]
+        super().__init__(report_to="visualdl", writers=writers)

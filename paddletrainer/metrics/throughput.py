@@ -1,0 +1,157 @@
+"""Throughput, FLOPs per token and model FLOPs utilization (MFU).
+
+The FLOPs estimate is the one in the PaLM paper, appendix B (https://arxiv.org/abs/2204.02311), also used by
+nanoGPT's ``estimate_mfu`` and torchtitan: ``6·N + 12·L·h·s`` per token for a forward + backward pass, where
+N is the number of weights that take part in a matrix multiply. It counts model FLOPs (no activation
+recomputation), so MFU numbers are comparable across codebases that use the same formula.
+
+Nothing here touches a device: every count comes from batch shapes, which paddle keeps on the host.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+__all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter"]
+
+
+def causal_lm_flops_per_token(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int,
+                              intermediate_size: Optional[int] = None, num_kv_heads: Optional[int] = None,
+                              *, gated_mlp: bool = True) -> int:
+    """Training FLOPs (forward + backward) per token of a decoder-only transformer such as Llama.
+
+    ``intermediate_size=None`` means ``4·hidden_size``; ``num_kv_heads=None`` means ``num_heads`` (no GQA);
+    ``gated_mlp=True`` is the SwiGLU MLP (gate, up, down), ``False`` a GPT-2 MLP (up, down).
+    """
+    L, h, s, V = num_layers, hidden_size, seq_len, vocab_size
+    I = 4 * h if intermediate_size is None else intermediate_size
+    head_dim = h // num_heads
+    kv_dim = (num_kv_heads or num_heads) * head_dim  # width of K and V; smaller than h with GQA
+
+    # Weights that take part in a matmul, per layer:
+    attn = h * h + 2 * h * kv_dim + h * h  # q_proj (h -> h), k_proj and v_proj (h -> kv_dim), o_proj (h -> h)
+    mlp = (3 if gated_mlp else 2) * h * I  # gate_proj and up_proj (h -> I), down_proj (I -> h)
+    # Plus the LM head (h -> V). The input embedding is a table lookup (no FLOPs), and norms/biases are
+    # elementwise, O(h) per token, so both are left out.
+    n_matmul = L * (attn + mlp) + h * V
+
+    # Each weight costs a multiply and an add per token in the forward pass (2 FLOPs), and twice that in the
+    # backward pass (gradient w.r.t. the input and w.r.t. the weight): 2 + 4 = 6 FLOPs per weight per token.
+    weight_flops = 6 * n_matmul
+
+    # Attention itself has no weights: per layer and token, Q·K^T is s dot products of length h (2·s·h FLOPs)
+    # and the weighted sum of V is another 2·s·h; forward 4·s·h, x3 with the backward pass = 12·s·h.
+    # GQA does not change it (every query head still attends over s keys). Like PaLM and nanoGPT we do not
+    # halve it for the causal mask, which over-counts slightly; keep that in mind when comparing to Megatron.
+    attention_flops = 12 * L * h * s
+    return weight_flops + attention_flops
+
+
+def flops_per_token_from_config(config: Any, seq_len: Optional[int] = None) -> int:
+    """``causal_lm_flops_per_token`` from a LlamaConfig-like object (duck-typed).
+
+    Reads ``num_hidden_layers, hidden_size, num_attention_heads, vocab_size`` and, when present,
+    ``intermediate_size, num_key_value_heads``. ``seq_len`` defaults to ``config.max_position_embeddings``;
+    pass the training sequence length when it is shorter.
+    """
+    required = ["num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size"]
+    missing = [name for name in required if getattr(config, name, None) is None]
+    if seq_len is None:
+        seq_len = getattr(config, "max_position_embeddings", None)
+        if seq_len is None:
+            missing.append("max_position_embeddings (or pass seq_len)")
+    if missing:
+        raise ValueError(f"config lacks {', '.join(missing)}; cannot estimate FLOPs per token")
+    return causal_lm_flops_per_token(
+        num_layers=config.num_hidden_layers,
+        hidden_size=config.hidden_size,
+        num_heads=config.num_attention_heads,
+        seq_len=seq_len,
+        vocab_size=config.vocab_size,
+        intermediate_size=getattr(config, "intermediate_size", None),
+        num_kv_heads=getattr(config, "num_key_value_heads", None),
+    )
+
+
+def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> float:
+    """Model FLOPs utilization as a fraction (0.4 = 40 %): achieved FLOP/s over the hardware's peak FLOP/s.
+
+    Use matching scopes: tokens/s of one device with that device's peak, or global tokens/s with the sum.
+    """
+    if peak_flops <= 0:
+        raise ValueError(f"peak_flops must be positive, got {peak_flops}")
+    return tokens_per_second * flops_per_token / peak_flops
+
+
+def batch_counts(inputs: Any, key: str = "input_ids") -> Tuple[int, int]:
+    """``(samples, tokens)`` of a batch from its shape alone: ``(B, B·S)`` for a ``[B, S]`` tensor.
+
+    ``inputs`` may be a dict (``inputs[key]`` or else its first value with a shape), a list/tuple (its first
+    element) or a tensor/array. Padding counts as tokens: counting only real tokens would need
+    ``attention_mask.sum()``, a device sync every step.
+    """
+    tensor = inputs
+    if isinstance(inputs, dict):
+        tensor = inputs.get(key)
+        if tensor is None:
+            tensor = next((v for v in inputs.values() if hasattr(v, "shape")), None)
+    elif isinstance(inputs, (list, tuple)):
+        tensor = inputs[0] if inputs else None
+    shape = list(getattr(tensor, "shape", None) or [])
+    if not shape:
+        raise ValueError("cannot count samples: the batch has no tensor with a shape")
+    samples = int(shape[0])
+    tokens = samples * int(shape[1]) if len(shape) >= 2 else samples
+    return samples, tokens
+
+
+class ThroughputMeter:
+    """Counts samples, tokens and steps between two reports and turns them into rates.
+
+    Call ``update`` once per optimizer step with host-side counts (``batch_counts``), and ``report`` at each
+    log step. No device sync happens here. On GPU the wall time of an interval is still right because the
+    interval ends at the log step, which reads the loss and so waits for the device; single steps in between
+    may look fast or slow, their sum does not.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self.reset()
+
+    def reset(self) -> None:
+        """Start a new interval now."""
+        self._start = self._clock()
+        self.samples = 0
+        self.tokens = 0
+        self.steps = 0
+
+    def update(self, samples: int, tokens: int = 0, steps: int = 1) -> None:
+        """Add one optimizer step's counts (all micro-batches of it)."""
+        self.samples += samples
+        self.tokens += tokens
+        self.steps += steps
+
+    def report(self, reset: bool = True, flops_per_token: Optional[float] = None,
+               peak_flops: Optional[float] = None) -> Dict[str, float]:
+        """Rates over the interval since the last reset; ``{}`` if no step was counted.
+
+        Keys: ``samples_per_second, steps_per_second, step_time`` (seconds per step), plus
+        ``tokens_per_second`` when tokens were counted, ``tflops_per_second`` with ``flops_per_token`` and
+        ``mfu`` with ``peak_flops`` as well. Rates are for the counts given (per device if counts are).
+        """
+        elapsed = self._clock() - self._start
+        out: Dict[str, float] = {}
+        if self.steps > 0 and elapsed > 0:
+            out["samples_per_second"] = self.samples / elapsed
+            out["steps_per_second"] = self.steps / elapsed
+            out["step_time"] = elapsed / self.steps
+            if self.tokens > 0:
+                tps = self.tokens / elapsed
+                out["tokens_per_second"] = tps
+                if flops_per_token:
+                    out["tflops_per_second"] = tps * flops_per_token / 1e12
+                    if peak_flops:
+                        out["mfu"] = mfu(tps, flops_per_token, peak_flops)
+        if reset:
+            self.reset()
+        return out

@@ -1,0 +1,214 @@
+"""Learning-rate schedules and optimizer construction.
+
+Every schedule is a pure *factor* function ``step -> multiplier of the peak learning rate``, wrapped in
+``paddle.optimizer.lr.LambdaDecay``. Keeping the math in plain functions makes it testable without Paddle
+and lets checkpoints restore a scheduler by its step alone.
+
+Schedules (names as in PaddleNLP's ``lr_scheduler_type``), with ``w`` warmup steps and ``T`` total steps:
+
+    warmup (all but "constant"):  factor = step / w                          for step < w
+    linear:       factor = (T - step) / (T - w)                                   -> 0 at T
+    cosine:       factor = 0.5 * (1 + cos(pi * 2 * num_cycles * progress))        progress = (step - w) / (T - w)
+    polynomial:   lr = (lr0 - lr_end) * (1 - progress) ** power + lr_end        -> lr_end at T
+    constant / constant_with_warmup: factor = 1 after warmup
+
+``min_learning_rate`` (0 by default, so PaddleNLP's curves are unchanged) is a floor for linear and cosine:
+``lr = min_lr + (lr0 - min_lr) * factor``, the convention of PaddleNLP's LLM pretraining scripts.
+"""
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Callable, Iterable, List, Optional
+
+import paddle
+
+from .trainer_utils import OptimizerNames, SchedulerType
+
+
+# --------------------------------------------------------------------------------------- schedules
+def _warmup(step: int, warmup_steps: int) -> Optional[float]:
+    """The linear warmup factor, or None once warmup is over."""
+    if step < warmup_steps:
+        return float(step) / float(max(1, warmup_steps))
+    return None
+
+
+def _progress(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Fraction of the decay phase done, clamped to [0, 1]."""
+    return min(1.0, float(step - warmup_steps) / float(max(1, total_steps - warmup_steps)))
+
+
+def constant_factor(step: int) -> float:
+    return 1.0
+
+
+def constant_with_warmup_factor(step: int, warmup_steps: int) -> float:
+    w = _warmup(step, warmup_steps)
+    return 1.0 if w is None else w
+
+
+def linear_factor(step: int, warmup_steps: int, total_steps: int, floor: float = 0.0) -> float:
+    w = _warmup(step, warmup_steps)
+    if w is not None:
+        return w
+    decay = max(0.0, 1.0 - _progress(step, warmup_steps, total_steps))
+    return floor + (1.0 - floor) * decay
+
+
+def cosine_factor(step: int, warmup_steps: int, total_steps: int, num_cycles: float = 0.5, floor: float = 0.0) -> float:
+    w = _warmup(step, warmup_steps)
+    if w is not None:
+        return w
+    progress = _progress(step, warmup_steps, total_steps)
+    decay = max(0.0, 0.5 * (1.0 + math.cos(math.pi * float(num_cycles) * 2.0 * progress)))
+    return floor + (1.0 - floor) * decay
+
+
+def polynomial_factor(step: int, warmup_steps: int, total_steps: int, lr_init: float, lr_end: float, power: float) -> float:
+    w = _warmup(step, warmup_steps)
+    if w is not None:
+        return w
+    if step > total_steps:
+        return lr_end / lr_init
+    remaining = 1.0 - _progress(step, warmup_steps, total_steps)
+    return ((lr_init - lr_end) * remaining**power + lr_end) / lr_init
+
+
+def schedule_factor_fn(
+    name: str,
+    *,
+    learning_rate: float,
+    num_warmup_steps: int,
+    num_training_steps: int,
+    num_cycles: float = 0.5,
+    lr_end: float = 1e-7,
+    power: float = 1.0,
+    min_learning_rate: float = 0.0,
+) -> Callable[[int], float]:
+    """The factor function of schedule ``name`` (a ``SchedulerType`` value)."""
+    name = SchedulerType(name).value
+    floor = min_learning_rate / learning_rate if learning_rate > 0 else 0.0
+    if name == "constant":
+        return constant_factor
+    if name == "constant_with_warmup":
+        return partial(constant_with_warmup_factor, warmup_steps=num_warmup_steps)
+    if name == "linear":
+        return partial(linear_factor, warmup_steps=num_warmup_steps, total_steps=num_training_steps, floor=floor)
+    if name == "cosine":
+        return partial(
+            cosine_factor, warmup_steps=num_warmup_steps, total_steps=num_training_steps, num_cycles=num_cycles, floor=floor
+        )
+    if name == "polynomial":
+        if not learning_rate > lr_end:
+            raise ValueError(f"lr_end={lr_end} must be smaller than learning_rate={learning_rate} for 'polynomial'")
+        return partial(
+            polynomial_factor,
+            warmup_steps=num_warmup_steps,
+            total_steps=num_training_steps,
+            lr_init=learning_rate,
+            lr_end=lr_end,
+            power=power,
+        )
+    raise ValueError(f"lr_scheduler_type={name!r} has no schedule here")  # unreachable: SchedulerType validated it
+
+
+def get_scheduler(
+    name: str,
+    learning_rate: float,
+    num_warmup_steps: int = 0,
+    num_training_steps: int = 0,
+    num_cycles: float = 0.5,
+    lr_end: float = 1e-7,
+    power: float = 1.0,
+    min_learning_rate: float = 0.0,
+) -> paddle.optimizer.lr.LRScheduler:
+    """Build a Paddle LR scheduler by name (PaddleNLP's ``get_scheduler`` signature, plus ``min_learning_rate``)."""
+    factor = schedule_factor_fn(
+        name,
+        learning_rate=learning_rate,
+        num_warmup_steps=num_warmup_steps,
+        num_training_steps=num_training_steps,
+        num_cycles=num_cycles,
+        lr_end=lr_end,
+        power=power,
+        min_learning_rate=min_learning_rate,
+    )
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, factor)
+
+
+# --------------------------------------------------------------------------------------- optimizers
+def no_decay_parameter_names(model: paddle.nn.Layer) -> set:
+    """Names (``param.name``) of parameters that weight decay must skip: biases and normalisation weights.
+
+    Decaying a norm's scale or a bias pulls it toward 0, which is not regularisation but damage; every
+    reference trainer excludes them. A layer counts as a norm when its class name contains "Norm"
+    (LayerNorm, RMSNorm, BatchNorm, GroupNorm and the fused/parallel variants alike).
+    """
+    skip = set()
+    for _, layer in model.named_sublayers(include_self=True):
+        is_norm = "norm" in type(layer).__name__.lower()
+        for pname, param in layer.named_parameters(include_sublayers=False):
+            if is_norm or pname.endswith("bias") or pname == "b_0":
+                skip.add(param.name)
+    return skip
+
+
+def _optimizer_class(name: str):
+    """The Paddle optimizer class and the keyword names it takes, for an ``optim`` value."""
+    name = OptimizerNames(name).value
+    table = {
+        "adamw": paddle.optimizer.AdamW,
+        "adam": paddle.optimizer.Adam,
+        "sgd": paddle.optimizer.SGD,
+        "momentum": paddle.optimizer.Momentum,
+        "adagrad": paddle.optimizer.Adagrad,
+        "rmsprop": paddle.optimizer.RMSProp,
+        "lamb": paddle.optimizer.Lamb,
+        "adamax": paddle.optimizer.Adamax,
+    }
+    if name not in table:
+        raise ValueError(f"optim={name!r} is not supported; valid: {', '.join(sorted(table))}")
+    return name, table[name]
+
+
+def create_optimizer(
+    model: paddle.nn.Layer,
+    lr_scheduler,
+    *,
+    optim: str = "adamw",
+    weight_decay: float = 0.0,
+    adam_beta1: float = 0.9,
+    adam_beta2: float = 0.999,
+    adam_epsilon: float = 1e-8,
+    multi_precision: bool = False,
+    parameters: Optional[Iterable] = None,
+    grad_clip=None,
+) -> paddle.optimizer.Optimizer:
+    """Build the optimizer named by ``optim`` over ``model``'s trainable parameters.
+
+    Weight decay is decoupled (AdamW-style) for ``adamw`` and applied to every parameter except biases and
+    norm weights; for the other optimizers it is L2 regularisation on the same set. Gradient clipping is
+    not attached here: the Trainer clips once, across all parallel groups, before ``step()``.
+    """
+    name, cls = _optimizer_class(optim)
+    params: List = [p for p in (parameters if parameters is not None else model.parameters()) if not p.stop_gradient]
+    skip = no_decay_parameter_names(model)
+    kwargs = dict(learning_rate=lr_scheduler, parameters=params, grad_clip=grad_clip)
+    if name in ("adamw", "adam", "adamax", "lamb"):
+        kwargs.update(beta1=adam_beta1, beta2=adam_beta2, epsilon=adam_epsilon)
+    if name in ("adamw", "adam", "momentum", "lamb", "sgd"):
+        kwargs["multi_precision"] = multi_precision
+    if name == "adamw":
+        kwargs.update(weight_decay=weight_decay, apply_decay_param_fun=lambda pname: pname not in skip)
+    elif name == "lamb":
+        kwargs.update(lamb_weight_decay=weight_decay, exclude_from_weight_decay_fn=lambda p: p.name in skip)
+    elif weight_decay > 0:
+        # Classic optimizers only know a global L2 penalty; give the decayed and skipped params their own groups.
+        decay = [p for p in params if p.name not in skip]
+        no_decay = [p for p in params if p.name in skip]
+        kwargs["parameters"] = [
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+    return cls(**kwargs)

@@ -1,0 +1,796 @@
+"""The Trainer: train / evaluate / predict for any ``paddle.nn.Layer``, on any parallel layout.
+
+A run, in order (``train``):
+    topology (fleet.init once) → seed → dataloader (layout-free order) → optimizer + schedule → AMP →
+    parallelize (one function per axis) → resume → loop → save.
+
+One optimizer step = ``gradient_accumulation_steps`` micro-batches. The step function is chosen once: the
+pipeline schedule (1F1B inside ``parallel.pipeline.train_batch``) under pipeline parallel, otherwise
+forward/backward per micro-batch with gradient sync deferred to the last one. Everything after the
+backward — clip, NaN policy, optimizer, schedule, callbacks, logging, saving — is the same for every layout.
+
+Override points (PaddleNLP/HF names): get_train_dataloader, get_eval_dataloader, get_test_dataloader,
+create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step,
+prediction_step, evaluate, predict, log, save_model.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+import paddle
+
+from . import checkpoint as ckpt
+from .amp import AmpConfig
+from .callbacks import (
+    CallbackHandler,
+    DefaultFlowCallback,
+    PrinterCallback,
+    ProgressCallback,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+)
+from .data import (
+    ColumnFilter,
+    DataCollatorWithPadding,
+    EvalBatchSampler,
+    GlobalBatchSampler,
+    IterableDatasetShard,
+    default_data_collator,
+    forward_argument_names,
+)
+from .metrics import MetricsCallback, PhaseTimers, ThroughputMeter, flops_per_token_from_config, peak_memory_bytes
+from .optimization import create_optimizer, get_scheduler
+from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
+from .trainer_utils import (
+    EvalLoopOutput,
+    EvalPrediction,
+    IntervalStrategy,
+    PredictionOutput,
+    TrainOutput,
+    get_last_checkpoint,
+    has_length,
+    set_seed,
+    speed_metrics,
+)
+from .training_args import TrainingArguments
+
+logger = logging.getLogger(__name__)
+
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+
+
+class NonFiniteLossError(RuntimeError):
+    """Raised (on every rank alike) when the loss or gradient norm is NaN/inf under ``nan_inf_policy=error``."""
+
+
+class Trainer:
+    """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
+
+    Args:
+        model: a ``paddle.nn.Layer`` whose ``forward`` takes the batch's keys and returns ``(loss, ...)``,
+            a dict with ``"loss"``, or logits when ``criterion`` is given. A ``PipelineLayer`` under pipeline
+            parallel.
+        criterion: ``loss = criterion(logits, labels)`` for models that return logits.
+        args: ``TrainingArguments``; defaults to ``output_dir="tmp_trainer"``.
+        data_collator: turns a list of samples into a batch; default ``DataCollatorWithPadding(tokenizer)``
+            when a tokenizer is given, else ``default_data_collator``.
+        train_dataset, eval_dataset: map-style (``__len__``/``__getitem__``) or iterable datasets.
+        compute_metrics: ``EvalPrediction -> dict`` for evaluate/predict.
+        callbacks: extra ``TrainerCallback`` classes or instances.
+        optimizers: ``(optimizer, lr_scheduler)`` to use instead of the ones built from ``args``.
+        preprocess_logits_for_metrics: ``(logits, labels) -> logits`` applied per batch before gathering.
+        model_init: builds the model (called after seeding) when ``model`` is None.
+    """
+
+    def __init__(
+        self,
+        model: Optional[paddle.nn.Layer] = None,
+        criterion: Optional[Callable] = None,
+        args: Optional[TrainingArguments] = None,
+        data_collator: Optional[Callable] = None,
+        train_dataset=None,
+        eval_dataset=None,
+        tokenizer=None,
+        compute_metrics: Optional[Callable[[EvalPrediction], Dict]] = None,
+        callbacks: Optional[List[Union[TrainerCallback, type]]] = None,
+        optimizers: Tuple[Any, Any] = (None, None),
+        preprocess_logits_for_metrics: Optional[Callable] = None,
+        model_init: Optional[Callable[[], paddle.nn.Layer]] = None,
+    ):
+        if args is None:
+            args = TrainingArguments(output_dir="tmp_trainer")
+        self.args = args
+        self.topology = init_topology(args)  # the one place groups are created (idempotent)
+        self.amp = AmpConfig.from_args(args)  # raises on CPU for fp16/bf16 unless a dry run was asked for
+        set_seed(args.seed)
+        if model is None:
+            if model_init is None:
+                raise ValueError("Trainer needs a model or a model_init function")
+            model = model_init()
+        self.model = model
+        self.model_wrapped = model
+        self.criterion = criterion
+        self.tokenizer = tokenizer
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        if data_collator is None:
+            data_collator = DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
+        self.data_collator = data_collator
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizer, self.lr_scheduler = optimizers
+        self.scaler = None
+        self.label_names = list(args.label_names) if args.label_names else ["labels"]
+        self._is_pipeline = self.topology.pp_degree > 1
+        self._wrapped = False
+        self._checkpointer = None  # created on first save (async writer state lives there)
+
+        self.state = TrainerState(
+            is_local_process_zero=self.topology.local_rank == 0,
+            is_world_process_zero=self.topology.rank == 0,
+        )
+        self.control = TrainerControl()
+        default = [DefaultFlowCallback, MetricsCallback]
+        default.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        self.callback_handler = CallbackHandler(
+            default + list(callbacks or []), self.model, self.tokenizer, self.optimizer, self.lr_scheduler
+        )
+        self.timers = PhaseTimers(enabled=getattr(args, "log_phase_timers", False))
+        os.makedirs(args.output_dir, exist_ok=True) if args.should_save else None
+        self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+
+    # ----------------------------------------------------------------------------------- callbacks
+    def add_callback(self, callback):
+        """Add a callback (class or instance)."""
+        self.callback_handler.add_callback(callback)
+
+    def pop_callback(self, callback):
+        """Remove and return a callback (class or instance); None if absent."""
+        return self.callback_handler.pop_callback(callback)
+
+    def remove_callback(self, callback):
+        """Remove a callback (class or instance)."""
+        self.callback_handler.remove_callback(callback)
+
+    # ----------------------------------------------------------------------------------- data
+    def _collator_for(self, model) -> Callable:
+        if not self.args.remove_unused_columns:
+            return self.data_collator
+        allowed = forward_argument_names(model)
+        return self.data_collator if allowed is None else ColumnFilter(self.data_collator, allowed, self.label_names)
+
+    def _loader(self, dataset, batch_sampler=None, batch_size=None) -> paddle.io.DataLoader:
+        return paddle.io.DataLoader(
+            dataset,
+            batch_sampler=batch_sampler,
+            batch_size=batch_size or 1,
+            collate_fn=self._collator_for(self.model),
+            num_workers=self.args.dataloader_num_workers,
+            return_list=True,
+        )
+
+    def get_train_dataloader(self) -> paddle.io.DataLoader:
+        """Batches in the layout-free global order (see ``paddletrainer.data``), this rank's share of each."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train needs a train_dataset")
+        args, topo = self.args, self.topology
+        if not has_length(self.train_dataset):
+            if args.max_steps <= 0:
+                raise ValueError("an IterableDataset has no length: set max_steps > 0")
+            shard = IterableDatasetShard(
+                self.train_dataset, args.per_device_train_batch_size, topo.data_rank, topo.data_world_size
+            )
+            return self._loader(shard, batch_size=args.per_device_train_batch_size)
+        sampler = GlobalBatchSampler(
+            len(self.train_dataset),
+            args.per_device_train_batch_size,
+            topo.data_rank,
+            topo.data_world_size,
+            seed=args.seed,
+            shuffle=True,
+            drop_last=args.dataloader_drop_last,
+            step_span=args.per_device_train_batch_size * args.gradient_accumulation_steps * topo.data_world_size,
+        )
+        return self._loader(self.train_dataset, batch_sampler=sampler)
+
+    def _eval_loader(self, dataset) -> paddle.io.DataLoader:
+        if not has_length(dataset):
+            shard = IterableDatasetShard(
+                dataset, self.args.per_device_eval_batch_size, self.topology.data_rank, self.topology.data_world_size
+            )
+            return self._loader(shard, batch_size=self.args.per_device_eval_batch_size)
+        sampler = EvalBatchSampler(
+            len(dataset), self.args.per_device_eval_batch_size, self.topology.data_rank, self.topology.data_world_size
+        )
+        return self._loader(dataset, batch_sampler=sampler)
+
+    def get_eval_dataloader(self, eval_dataset=None) -> paddle.io.DataLoader:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("Trainer.evaluate needs an eval_dataset")
+        return self._eval_loader(dataset)
+
+    def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
+        return self._eval_loader(test_dataset)
+
+    # ----------------------------------------------------------------------------------- optimizer
+    def create_optimizer(self, lr_scheduler=None):
+        """AdamW (or ``args.optim``) with weight decay skipped for biases and norm weights."""
+        if self.optimizer is None:
+            args = self.args
+            self.optimizer = create_optimizer(
+                self.model,
+                lr_scheduler if lr_scheduler is not None else args.learning_rate,
+                optim=args.optim,
+                weight_decay=args.weight_decay,
+                adam_beta1=args.adam_beta1,
+                adam_beta2=args.adam_beta2,
+                adam_epsilon=args.adam_epsilon,
+                multi_precision=self.amp.enabled and self.amp.level == "O2",
+            )
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int):
+        """The ``lr_scheduler_type`` schedule over ``num_training_steps`` with warmup."""
+        if self.lr_scheduler is None:
+            args = self.args
+            decay_steps = getattr(args, "decay_steps", 0) or num_training_steps
+            self.lr_scheduler = get_scheduler(
+                args.lr_scheduler_type,
+                learning_rate=args.learning_rate,
+                num_warmup_steps=args.get_warmup_steps(num_training_steps),
+                num_training_steps=decay_steps,
+                num_cycles=args.num_cycles,
+                lr_end=args.lr_end,
+                power=args.power,
+                min_learning_rate=getattr(args, "min_learning_rate", 0.0) or 0.0,
+            )
+        return self.lr_scheduler
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int):
+        self.create_scheduler(num_training_steps)
+        self.create_optimizer(self.lr_scheduler)
+
+    def _wrap_model_and_optimizer(self):
+        """AMP decoration first (it casts weights the parallel wrappers then shard), then the parallel axes."""
+        if self._wrapped:
+            return
+        self.amp.warn_if_dry_run()
+        self.model, self.optimizer = self.amp.decorate(self.model, self.optimizer)
+        self.scaler = self.amp.grad_scaler()
+        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology, self.args)
+        self.callback_handler.model = self.model
+        self.callback_handler.optimizer = self.optimizer
+        self.callback_handler.lr_scheduler = self.lr_scheduler
+        self._wrapped = True
+
+    # ----------------------------------------------------------------------------------- steps
+    def autocast_smart_context_manager(self):
+        """The forward context: AMP auto_cast when enabled."""
+        return self.amp.autocast()
+
+    def _prepare_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        return {k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
+
+    def compute_loss(self, model, inputs: Dict[str, Any], return_outputs: bool = False):
+        """The loss of one micro-batch: the model's own loss, or ``criterion(logits, labels)``."""
+        labels = None
+        if self.criterion is not None:
+            present = [n for n in self.label_names if n in inputs]
+            if present:
+                labels = inputs.pop(present[0]) if len(present) == 1 else tuple(inputs.pop(n) for n in present)
+        outputs = model(**inputs)
+        if self.criterion is not None:
+            logits = outputs[0] if isinstance(outputs, (tuple, list)) and len(outputs) == 1 else outputs
+            loss = self.criterion(logits, labels)
+            outputs = (loss, logits)
+        elif isinstance(outputs, dict):
+            if "loss" not in outputs:
+                raise ValueError(f"the model returned a dict without 'loss' (keys: {sorted(outputs)}); pass labels or a criterion")
+            loss = outputs["loss"]
+        elif isinstance(outputs, (tuple, list)):
+            loss = outputs[0]
+        else:
+            loss = outputs
+        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
+            raise ValueError(
+                "the model must return a scalar loss first (or give Trainer a criterion); got "
+                f"{type(loss).__name__} of shape {getattr(loss, 'shape', '?')}"
+            )
+        return (loss, outputs) if return_outputs else loss
+
+    def training_step(self, model, inputs: Dict[str, Any]) -> paddle.Tensor:
+        """Forward + backward of one micro-batch; returns the detached loss divided by accumulation steps."""
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.autocast_smart_context_manager():
+            loss = self.compute_loss(model, inputs)
+        loss = loss / self.args.gradient_accumulation_steps
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+        else:
+            loss.backward()
+        return loss.detach()
+
+    def _micro_batched_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
+        """Σ over micro-batches of loss/A = the mean loss of the step (equal-sized micro-batches).
+
+        Gradients are synchronised only on the last micro-batch (``no_sync`` before it).
+        """
+        total = None
+        last = len(micro_batches) - 1
+        for i, inputs in enumerate(micro_batches):
+            with (no_sync(self.model_wrapped) if i < last else contextlib.nullcontext()):
+                loss = self.training_step(self.model_wrapped, inputs)
+            total = loss if total is None else total + loss
+            if i < last:
+                self.control = self.callback_handler.on_substep_end(self.args, self.state, self.control)
+        return total
+
+    def _pipeline_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
+        """1F1B over the step's micro-batches; the mean loss is broadcast to every stage."""
+        self.model_wrapped.train()
+        batches = [self._prepare_inputs(b) for b in micro_batches]
+        return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
+
+    def _optimizer_step(self) -> paddle.Tensor:
+        """Unscale, clip across every parallel group, apply the NaN policy, step; returns the global grad norm."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_grad_norm(self.model_wrapped, self.optimizer, self.topology, self.args.max_grad_norm)
+        skip = False
+        norm_value = float(grad_norm)  # one scalar read per step: the NaN policy must agree on every rank
+        if not math.isfinite(norm_value):
+            if getattr(self.args, "nan_inf_policy", "error") == "skip":
+                skip = True
+                self.state.skipped_steps = getattr(self.state, "skipped_steps", 0) + 1
+                logger.warning("step %d: gradient norm is %s; skipping the update", self.state.global_step + 1, norm_value)
+            elif self.scaler is None:
+                raise NonFiniteLossError(
+                    f"step {self.state.global_step + 1}: gradient norm is {norm_value} (loss or grads are NaN/inf); "
+                    "set nan_inf_policy='skip' to skip such steps"
+                )
+        with self.timers("optimizer"):
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # skips by itself on overflow and lowers the scale
+                self.scaler.update()
+            elif not skip:
+                self.optimizer.step()
+            self.optimizer.clear_grad()
+        if not skip:
+            self.lr_scheduler.step()
+        return grad_norm
+
+    # ----------------------------------------------------------------------------------- train
+    def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
+        resume = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
+        if resume in (None, False, "", "False", "false"):
+            return None
+        if resume is True or resume in ("True", "true"):
+            path = get_last_checkpoint(self.args.output_dir)
+            if path is None:
+                raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint")
+            return path
+        ckpt.verify_complete(resume)  # raises a one-line error naming what is missing
+        return resume
+
+    def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
+        """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
+        args = self.args
+        resume = self._resolve_resume(resume_from_checkpoint)
+        train_dataloader = self.get_train_dataloader()
+        ga = args.gradient_accumulation_steps
+        sampler = train_dataloader.batch_sampler if isinstance(train_dataloader.batch_sampler, GlobalBatchSampler) else None
+        steps_per_epoch = sampler.samples_per_epoch() // sampler.step_span if sampler else None
+        if args.max_steps > 0:
+            max_steps = args.max_steps
+            num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else 1 << 31
+        else:
+            if steps_per_epoch is None:
+                raise ValueError("an IterableDataset needs max_steps > 0")
+            num_epochs = math.ceil(args.num_train_epochs)
+            max_steps = math.ceil(args.num_train_epochs * steps_per_epoch)
+        if steps_per_epoch == 0:
+            raise ValueError("the train dataset is smaller than one global batch with dataloader_drop_last=True")
+        self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        self._wrap_model_and_optimizer()
+        self.state.max_steps = max_steps
+        self.state.num_train_epochs = num_epochs
+        self.state.logging_steps, self.state.eval_steps, self.state.save_steps = args.logging_steps, args.eval_steps, args.save_steps
+        if resume is not None:
+            self._load_checkpoint(resume)
+        global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
+        step_fn = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
+        flops_per_token = self._flops_per_token()
+        meter = ThroughputMeter()
+        self._tr_loss = paddle.zeros([], dtype="float32")
+        self._loss_steps = 0
+        self._total_loss = 0.0
+        self._last_grad_norm = None
+        start_time = time.time()
+        self.callback_handler.train_dataloader = train_dataloader
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        consumed = self.state.consumed_samples
+
+        for epoch in range(num_epochs):
+            if steps_per_epoch is not None:
+                samples_per_epoch = steps_per_epoch * global_batch
+                if consumed >= (epoch + 1) * samples_per_epoch:
+                    continue  # epoch finished before the resume point
+                sampler.set_epoch(epoch, consumed - epoch * samples_per_epoch if consumed > epoch * samples_per_epoch else 0)
+            elif epoch == 0 and consumed:
+                train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            batches = iter(train_dataloader)
+            while True:
+                with self.timers("data"):
+                    micro_batches = []
+                    for _ in range(ga):
+                        try:
+                            micro_batches.append(next(batches))
+                        except StopIteration:
+                            break
+                if len(micro_batches) < ga:
+                    break  # end of the epoch (whole steps only)
+                self.control = self.callback_handler.on_load_data_end(args, self.state, self.control, inputs=micro_batches[0])
+                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                with self.timers("forward_backward"):
+                    step_loss = step_fn(micro_batches)
+                self.control = self.callback_handler.on_optimizer_begin(
+                    args, self.state, self.control, scaler=self.scaler
+                )
+                self._last_grad_norm = self._optimizer_step()
+                self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
+                self._tr_loss += step_loss
+                self._loss_steps += 1
+                meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
+                self.state.global_step += 1
+                self.state.consumed_samples += global_batch
+                self.state.epoch = (
+                    self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
+                )
+                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    break
+            consumed = self.state.consumed_samples
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
+            if self.control.should_training_stop or self.state.global_step >= max_steps:
+                break
+
+        if self._loss_steps:  # fold the loss not yet logged into the total
+            self._total_loss += self._reduce_loss()
+        self._finish_checkpoints()
+        if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
+            logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
+            ckpt.load_model_weights(self.state.best_model_checkpoint, self.model_wrapped, self.topology)
+        steps = max(self.state.global_step, 1)
+        train_loss = self._total_loss / steps
+        metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
+        metrics["train_loss"] = train_loss
+        metrics["progress_or_epoch"] = self.state.epoch
+        self.log(dict(metrics))
+        self.control = self.callback_handler.on_train_end(args, self.state, self.control)
+        return TrainOutput(self.state.global_step, train_loss, metrics)
+
+    def _reduce_loss(self) -> float:
+        """Σ of step losses since the last log, averaged over the data ranks (one all-reduce, one host read)."""
+        total = collectives.mean_over_data_group(self._tr_loss, self.topology)
+        value = float(total)
+        self._tr_loss = paddle.zeros([], dtype="float32")
+        self._loss_steps = 0
+        return value
+
+    def _flops_per_token(self) -> Optional[float]:
+        config = getattr(self.model, "config", None)
+        if config is None or not hasattr(config, "num_hidden_layers"):
+            return None
+        try:
+            return flops_per_token_from_config(config)
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def _maybe_log_save_evaluate(self, meter: ThroughputMeter, flops_per_token, ignore_keys_for_eval):
+        args, control = self.args, self.control
+        if control.should_log and self._loss_steps:
+            steps = self._loss_steps
+            loss_sum = self._reduce_loss()
+            self._total_loss += loss_sum
+            logs: Dict[str, float] = {
+                "loss": round(loss_sum / steps, 8),
+                "learning_rate": float(self.optimizer.get_lr()),
+                "global_step": self.state.global_step,
+            }
+            if self._last_grad_norm is not None:
+                logs["grad_norm"] = float(self._last_grad_norm)
+            logs.update(meter.report(flops_per_token=flops_per_token, peak_flops=getattr(args, "peak_flops_per_device", None)))
+            logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
+            if self.scaler is not None:
+                logs["loss_scale"] = float(self.scaler._scale) if hasattr(self.scaler, "_scale") else float("nan")
+            logs.update(self.timers.report_and_reset())
+            self.log(logs)
+        metrics = None
+        if control.should_evaluate and self.eval_dataset is not None:
+            metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if control.should_save:
+            with self.timers("checkpoint_save"):
+                self._save_checkpoint(metrics)
+            self.control = self.callback_handler.on_save(args, self.state, self.control)
+
+    # ----------------------------------------------------------------------------------- checkpoints
+    @property
+    def checkpointer(self) -> "ckpt.Checkpointer":
+        if self._checkpointer is None:
+            self._checkpointer = ckpt.Checkpointer(self.topology, async_save=getattr(self.args, "checkpoint_async_save", False))
+        return self._checkpointer
+
+    def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
+        name = self.args.metric_for_best_model
+        if not metrics or not name:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"
+        if key not in metrics:
+            raise ValueError(
+                f"metric_for_best_model={name!r} is not among the evaluation metrics: {sorted(metrics)}"
+            )
+        value = float(metrics[key])
+        better = np.greater if self.args.greater_is_better else np.less
+        if self.state.best_metric is None or better(value, self.state.best_metric):
+            self.state.best_metric = value
+            self.state.best_model_checkpoint = checkpoint_dir
+
+    def _save_checkpoint(self, metrics: Optional[Dict[str, float]] = None) -> str:
+        """Write ``output_dir/checkpoint-<step>`` (every rank its own shards), publish it, rotate old ones."""
+        checkpoint_dir = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        self._update_best(metrics, checkpoint_dir)
+        self.checkpointer.save(
+            checkpoint_dir,
+            model=self.model_wrapped,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            scaler=self.scaler,
+            trainer_state=self.state,
+            args=self.args,
+        )
+        if self.args.save_total_limit:
+            self.checkpointer.rotate(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
+        return checkpoint_dir
+
+    def _load_checkpoint(self, checkpoint_dir: str) -> None:
+        state = self.checkpointer.load(
+            checkpoint_dir,
+            model=self.model_wrapped,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
+            scaler=self.scaler,
+        )
+        restored = TrainerState.from_dict(state) if isinstance(state, dict) else state
+        restored.is_local_process_zero = self.state.is_local_process_zero
+        restored.is_world_process_zero = self.state.is_world_process_zero
+        self.state = restored
+        logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
+
+    def _finish_checkpoints(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.wait()  # an async save must be on disk before train() returns
+
+    def save_model(self, output_dir: Optional[str] = None) -> None:
+        """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``."""
+        output_dir = output_dir or self.args.output_dir
+        ckpt.export_model(self.model_wrapped, output_dir, self.topology, tokenizer=self.tokenizer)
+        if self.args.should_save:
+            with open(os.path.join(output_dir, "training_args.json"), "w") as f:
+                f.write(self.args.to_json_string())
+
+    def export_model(self, input_spec=None, output_dir: Optional[str] = None) -> str:
+        """``paddle.jit.save`` an inference model (``do_export``); the spec is read from one eval batch if absent."""
+        output_dir = output_dir or os.path.join(self.args.output_dir, "export")
+        if input_spec is None:
+            dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+            batch = next(iter(self.get_eval_dataloader(dataset)))
+            names = [n for n in (forward_argument_names(self.model) or batch) if n in batch and n not in self.label_names]
+            input_spec = [
+                paddle.static.InputSpec(shape=[None] + list(batch[n].shape[1:]), dtype=str(batch[n].dtype).split(".")[-1], name=n)
+                for n in names
+            ]
+        self.model.eval()
+        path = os.path.join(output_dir, "inference")
+        if self.args.should_save:
+            paddle.jit.save(self.model, path, input_spec=input_spec)
+        return path
+
+    # ----------------------------------------------------------------------------------- evaluation
+    def evaluate(self, eval_dataset=None, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "eval") -> Dict[str, float]:
+        """Loss (and ``compute_metrics``) over the eval set; logs the metrics and fires ``on_evaluate``."""
+        self._wrap_for_inference()
+        dataloader = self.get_eval_dataloader(eval_dataset)
+        start = time.time()
+        output = self.evaluation_loop(
+            dataloader,
+            description="Evaluation",
+            prediction_loss_only=True if self.compute_metrics is None else None,
+            ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+            max_eval_iters=self.args.max_evaluate_steps,
+        )
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        self.log(output.metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        return output.metrics
+
+    def predict(self, test_dataset, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions (and metrics when labels are present) for ``test_dataset``."""
+        self._wrap_for_inference()
+        dataloader = self.get_test_dataloader(test_dataset)
+        start = time.time()
+        output = self.evaluation_loop(
+            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+        )
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+
+    def _wrap_for_inference(self):
+        """Evaluation before/without training still needs the parallel wrappers (an optimizer is not needed)."""
+        if not self._wrapped and (self.topology.world_size > 1):
+            if self.optimizer is None:
+                self.create_optimizer_and_scheduler(num_training_steps=max(self.args.max_steps, 1))
+            self._wrap_model_and_optimizer()
+
+    def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
+        """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only."""
+        has_labels = all(inputs.get(k) is not None for k in self.label_names)
+        labels = None
+        if has_labels:
+            labels = [inputs[k] for k in self.label_names]
+            labels = labels[0] if len(labels) == 1 else tuple(labels)
+        inputs = self._prepare_inputs(inputs)
+        with paddle.no_grad(), self.autocast_smart_context_manager():
+            if has_labels or self.criterion is not None and has_labels:
+                loss, outputs = self.compute_loss(model, dict(inputs), return_outputs=True)
+                loss = loss.detach()
+                logits = outputs[1:] if isinstance(outputs, (tuple, list)) else outputs
+                if isinstance(outputs, dict):
+                    logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []) + ["loss"])
+            else:
+                loss = None
+                inputs = {k: v for k, v in inputs.items() if k not in self.label_names}
+                outputs = model(**inputs)
+                logits = outputs
+                if isinstance(outputs, dict):
+                    logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []))
+        if prediction_loss_only:
+            return loss, None, None
+        if isinstance(logits, (tuple, list)) and len(logits) == 1:
+            logits = logits[0]
+        return loss, logits, labels
+
+    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
+        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)], compute_logits=not prediction_loss_only)
+        labels = inputs.get(self.label_names[0])
+        return loss, (None if prediction_loss_only else logits), (None if prediction_loss_only else labels)
+
+    def evaluation_loop(
+        self,
+        dataloader,
+        description: str = "Evaluation",
+        prediction_loss_only: Optional[bool] = None,
+        ignore_keys: Optional[List[str]] = None,
+        metric_key_prefix: str = "eval",
+        max_eval_iters: int = -1,
+    ) -> EvalLoopOutput:
+        """Run ``prediction_step`` over this rank's share, then gather predictions in dataset order.
+
+        Each data rank sees batch k of every global micro-batch; gathering interleaves them back
+        (k, rank 0), (k, rank 1), ... and trims the wrap-around padding, so the result is in dataset order.
+        """
+        if prediction_loss_only is None:
+            prediction_loss_only = self.args.prediction_loss_only
+        model = self.model_wrapped
+        model.eval()
+        loss_sum, loss_count = 0.0, 0
+        preds, labels = [], []
+        self.callback_handler.eval_dataloader = dataloader
+        for step, inputs in enumerate(dataloader):
+            bs = int(next(iter(inputs.values())).shape[0])
+            if self._is_pipeline:
+                loss, logits, batch_labels = self._pipeline_prediction_step(inputs, prediction_loss_only)
+            else:
+                loss, logits, batch_labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+            if loss is not None:
+                loss_sum += float(loss) * bs
+                loss_count += bs
+            if logits is not None:
+                if self.preprocess_logits_for_metrics is not None:
+                    logits = self.preprocess_logits_for_metrics(logits, batch_labels)
+                preds.append(_to_numpy(logits))
+            if batch_labels is not None:
+                labels.append(_to_numpy(batch_labels))
+            self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
+            if max_eval_iters is not None and max_eval_iters > 0 and step + 1 >= max_eval_iters:
+                break
+        num_samples = _num_samples(dataloader, len(preds) or step + 1, self.args.per_device_eval_batch_size, self.topology.data_world_size)
+        totals = collectives.sum_over_data_group([loss_sum, loss_count], self.topology)
+        all_preds = collectives.gather_in_order(preds, self.topology, num_samples) if preds else None
+        all_labels = collectives.gather_in_order(labels, self.topology, num_samples) if labels else None
+        metrics: Dict[str, float] = {}
+        if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
+            metrics = dict(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))
+        if totals[1] > 0:
+            metrics["loss"] = totals[0] / totals[1]
+        metrics = {(k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}"): v for k, v in metrics.items()}
+        return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
+
+    # ----------------------------------------------------------------------------------- logging & state
+    def log(self, logs: Dict[str, float]) -> None:
+        """Record ``logs`` in the state's history and hand them to the callbacks (writers, progress bars)."""
+        if self.state.epoch is not None:
+            logs["epoch"] = round(self.state.epoch, 4)
+        self.state.log_history.append({**logs, "step": self.state.global_step})
+        self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
+
+    def metrics_format(self, metrics: Dict[str, float]) -> Dict[str, Any]:
+        """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
+        out = {}
+        for k, v in metrics.items():
+            if k.endswith("_runtime"):
+                out[k] = time.strftime("%H:%M:%S", time.gmtime(v)) + f".{int((v % 1) * 100):02d}"
+            elif isinstance(v, float):
+                out[k] = round(v, 4)
+            else:
+                out[k] = v
+        return out
+
+    def log_metrics(self, split: str, metrics: Dict[str, float]) -> None:
+        """Print ``metrics`` as an aligned table on the main process."""
+        if not self.args.should_log:
+            return
+        print(f"***** {split} metrics *****")
+        formatted = self.metrics_format(metrics)
+        width = max((len(k) for k in formatted), default=0)
+        for k in sorted(formatted):
+            print(f"  {k:<{width}} = {formatted[k]}")
+
+    def save_metrics(self, split: str, metrics: Dict[str, float], combined: bool = True) -> None:
+        """Write ``<split>_results.json`` (and merge into ``all_results.json``) in output_dir."""
+        if not self.args.should_save:
+            return
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w") as f:
+            json.dump(metrics, f, indent=2, sort_keys=True)
+        if combined:
+            path = os.path.join(self.args.output_dir, "all_results.json")
+            merged = json.load(open(path)) if os.path.exists(path) else {}
+            merged.update(metrics)
+            with open(path, "w") as f:
+                json.dump(merged, f, indent=2, sort_keys=True)
+
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` in output_dir."""
+        if self.args.should_save:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
+
+
+def _to_numpy(value):
+    if isinstance(value, (tuple, list)):
+        return type(value)(_to_numpy(v) for v in value)
+    if isinstance(value, paddle.Tensor):
+        return value.numpy()
+    return np.asarray(value)
+
+
+def _num_samples(dataloader, num_batches: int, batch_size: int, data_world_size: int) -> int:
+    dataset = dataloader.dataset
+    if has_length(dataset) and not isinstance(dataset, IterableDatasetShard):
+        return len(dataset)
+    return num_batches * batch_size * data_world_size

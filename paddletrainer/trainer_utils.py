@@ -1,0 +1,204 @@
+"""Small types and helpers shared by the trainer, its arguments and its callbacks.
+
+The names mirror ``paddlenlp.trainer.trainer_utils`` so that code written against PaddleNLP keeps working.
+This module imports only the standard library, numpy and paddle: everything else in the package may import it.
+"""
+
+import datetime
+import os
+import random
+import re
+import socket
+import time
+from enum import Enum
+from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+
+import numpy as np
+
+__all__ = [
+    "ExplicitEnum",
+    "IntervalStrategy",
+    "SchedulerType",
+    "OptimizerNames",
+    "ShardingOption",
+    "EvalPrediction",
+    "EvalLoopOutput",
+    "PredictionOutput",
+    "TrainOutput",
+    "PREFIX_CHECKPOINT_DIR",
+    "CHECKPOINT_COMPLETE_MARKER",
+    "set_seed",
+    "get_last_checkpoint",
+    "speed_metrics",
+    "default_logdir",
+    "has_length",
+]
+
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+# A checkpoint directory is published atomically: the writer creates this empty file last, so a directory
+# without it is a save that crashed or is still being written, and must never be resumed from.
+CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
+
+_CHECKPOINT_DIR_RE = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
+
+
+class ExplicitEnum(str, Enum):
+    """A string enum whose error for an unknown value lists the valid values.
+
+    Members compare equal to their string value (``IntervalStrategy.STEPS == "steps"``), which keeps code that
+    compares against PaddleNLP-style strings working.
+    """
+
+    @classmethod
+    def _missing_(cls, value):
+        valid = ", ".join(m.value for m in cls)
+        raise ValueError(f"{value!r} is not a valid {cls.__name__}; choose one of: {valid}")
+
+    def __str__(self):
+        return self.value
+
+
+class IntervalStrategy(ExplicitEnum):
+    """When to evaluate, save or log: never, every N steps, or at the end of each epoch."""
+
+    NO = "no"
+    STEPS = "steps"
+    EPOCH = "epoch"
+
+
+class SchedulerType(ExplicitEnum):
+    """Learning-rate schedules (the five PaddleNLP 3.0 offers; ``optimization.py`` implements them)."""
+
+    LINEAR = "linear"
+    COSINE = "cosine"
+    CONSTANT = "constant"
+    CONSTANT_WITH_WARMUP = "constant_with_warmup"
+    POLYNOMIAL = "polynomial"
+
+
+class OptimizerNames(ExplicitEnum):
+    """Optimizers selectable with ``--optim``.
+
+    Only optimizers that Paddle 3.3.1 ships in ``paddle.optimizer`` and that work with ``multi_precision`` and
+    hybrid-parallel wrapping are listed: AdamW (PaddleNLP's default), Adam, SGD, Momentum and Lamb.
+    PaddleNLP's ``adafactor`` (its own Trainer raises for it), ``adamw_mini``, ``adamw_custom`` and
+    ``adamw_16bit_moment`` (custom PaddleNLP kernels) are deliberately absent, so asking for them fails at
+    argument time instead of mid-run.
+    """
+
+    ADAMW = "adamw"
+    ADAM = "adam"
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    LAMB = "lamb"
+
+
+class ShardingOption(ExplicitEnum):
+    """ZeRO-style sharding stages (values as PaddleNLP spells them on the command line)."""
+
+    SHARD_OP = "stage1"  # optimizer state
+    SHARD_GRAD_OP = "stage2"  # optimizer state + gradients
+    FULL_SHARD = "stage3"  # optimizer state + gradients + parameters
+    OFFLOAD = "offload"  # modifier: keep sharded state in host memory
+
+
+class EvalPrediction(NamedTuple):
+    """What ``compute_metrics`` receives: unpack it (``preds, labels = p``), index it, or use the names."""
+
+    predictions: Union[np.ndarray, Tuple[np.ndarray, ...]]
+    label_ids: Optional[Union[np.ndarray, Tuple[np.ndarray, ...]]]
+
+
+class EvalLoopOutput(NamedTuple):
+    """Result of one evaluation/prediction loop before it is split into metrics and predictions."""
+
+    predictions: Optional[Union[np.ndarray, Tuple[np.ndarray, ...]]]
+    label_ids: Optional[Union[np.ndarray, Tuple[np.ndarray, ...]]]
+    metrics: Optional[Dict[str, float]]
+    num_samples: Optional[int]
+
+
+class PredictionOutput(NamedTuple):
+    """Result of ``Trainer.predict``."""
+
+    predictions: Optional[Union[np.ndarray, Tuple[np.ndarray, ...]]]
+    label_ids: Optional[Union[np.ndarray, Tuple[np.ndarray, ...]]]
+    metrics: Optional[Dict[str, float]]
+
+
+class TrainOutput(NamedTuple):
+    """Result of ``Trainer.train``."""
+
+    global_step: int
+    training_loss: float
+    metrics: Dict[str, float]
+
+
+def set_seed(seed: int = 42) -> None:
+    """Seed Python's ``random``, numpy and paddle (which seeds the CPU and every visible accelerator).
+
+    Per-rank seed offsets for tensor/pipeline parallel dropout are the topology's job, not this function's.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    import paddle  # deferred: keeps this module importable (and fast) where only the small types are needed
+
+    paddle.seed(seed)
+
+
+def get_last_checkpoint(folder: str) -> Optional[str]:
+    """Return the path of the completed ``checkpoint-N`` directory with the highest N in ``folder``, or None.
+
+    Directories without the :data:`CHECKPOINT_COMPLETE_MARKER` file are skipped: they are interrupted or
+    in-flight saves, and resuming from one would load partial state.
+    """
+    if not os.path.isdir(folder):
+        return None
+    best_step, best_path = -1, None
+    for name in os.listdir(folder):
+        match = _CHECKPOINT_DIR_RE.match(name)
+        path = os.path.join(folder, name)
+        if match is None or not os.path.isdir(path):
+            continue
+        if not os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
+            continue
+        step = int(match.group(1))
+        if step > best_step:
+            best_step, best_path = step, path
+    return best_path
+
+
+def speed_metrics(
+    split: str,
+    start_time: float,
+    num_samples: Optional[int] = None,
+    num_steps: Optional[int] = None,
+    num_tokens: Optional[int] = None,
+) -> Dict[str, float]:
+    """Throughput of a phase that started at ``start_time`` (a ``time.time()`` value) and just ended.
+
+    Returns ``{split}_runtime`` and, for each count given, ``{split}_samples_per_second``,
+    ``{split}_steps_per_second``, ``{split}_tokens_per_second`` (global rates, not per device).
+    """
+    runtime = time.time() - start_time
+    result = {f"{split}_runtime": round(runtime, 4)}
+    if runtime <= 0:
+        return result  # a clock that did not advance gives no meaningful rate
+    for name, count in (("samples", num_samples), ("steps", num_steps), ("tokens", num_tokens)):
+        if count is not None:
+            result[f"{split}_{name}_per_second"] = round(count / runtime, 4)
+    return result
+
+
+def default_logdir() -> str:
+    """``runs/<Mon DD_HH-MM-SS>_<hostname>``, the default log directory below ``output_dir``."""
+    current_time = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
+    return os.path.join("runs", current_time + "_" + socket.gethostname())
+
+
+def has_length(dataset: Any) -> bool:
+    """True if ``len(dataset)`` works (map-style datasets); False for iterable/streaming ones."""
+    try:
+        return len(dataset) is not None
+    except (TypeError, ValueError, RuntimeError, NotImplementedError):
+        return False

@@ -8,28 +8,29 @@ version still loads).
 
 Event flow of one training run
 ------------------------------
-The Trainer calls the ``CallbackHandler`` in exactly this order (the same order as PaddleNLP's
-``Trainer.train``). ``control`` is the object returned by the previous call; the handler resets the
-per-step flags itself where noted::
+The Trainer calls the ``CallbackHandler`` in this order. It is PaddleNLP's ``Trainer.train`` order with
+one difference: a step's micro-batches are all read before any is computed (the pipeline schedule needs
+them together, and one order for every layout beats one per layout), so the ``on_load_data_end`` events of
+a step come before its ``on_substep_end`` events. ``control`` is the object returned by the previous call;
+the handler resets the per-step flags itself where noted::
 
     on_init_end                                   # end of Trainer.__init__
     on_train_begin                                # resets control.should_training_stop
     for each epoch:
         on_epoch_begin                            # resets control.should_epoch_stop
-        for each micro-batch (gradient_accumulation_steps per optimizer step):
-            on_load_data_end(inputs=batch)        # every micro-batch, right after the batch is read
-            if first micro-batch of the step:
-                on_step_begin                     # resets should_log / should_evaluate / should_save
-            forward + backward
-            if last micro-batch of the step:
-                on_optimizer_begin(scaler=...)
-                optimizer.step(); lr_scheduler.step(); clear grads
-                on_optimizer_end(scaler=...)
-                state.global_step += 1; state.epoch = epoch + (micro_step + 1) / micro_steps_in_epoch
-                on_step_end                       # DefaultFlowCallback sets the flags here
-                _maybe_log_save_evaluate          # see below
-            else:
-                on_substep_end
+        for each optimizer step (gradient_accumulation_steps micro-batches):
+            for each micro-batch:
+                on_load_data_end(inputs=batch)    # right after the batch is read
+                if first micro-batch: on_step_begin   # resets should_log / should_evaluate / should_save
+            for each micro-batch:
+                forward + backward
+                on_substep_end                    # all but the last micro-batch
+            on_optimizer_begin(scaler=...)
+            optimizer.step(); lr_scheduler.step(); clear grads
+            on_optimizer_end(scaler=...)
+            state.global_step += 1; state.epoch = consumed samples / samples per epoch
+            on_step_end                           # DefaultFlowCallback sets the flags here
+            _maybe_log_save_evaluate              # see below
             stop the epoch if control.should_epoch_stop or control.should_training_stop
         on_epoch_end                              # DefaultFlowCallback sets epoch-strategy flags here
         _maybe_log_save_evaluate
@@ -38,9 +39,11 @@ per-step flags itself where noted::
 
     _maybe_log_save_evaluate, in this order:
         if control.should_log:      on_log(logs=...)          # resets should_log
-        if control.should_evaluate: evaluate() -> on_prediction_step per eval batch, then
-                                    on_evaluate(metrics=...)  # resets should_evaluate
+        if control.should_evaluate: evaluate() -> on_prediction_step per eval batch,
+                                    on_log(logs=eval metrics), on_evaluate(metrics=...)  # resets should_evaluate
         if control.should_save:     save checkpoint, then on_save   # resets should_save
+    state.best_metric / best_model_checkpoint are updated after on_evaluate (when the checkpoint is saved),
+    so EarlyStoppingCallback compares each evaluation with the best one before it.
 
 ``predict()`` calls ``on_prediction_step`` per batch and then ``on_predict(metrics=...)``.
 
@@ -93,6 +96,7 @@ class TrainerState:
         epoch: fractional epoch during training (2.5 = halfway through the third epoch); None before it.
         global_step: optimizer updates done so far.
         consumed_samples: global samples consumed (global_step x global batch), used to resume the data order.
+        skipped_steps: steps whose update was skipped for a NaN/inf gradient (``nan_inf_policy="skip"``).
         max_steps: optimizer updates planned for this run.
         num_train_epochs: epochs planned for this run.
         total_flos: floating point operations done so far (a float to avoid overflow).
@@ -105,6 +109,7 @@ class TrainerState:
     epoch: Optional[float] = None
     global_step: int = 0
     consumed_samples: int = 0
+    skipped_steps: int = 0
     max_steps: int = 0
     num_train_epochs: int = 0
     total_flos: float = 0
@@ -131,11 +136,15 @@ class TrainerState:
     def load_from_json(cls, json_path: str) -> "TrainerState":
         """Read a state written by ``save_to_json`` (or by PaddleNLP / HF); unknown keys are dropped."""
         with open(json_path, "r", encoding="utf-8") as f:
-            data = json.load(f)
+            return cls.from_dict(json.load(f), source=json_path)
+
+    @classmethod
+    def from_dict(cls, data: Dict[str, Any], source: str = "a dict") -> "TrainerState":
+        """Build a state from ``dataclasses.asdict`` output; unknown keys are dropped with a warning."""
         known = {field.name for field in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            logger.warning("Ignoring unknown keys in %s: %s", json_path, ", ".join(unknown))
+            logger.warning("Ignoring unknown keys in %s: %s", source, ", ".join(unknown))
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

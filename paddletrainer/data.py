@@ -233,3 +233,48 @@ class ColumnFilter:
         if isinstance(features[0], dict):
             features = [{k: v for k, v in f.items() if k in self.allowed} for f in features]
         return self.collator(features)
+
+
+# --------------------------------------------------------------------------------------- gathering
+def _concat_padded(arrays: List[np.ndarray], pad_value=-100) -> np.ndarray:
+    """Concatenate along axis 0, padding later axes to the largest size (variable sequence lengths)."""
+    if all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
+        return np.concatenate(arrays, axis=0)
+    target = np.max([a.shape for a in arrays], axis=0)
+    padded = []
+    for a in arrays:
+        widths = [(0, 0)] + [(0, int(t - s)) for s, t in zip(a.shape[1:], target[1:])]
+        padded.append(np.pad(a, widths, constant_values=pad_value))
+    return np.concatenate(padded, axis=0)
+
+
+def interleave_rank_batches(per_rank: List[List[Any]], num_samples: int) -> Any:
+    """Undo the eval split: batch k of rank 0, batch k of rank 1, ... is the dataset's order (see module doc).
+
+    ``per_rank[r]`` is rank r's list of per-batch arrays (or tuples of arrays); the wrap-around padding of
+    the last global batch is trimmed to ``num_samples``.
+    """
+    ordered = [batches[k] for k in range(len(per_rank[0])) for batches in per_rank if k < len(batches)]
+    if isinstance(ordered[0], (tuple, list)):
+        return type(ordered[0])(
+            _concat_padded([b[i] for b in ordered])[:num_samples] for i in range(len(ordered[0]))
+        )
+    return _concat_padded(ordered)[:num_samples]
+
+
+def gather_in_dataset_order(batches: List[Any], topology, num_samples: int) -> Any:
+    """All data ranks' eval outputs, concatenated in dataset order (every rank gets the result)."""
+    if topology.data_world_size == 1:
+        return interleave_rank_batches([batches], num_samples)
+    from .parallel.collectives import all_gather_object_over_data_group
+
+    return interleave_rank_batches(all_gather_object_over_data_group(batches, topology), num_samples)
+
+
+def sum_over_data_ranks(values: List[float], topology) -> List[float]:
+    """Element-wise sum of small host-side counters (eval loss sums, sample counts) over data ranks."""
+    if topology.data_world_size == 1:
+        return list(values)
+    from .parallel.collectives import all_gather_object_over_data_group
+
+    return [sum(col) for col in zip(*all_gather_object_over_data_group(list(values), topology))]

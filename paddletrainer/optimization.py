@@ -162,8 +162,6 @@ def _optimizer_class(name: str):
         "adam": paddle.optimizer.Adam,
         "sgd": paddle.optimizer.SGD,
         "momentum": paddle.optimizer.Momentum,
-        "adagrad": paddle.optimizer.Adagrad,
-        "rmsprop": paddle.optimizer.RMSProp,
         "lamb": paddle.optimizer.Lamb,
         "adamax": paddle.optimizer.Adamax,
     }
@@ -195,7 +193,7 @@ def create_optimizer(
     params: List = [p for p in (parameters if parameters is not None else model.parameters()) if not p.stop_gradient]
     skip = no_decay_parameter_names(model)
     kwargs = dict(learning_rate=lr_scheduler, parameters=params, grad_clip=grad_clip)
-    if name in ("adamw", "adam", "adamax", "lamb"):
+    if name in ("adamw", "adam", "lamb"):
         kwargs.update(beta1=adam_beta1, beta2=adam_beta2, epsilon=adam_epsilon)
     if name in ("adamw", "adam", "momentum", "lamb", "sgd"):
         kwargs["multi_precision"] = multi_precision

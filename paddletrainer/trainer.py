@@ -45,6 +45,8 @@ from .data import (
     IterableDatasetShard,
     default_data_collator,
     forward_argument_names,
+    gather_in_dataset_order,
+    sum_over_data_ranks,
 )
 from .metrics import MetricsCallback, PhaseTimers, ThroughputMeter, flops_per_token_from_config, peak_memory_bytes
 from .optimization import create_optimizer, get_scheduler
@@ -351,7 +353,7 @@ class Trainer:
         if not math.isfinite(norm_value):
             if getattr(self.args, "nan_inf_policy", "error") == "skip":
                 skip = True
-                self.state.skipped_steps = getattr(self.state, "skipped_steps", 0) + 1
+                self.state.skipped_steps += 1
                 logger.warning("step %d: gradient norm is %s; skipping the update", self.state.global_step + 1, norm_value)
             elif self.scaler is None:
                 raise NonFiniteLossError(
@@ -404,7 +406,6 @@ class Trainer:
         self._wrap_model_and_optimizer()
         self.state.max_steps = max_steps
         self.state.num_train_epochs = num_epochs
-        self.state.logging_steps, self.state.eval_steps, self.state.save_steps = args.logging_steps, args.eval_steps, args.save_steps
         if resume is not None:
             self._load_checkpoint(resume)
         global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
@@ -431,17 +432,9 @@ class Trainer:
             self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
             batches = iter(train_dataloader)
             while True:
-                with self.timers("data"):
-                    micro_batches = []
-                    for _ in range(ga):
-                        try:
-                            micro_batches.append(next(batches))
-                        except StopIteration:
-                            break
-                if len(micro_batches) < ga:
-                    break  # end of the epoch (whole steps only)
-                self.control = self.callback_handler.on_load_data_end(args, self.state, self.control, inputs=micro_batches[0])
-                self.control = self.callback_handler.on_step_begin(args, self.state, self.control)
+                micro_batches = self._read_step(batches, ga)
+                if micro_batches is None:
+                    break  # end of the epoch (the sampler yields whole steps)
                 with self.timers("forward_backward"):
                     step_loss = step_fn(micro_batches)
                 self.control = self.callback_handler.on_optimizer_begin(
@@ -482,6 +475,24 @@ class Trainer:
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
         return TrainOutput(self.state.global_step, train_loss, metrics)
 
+    def _read_step(self, batches, ga: int) -> Optional[List[Dict[str, Any]]]:
+        """Read the step's ``ga`` micro-batches (``on_load_data_end`` each; ``on_step_begin`` after the first).
+
+        The whole step is read before computing because the pipeline schedule needs all micro-batches at
+        once; reading first in every layout keeps one event order for all of them. None at the epoch's end.
+        """
+        micro_batches = []
+        with self.timers("data"):
+            for i in range(ga):
+                try:
+                    micro_batches.append(next(batches))
+                except StopIteration:
+                    return None
+                self.control = self.callback_handler.on_load_data_end(self.args, self.state, self.control, inputs=micro_batches[-1])
+                if i == 0:
+                    self.control = self.callback_handler.on_step_begin(self.args, self.state, self.control)
+        return micro_batches
+
     def _reduce_loss(self) -> float:
         """Σ of step losses since the last log, averaged over the data ranks (one all-reduce, one host read)."""
         total = collectives.mean_over_data_group(self._tr_loss, self.topology)
@@ -512,10 +523,17 @@ class Trainer:
             }
             if self._last_grad_norm is not None:
                 logs["grad_norm"] = float(self._last_grad_norm)
-            logs.update(meter.report(flops_per_token=flops_per_token, peak_flops=getattr(args, "peak_flops_per_device", None)))
+            logs.update(
+                meter.report(
+                    flops_per_token=flops_per_token,
+                    peak_flops=getattr(args, "peak_flops_per_device", None),
+                    num_devices=self.topology.world_size,
+                )
+            )
             logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
             if self.scaler is not None:
-                logs["loss_scale"] = float(self.scaler._scale) if hasattr(self.scaler, "_scale") else float("nan")
+                scale = getattr(self.scaler, "_scale", None)  # None on CPU: Paddle's scaler keeps no scale there
+                logs["loss_scale"] = float(scale) if scale is not None else float(self.scaler._init_loss_scaling)
             logs.update(self.timers.report_and_reset())
             self.log(logs)
         metrics = None
@@ -719,9 +737,9 @@ class Trainer:
             if max_eval_iters is not None and max_eval_iters > 0 and step + 1 >= max_eval_iters:
                 break
         num_samples = _num_samples(dataloader, len(preds) or step + 1, self.args.per_device_eval_batch_size, self.topology.data_world_size)
-        totals = collectives.sum_over_data_group([loss_sum, loss_count], self.topology)
-        all_preds = collectives.gather_in_order(preds, self.topology, num_samples) if preds else None
-        all_labels = collectives.gather_in_order(labels, self.topology, num_samples) if labels else None
+        totals = sum_over_data_ranks([loss_sum, loss_count], self.topology)
+        all_preds = gather_in_dataset_order(preds, self.topology, num_samples) if preds else None
+        all_labels = gather_in_dataset_order(labels, self.topology, num_samples) if labels else None
         metrics: Dict[str, float] = {}
         if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
             metrics = dict(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))

@@ -80,7 +80,7 @@ class OptimizerNames(ExplicitEnum):
     """Optimizers selectable with ``--optim``.
 
     Only optimizers that Paddle 3.3.1 ships in ``paddle.optimizer`` and that work with ``multi_precision`` and
-    hybrid-parallel wrapping are listed: AdamW (PaddleNLP's default), Adam, SGD, Momentum and Lamb.
+    hybrid-parallel wrapping are listed: AdamW (PaddleNLP's default), Adam, SGD, Momentum, Lamb and Adamax.
     PaddleNLP's ``adafactor`` (its own Trainer raises for it), ``adamw_mini``, ``adamw_custom`` and
     ``adamw_16bit_moment`` (custom PaddleNLP kernels) are deliberately absent, so asking for them fails at
     argument time instead of mid-run.
@@ -91,6 +91,7 @@ class OptimizerNames(ExplicitEnum):
     SGD = "sgd"
     MOMENTUM = "momentum"
     LAMB = "lamb"
+    ADAMAX = "adamax"
 
 
 class ShardingOption(ExplicitEnum):

@@ -375,3 +375,37 @@ def select_checkpoints_to_delete(
         doomed.append(s)
         keep -= 1
     return doomed
+
+
+def _writer_file_name(kind: str, coords: Tuple[int, int, int, int], level: int) -> str:
+    tp, pp, shard, dp = coords
+    if kind == "model":
+        name = model_file_name(tp, pp, shard if level >= 1 else None)
+    else:
+        name = optimizer_file_name(tp, pp, shard)
+    if level >= 2:
+        name = name.replace(".safetensors", f"_dp{dp:02d}.safetensors")
+    return name
+
+
+def file_names_for_writers(
+    coords_per_rank: Sequence[Tuple[int, int, int, int]], assigned: Sequence[Sequence[PieceEntry]]
+) -> List[Dict[str, str]]:
+    """``[{kind: file name}]`` per rank for the kinds ("model"/"optimizer") it writes.
+
+    The familiar name (``model_state.tp00_pp01``) is used when the writers of a kind have distinct
+    (tp, pp); sharding (stage 3: every sharding rank writes weight slices) and then dp coordinates are
+    added only when needed to keep one file per writer. ``coords`` = (tp, pp, sharding, dp).
+    """
+    out: List[Dict[str, str]] = [{} for _ in coords_per_rank]
+    for kind in ("model", "optimizer"):
+        writers = [r for r, ents in enumerate(assigned) if any(e.file == kind for e in ents)]
+        for level in (0, 1, 2):
+            names = [_writer_file_name(kind, tuple(coords_per_rank[r]), level) for r in writers]
+            if len(set(names)) == len(names):
+                break
+        else:
+            raise CheckpointError(f"two ranks share coordinates {coords_per_rank}")
+        for r, n in zip(writers, names):
+            out[r][kind] = n
+    return out

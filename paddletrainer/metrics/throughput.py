@@ -10,7 +10,7 @@ Nothing here touches a device: every count comes from batch shapes, which paddle
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 __all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter"]
 
@@ -86,15 +86,18 @@ def mfu(tokens_per_second: float, flops_per_token: float, peak_flops: float) -> 
 def batch_counts(inputs: Any, key: str = "input_ids") -> Tuple[int, int]:
     """``(samples, tokens)`` of a batch from its shape alone: ``(B, B·S)`` for a ``[B, S]`` tensor.
 
-    ``inputs`` may be a dict (``inputs[key]`` or else its first value with a shape), a list/tuple (its first
-    element) or a tensor/array. Padding counts as tokens: counting only real tokens would need
+    ``inputs`` may be a dict (``inputs[key]``; without that key, samples come from its first value with a
+    shape and tokens are 0), a list/tuple (its first element) or a tensor/array. Padding counts as tokens: counting only real tokens would need
     ``attention_mask.sum()``, a device sync every step.
     """
     tensor = inputs
     if isinstance(inputs, dict):
         tensor = inputs.get(key)
-        if tensor is None:
-            tensor = next((v for v in inputs.values() if hasattr(v, "shape")), None)
+        if tensor is None:  # no token ids (e.g. a regression batch): count samples only
+            first = next((v for v in inputs.values() if hasattr(v, "shape")), None)
+            if first is None or not list(first.shape):
+                raise ValueError("cannot count samples: the batch has no tensor with a shape")
+            return int(first.shape[0]), 0
     elif isinstance(inputs, (list, tuple)):
         tensor = inputs[0] if inputs else None
     shape = list(getattr(tensor, "shape", None) or [])
@@ -108,10 +111,10 @@ def batch_counts(inputs: Any, key: str = "input_ids") -> Tuple[int, int]:
 class ThroughputMeter:
     """Counts samples, tokens and steps between two reports and turns them into rates.
 
-    Call ``update`` once per optimizer step with host-side counts (``batch_counts``), and ``report`` at each
-    log step. No device sync happens here. On GPU the wall time of an interval is still right because the
-    interval ends at the log step, which reads the loss and so waits for the device; single steps in between
-    may look fast or slow, their sum does not.
+    Call ``update`` once per optimizer step with that step's micro-batches, and ``report`` at each log step.
+    Counts come from batch shapes (``batch_counts``), so no device sync happens here. On GPU the wall time of
+    an interval is still right because the interval ends at the log step, which reads the loss and so waits
+    for the device; single steps in between may look fast or slow, their sum does not.
     """
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter):
@@ -125,19 +128,35 @@ class ThroughputMeter:
         self.tokens = 0
         self.steps = 0
 
-    def update(self, samples: int, tokens: int = 0, steps: int = 1) -> None:
-        """Add one optimizer step's counts (all micro-batches of it)."""
+    def update(self, micro_batches: Sequence[Any], per_rank_to_global: int = 1) -> None:
+        """Count one optimizer step: the samples and tokens of its micro-batches (a list of batches).
+
+        ``per_rank_to_global`` scales this rank's counts to the whole run (the number of data-parallel
+        ranks, each reading a different slice), so the rates are global; 1 keeps them per rank.
+        """
+        for batch in micro_batches:
+            samples, tokens = batch_counts(batch)
+            self.samples += samples * per_rank_to_global
+            self.tokens += tokens * per_rank_to_global
+        self.steps += 1
+
+    def add(self, samples: int, tokens: int = 0, steps: int = 1) -> None:
+        """Add counts directly (when they are known without a batch, e.g. from a packed-data loader)."""
         self.samples += samples
         self.tokens += tokens
         self.steps += steps
 
     def report(self, reset: bool = True, flops_per_token: Optional[float] = None,
-               peak_flops: Optional[float] = None) -> Dict[str, float]:
+               peak_flops: Optional[float] = None, num_devices: int = 1) -> Dict[str, float]:
         """Rates over the interval since the last reset; ``{}`` if no step was counted.
 
-        Keys: ``samples_per_second, steps_per_second, step_time`` (seconds per step), plus
-        ``tokens_per_second`` when tokens were counted, ``tflops_per_second`` with ``flops_per_token`` and
-        ``mfu`` with ``peak_flops`` as well. Rates are for the counts given (per device if counts are).
+        Keys: ``samples_per_second, steps_per_second, step_time`` (seconds per step) and, when tokens were
+        counted, ``tokens_per_second``; with ``num_devices > 1`` also ``tokens_per_second_per_device``; with
+        ``flops_per_token`` also ``tflops_per_device`` (model TFLOP/s of one device), and with ``peak_flops``
+        (the peak FLOP/s of ONE device) also ``mfu`` (a fraction).
+
+        ``num_devices`` is how many devices produced the counted tokens: 1 for per-rank counts, the world size
+        (every tp/pp/sharding/dp device) when ``update`` scaled the counts to the whole run.
         """
         elapsed = self._clock() - self._start
         out: Dict[str, float] = {}
@@ -148,10 +167,13 @@ class ThroughputMeter:
             if self.tokens > 0:
                 tps = self.tokens / elapsed
                 out["tokens_per_second"] = tps
+                per_device = tps / num_devices
+                if num_devices > 1:
+                    out["tokens_per_second_per_device"] = per_device
                 if flops_per_token:
-                    out["tflops_per_second"] = tps * flops_per_token / 1e12
+                    out["tflops_per_device"] = per_device * flops_per_token / 1e12
                     if peak_flops:
-                        out["mfu"] = mfu(tps, flops_per_token, peak_flops)
+                        out["mfu"] = mfu(per_device, flops_per_token, peak_flops)
         if reset:
             self.reset()
         return out

@@ -61,12 +61,10 @@ class VisualDLWriter(MetricsWriter):
             os.makedirs(logdir, exist_ok=True)
             log_writer = LogWriter(logdir=logdir)
         self.logdir = log_writer.logdir
+        # The vdlrecords.*.log file (what visualdl.LogReader(file_path=) reads); taken now because the
+        # LogWriter forgets it once closed.
+        self.file_path = os.path.join(self.logdir, log_writer.file_name)
         self._writer = log_writer
-
-    @property
-    def file_path(self) -> str:
-        """The ``vdlrecords.*.log`` file this writer appends to (what ``visualdl.LogReader(file_path=)`` reads)."""
-        return os.path.join(self.logdir, self._writer.file_name)
 
     def log_scalars(self, values, step):
         for tag, value in values.items():
@@ -155,7 +153,7 @@ def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
             if name == "all":
                 names.extend(WRITERS)
             elif name != "none" and name not in WRITERS:
-                valid = ", ".join(sorted(WRITERS) + ["all", "none"])
+                valid = ", ".join(sorted([*WRITERS, "all", "none"]))
                 raise ValueError(f"report_to: unknown writer {name!r}; valid values are {valid}")
             elif name != "none":
                 names.append(name)

@@ -1,0 +1,145 @@
+"""Pretrain a Llama causal LM from scratch (or continue from weights) with paddletrainer.
+
+1. Build the token files once (see scripts/build_pretrain_data.py for the format):
+    python scripts/build_pretrain_data.py --input llm_examples/llama/data/corpus.txt \
+        --tokenizer llm_examples/llama/tiny_llama --output llm_examples/llama/data/tokens/corpus
+
+2a. CPU quick run, one process (tiny 4-layer model, ~2 minutes):
+    python llm_examples/llama/run_pretrain.py llm_examples/llama/quickstart.json
+
+2b. CPU, 8 processes with the 4D layout dp2 x tp2 x pp2 (gloo; `flock` because this machine allows one
+    multi-process launch at a time):
+    flock /tmp/paddletrainer-mp.lock timeout 300 python -m paddle.distributed.launch --nproc_per_node 8 \
+        llm_examples/llama/run_pretrain.py llm_examples/llama/quickstart.json --device cpu \
+        --tensor_parallel_degree 2 --pipeline_parallel_degree 2 --gradient_accumulation_steps 2 \
+        --output_dir output/llama_cpu_4d
+
+2c. GPUs, 4 cards, tp2 x pp2, the real 7B shape (random init; bring your own tokenizer and data):
+    python -m paddle.distributed.launch --devices 0,1,2,3 llm_examples/llama/run_pretrain.py \
+        --model_name_or_path llm_examples/llama/configs/llama-7b --input_dir /data/llama_tokens \
+        --output_dir output/llama7b --tensor_parallel_degree 2 --pipeline_parallel_degree 2 \
+        --sharding stage1 --bf16 --fp16_opt_level O2 --max_seq_length 2048 \
+        --per_device_train_batch_size 1 --gradient_accumulation_steps 16 --learning_rate 3e-4 \
+        --max_steps 10000 --warmup_steps 2000 --recompute --do_train --save_steps 1000
+
+Model: ``model_name_or_path`` is a local directory with config.json; weights there are loaded with
+``from_pretrained``, otherwise the model is randomly initialised from the config. With
+``pipeline_parallel_degree > 1`` the pipeline-layer variant ``LlamaForCausalLMPipe`` is built.
+"""
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Optional
+
+from paddlenlp.transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+
+from paddletrainer import PdArgumentParser, Trainer, TrainingArguments, get_last_checkpoint, set_seed
+from paddletrainer.datasets import PretrainTokenDataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class ModelArguments:
+    model_name_or_path: str = field(
+        default=os.path.join(HERE, "tiny_llama"),
+        metadata={"help": "Local directory with config.json; weights are loaded when present, else random init."},
+    )
+    tokenizer_name_or_path: Optional[str] = field(
+        default=None, metadata={"help": "Tokenizer directory saved with the model (default: model_name_or_path)."})
+    tensor_parallel_output: bool = field(
+        default=False,
+        metadata={"help": "Keep logits split over the tensor-parallel group (vocab-parallel cross entropy). "
+                          "False gathers them first: slower on GPUs, but works with any backend."})
+    use_flash_attention: bool = field(default=False, metadata={"help": "GPU only."})
+    recompute_granularity: str = field(default="full", metadata={"help": "full, full_attn or core_attn."})
+    virtual_pp_degree: int = field(default=1, metadata={"help": "Virtual pipeline stages per rank (interleaved)."})
+
+
+@dataclass
+class DataArguments:
+    input_dir: str = field(
+        default=os.path.join(HERE, "data", "tokens"),
+        metadata={"help": "Token files of scripts/build_pretrain_data.py: a prefix or a directory with one *.ids.npy."},
+    )
+    max_seq_length: int = field(default=128, metadata={"help": "Tokens per training sample."})
+    eval_fraction: float = field(default=0.05, metadata={"help": "Tail of the packed samples held out for eval."})
+
+
+def build_model(model_args, data_args, training_args):
+    """Llama (or LlamaPipe under pipeline parallelism) sharded for this rank's tensor-parallel slot."""
+    config = LlamaConfig.from_pretrained(model_args.model_name_or_path)
+    # Reading the rank initialises the process topology (fleet) on first access: the Pipe model needs it.
+    config.tensor_parallel_degree = training_args.tensor_parallel_degree
+    config.tensor_parallel_rank = training_args.tensor_parallel_rank
+    config.tensor_parallel_output = model_args.tensor_parallel_output
+    config.sequence_parallel = getattr(training_args, "sequence_parallel", False)
+    config.recompute = getattr(training_args, "recompute", False)
+    config.recompute_granularity = model_args.recompute_granularity
+    config.virtual_pp_degree = model_args.virtual_pp_degree
+    config.use_flash_attention = model_args.use_flash_attention
+    config.seq_length = data_args.max_seq_length
+    if data_args.max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"max_seq_length {data_args.max_seq_length} > max_position_embeddings "
+                         f"{config.max_position_embeddings} of {model_args.model_name_or_path}")
+
+    dtype = "float32"  # O2 keeps the weights themselves in half precision, as PaddleNLP does
+    if getattr(training_args, "fp16_opt_level", "O1") == "O2":
+        dtype = "bfloat16" if training_args.bf16 else "float16" if training_args.fp16 else dtype
+
+    model_class = LlamaForCausalLMPipe if training_args.pipeline_parallel_degree > 1 else LlamaForCausalLM
+    path = model_args.model_name_or_path
+    if any(name.endswith((".pdparams", ".safetensors")) for name in os.listdir(path)):
+        return model_class.from_pretrained(path, config=config, dtype=dtype), config
+    return model_class.from_config(config, dtype=dtype), config
+
+
+def load_tokenizer(model_args):
+    """The tokenizer is optional (it is only saved next to the model); configs/llama-7b ships none."""
+    path = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if not os.path.exists(os.path.join(path, "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(path)
+
+
+def main():
+    parser = PdArgumentParser((ModelArguments, DataArguments, TrainingArguments))
+    if len(sys.argv) >= 2 and sys.argv[1].endswith(".json"):
+        model_args, data_args, training_args = parser.parse_json_file_and_cmd_lines()
+    else:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    set_seed(training_args.seed)
+
+    dataset = PretrainTokenDataset(data_args.input_dir, data_args.max_seq_length)
+    train_dataset, eval_dataset = dataset.split(data_args.eval_fraction if training_args.do_eval else 0.0)
+    model, config = build_model(model_args, data_args, training_args)
+    if dataset.meta.get("vocab_size", 0) > config.vocab_size:
+        raise ValueError(f"token files use a vocab of {dataset.meta['vocab_size']} but the model has "
+                         f"{config.vocab_size}: rebuild them with the model's tokenizer")
+
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset if training_args.do_train else None,
+        eval_dataset=eval_dataset if training_args.do_eval else None,
+        tokenizer=load_tokenizer(model_args),
+    )
+
+    if training_args.do_train:
+        checkpoint = training_args.resume_from_checkpoint
+        if checkpoint is None and os.path.isdir(training_args.output_dir) and not training_args.overwrite_output_dir:
+            checkpoint = get_last_checkpoint(training_args.output_dir)
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.save_model()  # merged, from_pretrained-loadable model in output_dir
+        trainer.log_metrics("train", result.metrics)
+        trainer.save_metrics("train", result.metrics)
+        trainer.save_state()
+
+    if training_args.do_eval:
+        metrics = trainer.evaluate()
+        trainer.log_metrics("eval", metrics)
+        trainer.save_metrics("eval", metrics)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Layout-independent checkpoints: each rank writes what it owns, any layout reads what it needs.
+
+Decision: an own format, not ``paddle.distributed.flex_checkpoint.dcp``
+----------------------------------------------------------------------
+DCP (``save_state_dict``/``load_state_dict``) was measured on this CPU build (research Q4): loading into a
+different layout calls ``Tensor.cuda()`` in its reshard communicators and fails without a patch; fleet's
+stage-1 (V1) sharding optimizer has no ``sharded_state_dict``; its files are pickles, and its metadata is
+not meant to be read by other tools. Our own format is small and fits the problems users report:
+
+* **files** — every rank writes only the pieces it was chosen to write as safetensors (numpy) files named
+  by rank coordinates: ``model_state.tp00_pp01.safetensors``, ``optimizer.tp00_pp01_shard01.safetensors``
+  (``_shardNN`` on model files only under weight sharding). safetensors saves ~2x faster than
+  ``paddle.save`` (Q4 benchmark) and can be sliced on read without loading whole files.
+* **one index** — ``checkpoint_index.json`` written by rank 0 from everybody's metadata: per tensor its
+  global key (``model/<state_dict name>``, ``optim/<param name>/<moment1|moment2|beta1_pow_acc|...|master_weight>``),
+  global shape, dtype and pieces (file, offsets, shape, optional flat range); per file its size and crc32.
+* **written once** — the lowest rank holding a piece writes it, decided by a pure function over the
+  all-gathered candidate lists, so dp/tp replicas and tied weights cost nothing extra.
+* **resharding without collectives** — a loading rank computes which stored pieces overlap its slice
+  (pure functions in :mod:`.layout`) and reads only those slices from the shared filesystem. Works in
+  one process, on CPU, for TP/PP/sharding/DP changes, for optimizer state as well as weights.
+* **atomic publish** — write into ``checkpoint-N.tmp-<id>/``, index, marker ``.checkpoint_complete``
+  LAST, rename. Readers only accept marked ``checkpoint-N`` dirs; stale tmp dirs are removed by the
+  next save. Async saves snapshot to host memory, write in a thread, and publish at the next collective
+  ``finish_pending_save`` point.
+* **per-rank state** — RNG (python, numpy, paddle, the hybrid RNG tracker) per rank coordinates, restored
+  only into the same layout (else skipped with a warning); the data position (``data_state``) is
+  layout-free and always restored.
+
+Public API: :func:`save_checkpoint`, :func:`finish_pending_save`, :func:`load_checkpoint`,
+:func:`rotate_checkpoints`, :func:`list_complete_checkpoints`, :func:`get_last_complete_checkpoint`,
+:func:`export_for_from_pretrained` (CLI: ``scripts/merge_checkpoint.py``).
+"""
+
+from .export import export_for_from_pretrained, merged_model_state
+from .io import (
+    LoadedCheckpoint,
+    finish_pending_save,
+    get_last_complete_checkpoint,
+    is_complete_checkpoint,
+    list_complete_checkpoints,
+    load_checkpoint,
+    read_index,
+    rotate_checkpoints,
+    save_checkpoint,
+)
+from .layout import (
+    CHECKPOINT_COMPLETE_MARKER,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    Placement,
+)
+
+__all__ = [
+    "CHECKPOINT_COMPLETE_MARKER",
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointMismatchError",
+    "LoadedCheckpoint",
+    "Placement",
+    "export_for_from_pretrained",
+    "finish_pending_save",
+    "get_last_complete_checkpoint",
+    "is_complete_checkpoint",
+    "list_complete_checkpoints",
+    "load_checkpoint",
+    "merged_model_state",
+    "read_index",
+    "rotate_checkpoints",
+    "save_checkpoint",
+]

@@ -1,0 +1,73 @@
+"""Merge a sharded checkpoint into one directory PaddleNLP's ``from_pretrained`` loads.
+
+Output: ``model.safetensors`` (float weights) or ``model_state.pdparams`` (chosen automatically when a
+weight is bfloat16, which numpy-safetensors cannot label), plus ``config.json`` — the model config stored
+in the checkpoint with tensor-parallel settings reset, or copied from ``config_from``. The optimizer is
+not exported. Peak memory is one full tensor at a time plus the output being assembled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Dict, Optional
+
+import numpy as np
+
+from . import layout as L
+from .io import read_index
+from .reshard import PieceReader, read_placement, verify_files
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+PADDLE_WEIGHTS_NAME = "model_state.pdparams"
+
+
+def merged_model_state(ckpt_dir: str, verify: bool = True) -> Dict[str, tuple]:
+    """``{state_dict name: (full numpy array, dtype name)}`` of the model weights of a checkpoint."""
+    index = read_index(ckpt_dir)
+    keys = sorted(k for k in index["tensors"] if k.startswith(L.MODEL_PREFIX))
+    if verify:
+        verify_files(ckpt_dir, index, sorted({p["file"] for k in keys for p in index["tensors"][k]["pieces"]}))
+    reader = PieceReader(ckpt_dir)
+    out = {}
+    for key in keys:
+        info = index["tensors"][key]
+        arr = read_placement(index, key, L.replicated(info["shape"]), reader)
+        out[key[len(L.MODEL_PREFIX):]] = (arr, info["dtype"])
+    reader.close()
+    return out
+
+
+def export_for_from_pretrained(ckpt_dir: str, out_dir: str, config_from: Optional[str] = None) -> str:
+    """Write the merged weights and config.json into ``out_dir``; returns the weights file path."""
+    state = merged_model_state(ckpt_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    if any(dt == "bfloat16" for _, dt in state.values()):
+        import paddle
+
+        tensors = {}
+        for name, (arr, dt) in state.items():
+            t = paddle.to_tensor(arr)
+            tensors[name] = t.view(paddle.bfloat16) if dt == "bfloat16" else t
+        path = os.path.join(out_dir, PADDLE_WEIGHTS_NAME)
+        paddle.save(tensors, path)
+    else:
+        from safetensors.numpy import save_file
+
+        path = os.path.join(out_dir, SAFE_WEIGHTS_NAME)
+        save_file({n: np.ascontiguousarray(a) for n, (a, _) in state.items()}, path, metadata={"format": "np"})
+
+    if config_from:
+        src = os.path.join(config_from, L.CONFIG_NAME)
+        if not os.path.isfile(src):
+            raise FileNotFoundError(f"--config-from {config_from} has no {L.CONFIG_NAME}")
+        shutil.copyfile(src, os.path.join(out_dir, L.CONFIG_NAME))
+    elif os.path.isfile(os.path.join(ckpt_dir, L.CONFIG_NAME)):
+        with open(os.path.join(ckpt_dir, L.CONFIG_NAME)) as f:
+            cfg = json.load(f)
+        with open(os.path.join(out_dir, L.CONFIG_NAME), "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+    else:
+        raise FileNotFoundError(f"{ckpt_dir} stores no model config; pass config_from=<model dir>")
+    return path

@@ -1,0 +1,168 @@
+"""What this rank holds: its model and optimizer tensors, each with a global key and a :class:`Placement`.
+
+This is the only place that knows how Paddle's wrappers and optimizers store things:
+
+* model: unwrap ``_layers`` / ``_layer`` (DataParallel, TensorParallel, PipelineParallel, sharding
+  wrappers) and use ``state_dict()`` names — PaddleNLP's ``PipelinePretrainedModel.state_dict`` already
+  maps pipeline-layer names back to the non-pipeline names, so a pp2 stage and a single process agree.
+* tensor parallel: Paddle's mp layers (and PaddleNLP's LM head) set ``is_distributed`` and ``split_axis``.
+* anything else (e.g. a stage-3 flat slice) can declare itself with a ``ckpt_placement`` attribute
+  holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
+* optimizer: unwrap ``_optimizer`` / ``_inner_opt`` / ``_optim`` to the Paddle optimizer, whose ``_accumulators`` hold
+  exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import paddle
+
+from .layout import CheckpointError, Placement, model_key, optim_key, replicated, tp_placement
+
+MASTER_WEIGHT = "master_weight"
+
+
+# ------------------------------------------------------------------------------------- topology
+def topology_info(topology) -> types.SimpleNamespace:
+    """Degrees and ranks from a paddletrainer Topology (duck-typed); without one: plain data parallel."""
+    if topology is None:
+        world = paddle.distributed.get_world_size()
+        rank = paddle.distributed.get_rank()
+        return types.SimpleNamespace(
+            world_size=world, rank=rank, dp_degree=world, dp_rank=rank, sharding_degree=1, sharding_rank=0,
+            tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0,
+        )
+    fields = ("world_size", "rank", "dp_degree", "dp_rank", "sharding_degree", "sharding_rank",
+              "tp_degree", "tp_rank", "pp_degree", "pp_rank")
+    return types.SimpleNamespace(**{f: int(getattr(topology, f)) for f in fields})
+
+
+def layout_dict(t: types.SimpleNamespace) -> Dict[str, int]:
+    """The degrees that decide whether per-rank state (RNG) can be restored."""
+    return {"world_size": t.world_size, "dp_degree": t.dp_degree, "sharding_degree": t.sharding_degree,
+            "tp_degree": t.tp_degree, "pp_degree": t.pp_degree}
+
+
+# ----------------------------------------------------------------------------------------- dtypes
+def dtype_name(t) -> str:
+    return str(t.dtype).replace("paddle.", "")
+
+
+def to_numpy(t) -> np.ndarray:
+    """A host copy (``Tensor.numpy()`` copies on CPU, so later in-place updates cannot reach it).
+
+    bfloat16 comes back as its uint16 bit pattern; the index records the real dtype.
+    """
+    return np.ascontiguousarray(t.numpy())
+
+
+def from_stored(arr: np.ndarray, stored_dtype: str, target_dtype: str):
+    """Stored array -> something ``Tensor.set_value`` of ``target_dtype`` accepts (casts when needed)."""
+    if stored_dtype == target_dtype:
+        return arr
+    if stored_dtype == "bfloat16":  # widen the bit pattern exactly: bf16 is the top half of fp32
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    if target_dtype == "bfloat16":
+        return paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")
+    return arr.astype(target_dtype)
+
+
+# ---------------------------------------------------------------------------------------- model
+def unwrap_model(model):
+    """The innermost Layer whose ``state_dict`` has the user's names."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        inner = getattr(model, "_layers", None) or getattr(model, "_layer", None)
+        if inner is None or not isinstance(inner, paddle.nn.Layer):
+            break
+        model = inner
+    return model
+
+
+def tensor_placement(t, topo: types.SimpleNamespace, name: str = "") -> Placement:
+    declared = getattr(t, "ckpt_placement", None)
+    if declared is not None:
+        return declared
+    if getattr(t, "is_distributed", False) and topo.tp_degree > 1:
+        axis = getattr(t, "split_axis", None)
+        if axis is None:
+            raise CheckpointError(
+                f"{name} is tensor-parallel (is_distributed) but has no split_axis; set it or a ckpt_placement"
+            )
+        return tp_placement(t.shape, int(axis), topo.tp_rank, topo.tp_degree)
+    return replicated(t.shape)
+
+
+@dataclasses.dataclass
+class LocalTensor:
+    tensor: object
+    placement: Placement
+
+
+def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, Tuple[str, Placement]]]:
+    """``{global key: LocalTensor}`` and ``{param.name: (state_dict name, placement)}`` for the optimizer."""
+    inner = unwrap_model(model)
+    out: Dict[str, LocalTensor] = {}
+    by_param: Dict[str, Tuple[str, Placement]] = {}
+    for name, t in inner.state_dict().items():
+        pl = tensor_placement(t, topo, name)
+        out[model_key(name)] = LocalTensor(t, pl)
+        by_param.setdefault(t.name, (name, pl))  # tied weights: the first name wins, both keys are saved
+    return out, by_param
+
+
+# ------------------------------------------------------------------------------------ optimizer
+def unwrap_optimizer(optimizer):
+    """The Paddle optimizer that owns ``_accumulators`` (under HybridParallelOptimizer/sharding wrappers)."""
+    seen = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        d = vars(optimizer)  # not getattr: some wrappers forward unknown attributes to the inner optimizer
+        # paddletrainer's ParallelOptimizer, HybridParallelOptimizer / DygraphShardingOptimizer, GroupSharded*
+        inner = d.get("_optimizer") or d.get("_inner_opt") or d.get("_optim")
+        if inner is None:
+            break
+        optimizer = inner
+    return optimizer
+
+
+def ensure_accumulators(optimizer) -> None:
+    """Create the accumulators of a fresh optimizer (they are lazy) so loading can fill them in place."""
+    inner = unwrap_optimizer(optimizer)
+    params = [p for p in (inner._parameter_list or []) if not p.stop_gradient]
+    if params and hasattr(inner, "_create_accumulators"):
+        block = paddle.static.default_main_program().global_block()
+        inner._create_accumulators(block, params)
+
+
+def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, Placement]]) -> Dict[str, LocalTensor]:
+    """This rank's optimizer states keyed ``optim/<param global name>/<kind>``.
+
+    Multi-precision optimizers key moments by the master weight's name, hence the reverse map.
+    A state with the parameter's element count shares its placement; others (beta powers) are replicated.
+    """
+    inner = unwrap_optimizer(optimizer)
+    masters = dict(getattr(inner, "_master_weights", None) or {})
+    master_to_param = {mw.name: pname for pname, mw in masters.items()}
+    out: Dict[str, LocalTensor] = {}
+
+    def add(pname: str, kind: str, t):
+        if pname not in by_param:
+            raise CheckpointError(f"optimizer state {kind} of {pname} belongs to no parameter of the model")
+        gname, ppl = by_param[pname]
+        same = int(np.prod(t.shape)) == ppl.local_numel
+        pl = ppl if same else replicated(t.shape)
+        out[optim_key(gname, kind)] = LocalTensor(t, pl)
+
+    for kind, accs in (getattr(inner, "_accumulators", None) or {}).items():
+        for acc_owner, t in accs.items():
+            add(master_to_param.get(acc_owner, acc_owner), kind, t)
+    for pname, t in masters.items():
+        add(pname, MASTER_WEIGHT, t)
+    return out
+

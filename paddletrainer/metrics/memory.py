@@ -1,0 +1,34 @@
+"""Peak memory of this process: device memory on GPU, host resident set size on CPU."""
+from __future__ import annotations
+
+import resource
+import sys
+
+__all__ = ["peak_memory_bytes", "memory_logs"]
+
+
+def _on_gpu() -> bool:
+    import paddle
+
+    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
+
+
+def peak_memory_bytes() -> int:
+    """Peak bytes since the process started (or since paddle's peak counter was last reset, on GPU).
+
+    GPU: ``paddle.device.cuda.max_memory_allocated()`` for the current device (tensors only, not the
+    allocator's cache). CPU: the peak resident set size from ``getrusage``; it is a high-water mark the OS
+    keeps and cannot be reset.
+    """
+    if _on_gpu():
+        import paddle
+
+        return int(paddle.device.cuda.max_memory_allocated())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kilobytes, macOS bytes.
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def memory_logs() -> dict:
+    """``{"peak_memory_gb": ...}`` (GiB, rounded to 3 decimals) for ``Trainer.log``."""
+    return {"peak_memory_gb": round(peak_memory_bytes() / 2**30, 3)}

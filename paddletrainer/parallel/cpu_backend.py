@@ -1,0 +1,540 @@
+"""Fills for the gaps Paddle's CPU build (gloo) has in its hybrid-parallel machinery.
+
+Paddle 3.3.1 runs data parallel and sharding stage 1 on gloo as shipped, but tensor parallel, pipeline
+parallel, groups of 4+ processes and sharding stage 2/3 each trip over a GPU-only assumption. Every fill
+below names the Paddle function it replaces and why; :func:`install` applies them once per process, and
+only :func:`paddletrainer.parallel.topology.init_topology` calls it (and only on a CPU-only build).
+
+:func:`check_paddle_assumptions` verifies that every symbol we patch still exists with the shape we rely on,
+so a Paddle upgrade that moves one fails the unit tests instead of silently running unpatched code.
+
+The fills (numbers match ``docs`` research notes):
+
+1. one gloo TCP store per process group (``collective._new_process_group_impl``),
+2. tensor-parallel ops as autograd functions over all_reduce / all_gather (``mp_ops._c_identity``, ...),
+3. ``hybrid_parallel_util.broadcast_input_data`` is a no-op,
+4. ``ParallelEnv.device_id`` defaults to 0 and pipeline p2p uses plain blocking send/recv,
+5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
+6. sequence parallel is rejected (:func:`reject_sequence_parallel`).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import threading
+
+import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
+
+__all__ = [
+    "install",
+    "is_installed",
+    "check_paddle_assumptions",
+    "group_sharded_construction",
+    "reject_sequence_parallel",
+    "store_port_for_group",
+    "parallel_softmax_cross_entropy",
+]
+
+_INSTALLED = False
+_LOCK = threading.Lock()
+
+# Keeps every per-group TCPStore alive for the life of the process (gloo reads from it lazily).
+_GROUP_STORES: dict = {}
+# The global ranks of the group being created; set by our ``new_group`` wrapper, read by the
+# process-group factory (Paddle passes only the in-group rank and size down to the factory).
+_PENDING_GROUP_RANKS = threading.local()
+
+# Environment override for the first port of the per-group stores (see store_port_for_group).
+STORE_BASE_PORT_ENV = "PADDLETRAINER_GLOO_STORE_BASE_PORT"
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 1: one TCP store per gloo process group
+# --------------------------------------------------------------------------------------------------
+def _launcher_ports() -> list:
+    """Ports the launcher already uses on this job: the master and every trainer endpoint."""
+    ports = []
+    master = os.environ.get("PADDLE_MASTER", "")
+    if ":" in master:
+        ports.append(int(master.rsplit(":", 1)[1]))
+    for endpoint in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(","):
+        if ":" in endpoint:
+            ports.append(int(endpoint.rsplit(":", 1)[1]))
+    return ports
+
+
+def store_port_for_group(group_id: int, launcher_ports: list | None = None) -> int:
+    """The TCP port of the store of group ``group_id``; the same on every rank.
+
+    ``paddle.distributed.launch`` gives the master port P and the trainer endpoints P+1..P+world
+    (consecutive on one node). Stores start one above the highest of those ports, so they never collide
+    with the launcher's own ports: with P=37804 and 4 processes, group 11 gets 37808 + 1 + 11 = 37820.
+    Set ``PADDLETRAINER_GLOO_STORE_BASE_PORT`` to choose the base explicitly (port = base + group id).
+    """
+    override = os.environ.get(STORE_BASE_PORT_ENV)
+    if override:
+        return int(override) + group_id
+    ports = _launcher_ports() if launcher_ports is None else launcher_ports
+    if not ports:
+        raise RuntimeError(
+            "cannot place the gloo group stores: neither PADDLE_MASTER nor PADDLE_TRAINER_ENDPOINTS is set "
+            f"(launch with `python -m paddle.distributed.launch`, or set {STORE_BASE_PORT_ENV})"
+        )
+    return max(ports) + 1 + group_id
+
+
+def _group_store(global_ranks, group_rank: int, group_size: int, group_id: int):
+    """Create the store of one group; its master is the group's first member (its host, our port)."""
+    from paddle.base import core
+
+    endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
+    first = global_ranks[0] if global_ranks else 0
+    host = endpoints[first].rsplit(":", 1)[0] if first < len(endpoints) and endpoints[first] else "127.0.0.1"
+    port = store_port_for_group(group_id)
+    store = core.TCPStore(host, port, group_rank == 0, group_size, 900)
+    _GROUP_STORES[group_id] = store
+    return store
+
+
+def _make_new_process_group_impl(original):
+    def _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, group_id=0, *args, **kwargs):
+        # Replaces collective._new_process_group_impl for gloo subgroups. Paddle creates every gloo group
+        # through the ONE default store, and the rendezvous keys of different groups overwrite each other:
+        # with 4+ processes group creation fails at random ("Connection refused", "TIMEOUT self_rank",
+        # "address.cc:30 ... 136 vs 45"). A private store per group makes the keys disjoint.
+        if backend == "gloo" and group_id != 0:
+            ranks = getattr(_PENDING_GROUP_RANKS, "ranks", None)
+            store = _group_store(ranks, rank, world_size, group_id)
+        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
+
+    _new_process_group_impl.__wrapped_paddle__ = original
+    return _new_process_group_impl
+
+
+def _make_new_group(original):
+    def new_group(ranks=None, *args, **kwargs):
+        # Records the global ranks so the store's master host is that of the group's first member.
+        _PENDING_GROUP_RANKS.ranks = sorted(ranks) if ranks is not None else None
+        try:
+            return original(ranks, *args, **kwargs)
+        finally:
+            _PENDING_GROUP_RANKS.ranks = None
+
+    new_group.__wrapped_paddle__ = original
+    new_group.__doc__ = original.__doc__
+    return new_group
+
+
+def _install_group_stores():
+    from paddle.distributed import collective
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_optimizer_stage2 as gso2
+
+    collective._new_process_group_impl = _make_new_process_group_impl(collective._new_process_group_impl)
+    wrapped = _make_new_group(collective.new_group)
+    # new_group is reached as paddle.distributed.new_group (fleet topology), collective.new_group
+    # (stage 3) and a by-name import in the stage-2 optimizer: patch all three references.
+    collective.new_group = wrapped
+    dist.new_group = wrapped
+    gso2.new_group = wrapped
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 2: tensor-parallel ops (no CPU kernels for c_identity / c_split / c_concat / c_softmax_with_ce)
+# --------------------------------------------------------------------------------------------------
+def _group_or_default(group):
+    from paddle.distributed import collective
+
+    return collective._get_default_group() if group is None else group
+
+
+def _all_gather_last_dim(tensor, group):
+    parts = []
+    dist.all_gather(parts, tensor.contiguous() if hasattr(tensor, "contiguous") else tensor, group=group)
+    return paddle.concat(parts, axis=-1)
+
+
+def _local_last_dim_chunk(tensor, group):
+    width = tensor.shape[-1] // group.nranks
+    start = group.rank * width
+    return paddle.slice(tensor, axes=[tensor.ndim - 1], starts=[start], ends=[start + width]).clone()
+
+
+class _Identity(PyLayer):
+    """Forward: identity. Backward: all-reduce (sum) over the tensor-parallel group (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return tensor.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad
+
+
+class _AllReduce(PyLayer):
+    """Forward: all-reduce (sum). Backward: identity (Megatron's g)."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        out = tensor.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class _Split(PyLayer):
+    """Forward: this rank's chunk of the last dim. Backward: all-gather the chunks along the last dim."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return _local_last_dim_chunk(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_gather_last_dim(grad, ctx.group)
+
+
+class _Concat(PyLayer):
+    """Forward: all-gather along the last dim. Backward: this rank's chunk of the gradient."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        ctx.group = group
+        return _all_gather_last_dim(tensor, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _local_last_dim_chunk(grad, ctx.group)
+
+
+class _ParallelSoftmaxCrossEntropy(PyLayer):
+    """Cross entropy over logits whose last (vocab) dim is split across the tensor-parallel group.
+
+    With v = local vocab width and rank r owning classes [r·v, (r+1)·v):
+    ``loss = log Σ_all exp(x - m) - (x[label] - m)`` where m (max), the exp-sum and the target logit are
+    each all-reduced (max, sum, sum; the target is non-zero on exactly one rank). The gradient is
+    ``softmax - onehot(label)`` on the local columns, times the incoming loss gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, label, group, ignore_index):
+        from paddle.distributed import ReduceOp
+
+        width = logits.shape[-1]
+        start = group.rank * width
+        x = logits.astype("float32")
+        row_max = x.max(axis=-1, keepdim=True)
+        dist.all_reduce(row_max, op=ReduceOp.MAX, group=group)
+        exp = paddle.exp(x - row_max)
+        sum_exp = exp.sum(axis=-1, keepdim=True)
+        dist.all_reduce(sum_exp, group=group)
+        label = label.astype("int64")
+        owned = paddle.logical_and(label >= start, label < start + width)
+        local_label = paddle.where(owned, label - start, paddle.zeros_like(label))
+        target = paddle.take_along_axis(x - row_max, local_label, axis=-1) * owned.astype("float32")
+        dist.all_reduce(target, group=group)
+        valid = (label != ignore_index).astype("float32")
+        loss = (paddle.log(sum_exp) - target) * valid
+        softmax = exp / sum_exp
+        ctx.save_for_backward(softmax, local_label, owned, valid)
+        ctx.dtype = logits.dtype
+        return loss.astype(logits.dtype), softmax.astype(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_softmax=None):
+        softmax, local_label, owned, valid = ctx.saved_tensor()
+        onehot = paddle.nn.functional.one_hot(local_label.squeeze(-1), softmax.shape[-1])
+        grad = (softmax - onehot * owned.astype("float32")) * (grad_loss.astype("float32") * valid)
+        return grad.astype(ctx.dtype), None
+
+
+def _c_identity(tensor, group=None, skip_c_identity_dynamic=False):
+    """Replaces mp_ops._c_identity and collective._c_identity (CPU: no c_identity kernel)."""
+    group = _group_or_default(group)
+    if not group.is_member():
+        return None
+    if skip_c_identity_dynamic:
+        return tensor
+    return _Identity.apply(tensor, group)
+
+
+def _mp_allreduce(tensor, op=None, group=None, use_calc_stream=True, use_model_parallel=True,
+                  skip_c_identity_dynamic=False):
+    """Replaces mp_ops._mp_allreduce (its backward calls the missing c_identity kernel)."""
+    group = _group_or_default(group)
+    if not group.is_member():
+        return None
+    if op is not None and op != dist.ReduceOp.SUM:
+        raise ValueError(f"_mp_allreduce supports only ReduceOp.SUM, got {op}")
+    return _AllReduce.apply(tensor, group)
+
+
+def _c_split(tensor, group=None):
+    """Replaces mp_ops._c_split (CPU: no c_split kernel)."""
+    group = _group_or_default(group)
+    if not group.is_member():
+        return None
+    return _Split.apply(tensor, group)
+
+
+def _c_concat(tensor, group=None):
+    """Replaces mp_ops._c_concat and collective._c_concat (CPU: no c_concat kernel)."""
+    group = _group_or_default(group)
+    if not group.is_member():
+        return None
+    return _Concat.apply(tensor, group)
+
+
+def parallel_softmax_cross_entropy(logits, label, group=None, return_softmax=False, ignore_index=-100):
+    """Replaces mp_ops._c_softmax_with_cross_entropy (CPU: no c_softmax_with_cross_entropy kernel).
+
+    ``label`` holds global class ids with the shape of ``logits`` minus the last dim, or with a trailing 1.
+    Returns the per-position loss with a trailing dim of 1 (Paddle's shape), and the local softmax if asked.
+    """
+    group = _group_or_default(group)
+    if not group.is_member():
+        return None
+    if label.ndim == logits.ndim - 1:
+        label = label.unsqueeze(-1)
+    loss, softmax = _ParallelSoftmaxCrossEntropy.apply(logits, label, group, ignore_index)
+    return (loss, softmax) if return_softmax else loss
+
+
+def _install_tensor_parallel_ops():
+    from paddle.distributed import collective
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    mp_ops._c_identity = _c_identity
+    mp_ops._c_split = _c_split
+    mp_ops._c_concat = _c_concat
+    mp_ops._mp_allreduce = _mp_allreduce
+    mp_ops._c_softmax_with_cross_entropy = parallel_softmax_cross_entropy
+    # collective re-exports these by name; PaddleNLP's Llama head calls collective._c_identity/_c_concat.
+    collective._c_identity = _c_identity
+    collective._c_split = _c_split
+    collective._c_concat = _c_concat
+    collective._mp_allreduce = _mp_allreduce
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 3: broadcast_input_data
+# --------------------------------------------------------------------------------------------------
+def _broadcast_input_data(hcg, *inputs, **kwargs):
+    """Replaces hybrid_parallel_util.broadcast_input_data, which asserts a GPU/XPU device.
+
+    TensorParallel.forward calls it to copy the batch from tp-rank 0 to the other tp ranks. Our data
+    order gives every rank of a tensor-parallel group the same batch already, so there is nothing to do.
+    """
+    return inputs, kwargs
+
+
+def _install_broadcast_input_data():
+    from paddle.distributed.fleet.meta_parallel import tensor_parallel
+    from paddle.distributed.fleet.utils import hybrid_parallel_util
+
+    hybrid_parallel_util.broadcast_input_data = _broadcast_input_data
+    tensor_parallel.broadcast_input_data = _broadcast_input_data  # imported there by name
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 4: pipeline parallel (device id, p2p)
+# --------------------------------------------------------------------------------------------------
+def _send_on_calc_stream(tensor, group, dst, nranks=1, rank_id=0):
+    """Replaces p2p_communication._send_on_calc_stream.
+
+    gloo rejects ``send_on_calc_stream`` ("does not support send with sync_op and use_calc_stream");
+    its plain blocking ``send`` does the same job. Partial send (a 1/mp slice) is never used: the
+    strategy turns ``enable_partial_send_recv`` off on CPU because gloo lacks ``all_gather_partial``.
+    """
+    return group.process_group.send(tensor, group.get_group_rank(dst), True)
+
+
+def _recv_on_calc_stream(tensor, group, src, nranks=1, rank_id=0):
+    """Replaces p2p_communication._recv_on_calc_stream (see :func:`_send_on_calc_stream`)."""
+    return group.process_group.recv(tensor, group.get_group_rank(src), True)
+
+
+def _install_pipeline():
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+
+    # PipelineLayer.__init__ reads ParallelEnv().device_id, which ParallelEnv sets only for
+    # GPU/XPU/custom devices; a class-level default of 0 (the one CPU) fills the missing attribute.
+    dist.ParallelEnv._device_id = 0
+    # Module globals: _batched_p2p_ops and P2PonCalcStream look these names up at call time.
+    p2p_communication._send_on_calc_stream = _send_on_calc_stream
+    p2p_communication._recv_on_calc_stream = _recv_on_calc_stream
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 5: sharding stage 2 / 3 construction
+# --------------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def group_sharded_construction():
+    """Scope in which GroupShardedOptimizerStage2 / GroupShardedStage2 / GroupShardedStage3 can be built.
+
+    Their constructors assume a GPU; during construction only we make these true:
+
+    * ``core.is_compiled_with_cuda()`` → True: passes the asserts "Only GPU and XPU and CustomDevice is
+      supported now" (group_sharded_optimizer_stage2.py) and "Only support CUDA / XPU / CustomDevice."
+      (group_sharded_stage3.py). Nothing else in construction branches on it for device="cpu".
+    * ``paddle.get_device()`` → "cpu:0": the stage-2 optimizer parses a device index from it
+      (``int(paddle.get_device().split(":")[1])``) and would raise IndexError on "cpu".
+    * ``ParamStorage.add_rank_params(convert_gpu=False)``: with True it calls ``param.cpu()``, which on
+      CPU aliases the parameter, then clears it, destroying the weights ("Tensor not initialized yet").
+
+    Training afterwards needs none of these (no offload: Paddle's offload paths call ``.cuda``).
+    Gradient clipping is done by :func:`paddletrainer.parallel.collectives.clip_grad_norm`, so Paddle's
+    GroupShardedClipGrad (which calls ``.cuda``) is never installed.
+    """
+    from paddle.base import core
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_storage
+
+    saved_cuda = core.is_compiled_with_cuda
+    saved_get_device = paddle.get_device
+    saved_add = group_sharded_storage.ParamStorage.add_rank_params
+
+    def add_rank_params(self, trainable_params, param2align, convert_gpu=True):
+        return saved_add(self, trainable_params, param2align, convert_gpu=False)
+
+    core.is_compiled_with_cuda = lambda: True
+    paddle.get_device = lambda: "cpu:0"
+    group_sharded_storage.ParamStorage.add_rank_params = add_rank_params
+    try:
+        yield
+    finally:
+        core.is_compiled_with_cuda = saved_cuda
+        paddle.get_device = saved_get_device
+        group_sharded_storage.ParamStorage.add_rank_params = saved_add
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 6: sequence parallel
+# --------------------------------------------------------------------------------------------------
+def reject_sequence_parallel(enabled: bool) -> None:
+    """Raise when sequence parallel is requested on CPU.
+
+    Megatron-style sequence parallel needs reduce_scatter, which has no CPU kernel
+    ("Unimplemented cpu kernel for CReduceScatterOp"); emulating it with all_reduce would cost a full
+    all-reduce per layer and still be untested here, so we refuse it instead.
+    """
+    if enabled and not paddle.is_compiled_with_cuda():
+        raise NotImplementedError(
+            "sequence_parallel needs reduce_scatter, which Paddle's CPU (gloo) build does not have; "
+            "turn sequence_parallel off on CPU"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# install / check
+# --------------------------------------------------------------------------------------------------
+def is_installed() -> bool:
+    """True once :func:`install` ran in this process."""
+    return _INSTALLED
+
+
+def install() -> None:
+    """Apply every CPU fill (idempotent). Call before ``fleet.init`` so the group stores take effect."""
+    global _INSTALLED
+    with _LOCK:
+        if _INSTALLED:
+            return
+        check_paddle_assumptions()
+        _install_group_stores()
+        _install_tensor_parallel_ops()
+        _install_broadcast_input_data()
+        _install_pipeline()
+        _INSTALLED = True
+
+
+def _params_of(func) -> list:
+    func = getattr(func, "__wrapped_paddle__", func)
+    return list(inspect.signature(inspect.unwrap(func)).parameters)
+
+
+def _source_of(func) -> str:
+    func = getattr(func, "__wrapped_paddle__", func)
+    return inspect.getsource(inspect.unwrap(func))
+
+
+def check_paddle_assumptions() -> None:
+    """Fail loudly if a Paddle symbol we patch (or the way Paddle calls it) changed.
+
+    Checks names, signatures and the call sites that make each fill reach Paddle's code paths.
+    Raises ``RuntimeError`` listing every broken assumption.
+    """
+    from paddle.base import core
+    from paddle.distributed import collective
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel, tensor_parallel
+    from paddle.distributed.fleet.meta_parallel.parallel_layers import pp_layers
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+    from paddle.distributed.fleet.meta_parallel.sharding import (
+        group_sharded_optimizer_stage2 as gso2,
+        group_sharded_stage3 as gs3,
+        group_sharded_storage,
+    )
+    from paddle.distributed.fleet.utils import hybrid_parallel_util
+
+    problems = []
+
+    def expect(condition, message):
+        if not condition:
+            problems.append(message)
+
+    # 1. group stores
+    expect(_params_of(collective._new_process_group_impl)[:7]
+           == ["backend", "store", "rank", "world_size", "group_name", "pg_options", "group_id"],
+           "collective._new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, "
+           "group_id, ...) signature changed")
+    expect("_new_process_group_impl(" in _source_of(collective.new_group),
+           "collective.new_group no longer creates its process group via _new_process_group_impl")
+    expect(_params_of(collective.new_group)[:1] == ["ranks"], "collective.new_group(ranks, ...) changed")
+    expect(hasattr(gso2, "new_group"), "group_sharded_optimizer_stage2 no longer imports new_group")
+    expect(hasattr(core, "TCPStore") and hasattr(core, "ProcessGroupGloo"), "core.TCPStore / ProcessGroupGloo gone")
+    # 2. tensor-parallel ops
+    for name in ("_c_identity", "_c_split", "_c_concat", "_mp_allreduce", "_c_softmax_with_cross_entropy"):
+        expect(callable(getattr(mp_ops, name, None)), f"mp_ops.{name} is gone")
+    expect(_params_of(mp_ops._c_identity)[:3] == ["tensor", "group", "skip_c_identity_dynamic"],
+           "mp_ops._c_identity(tensor, group, skip_c_identity_dynamic) signature changed")
+    expect(_params_of(mp_ops._c_split)[:2] == ["tensor", "group"], "mp_ops._c_split signature changed")
+    expect(_params_of(mp_ops._c_concat)[:2] == ["tensor", "group"], "mp_ops._c_concat signature changed")
+    expect(_params_of(mp_ops._mp_allreduce)[:3] == ["tensor", "op", "group"], "mp_ops._mp_allreduce changed")
+    expect(_params_of(mp_ops._c_softmax_with_cross_entropy)[:5]
+           == ["logits", "label", "group", "return_softmax", "ignore_index"],
+           "mp_ops._c_softmax_with_cross_entropy signature changed")
+    for name in ("_c_identity", "_c_concat", "_c_split"):
+        expect(hasattr(collective, name), f"collective.{name} re-export is gone")
+    # 3. broadcast_input_data
+    expect(_params_of(hybrid_parallel_util.broadcast_input_data)[:1] == ["hcg"],
+           "hybrid_parallel_util.broadcast_input_data(hcg, *inputs, **kwargs) changed")
+    expect("broadcast_input_data" in vars(tensor_parallel), "tensor_parallel no longer imports broadcast_input_data")
+    # 4. pipeline
+    expect("ParallelEnv().device_id" in inspect.getsource(pp_layers.PipelineLayer.__init__),
+           "PipelineLayer.__init__ no longer reads ParallelEnv().device_id")
+    for name in ("_send_on_calc_stream", "_recv_on_calc_stream"):
+        expect(_params_of(getattr(p2p_communication, name))[:3] in (["tensor", "group", "dst"], ["tensor", "group", "src"]),
+               f"p2p_communication.{name} signature changed")
+    expect(hasattr(pipeline_parallel.PipelineParallel, "forward_backward_pipeline"),
+           "PipelineParallel.forward_backward_pipeline is gone")
+    # 5. sharding stage 2/3
+    expect("core.is_compiled_with_cuda()" in inspect.getsource(gso2.GroupShardedOptimizerStage2.__init__),
+           "GroupShardedOptimizerStage2.__init__ no longer asserts is_compiled_with_cuda (drop the fill?)")
+    expect("core.is_compiled_with_cuda()" in inspect.getsource(gs3.GroupShardedStage3.__init__),
+           "GroupShardedStage3.__init__ no longer asserts is_compiled_with_cuda (drop the fill?)")
+    expect("convert_gpu" in _params_of(group_sharded_storage.ParamStorage.add_rank_params),
+           "ParamStorage.add_rank_params lost its convert_gpu argument")
+    expect("update_scaler" in inspect.getsource(gs3.GroupShardedStage3._redefine_opt_step),
+           "GroupShardedStage3's optimizer step no longer honours update_scaler")
+    if problems:
+        raise RuntimeError("paddletrainer's CPU backend no longer matches this Paddle version:\n  - "
+                           + "\n  - ".join(problems))

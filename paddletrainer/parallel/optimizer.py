@@ -1,0 +1,175 @@
+"""``ParallelOptimizer``: one optimizer interface over Paddle's per-axis optimizer wrappers.
+
+Paddle finishes the gradient synchronisation of most layouts *inside* ``optimizer.step()``:
+
+* ``HybridParallelOptimizer.step`` (tp / pp / sharding stage 1 / dp inside a hybrid layout) first reduces
+  the sharding gradients to their owners and all-reduces dp gradients, then updates;
+* the stage-2 optimizer's step scales the reduced gradients by 1/sharding (and all-reduces over dp);
+* stage 3 all-reduces its unsliced parameters' gradients and moves slice gradients into place.
+
+A global gradient norm needs the synchronised gradients *before* the update, so this wrapper splits the
+step in two: :meth:`ParallelOptimizer.sync_gradients` runs Paddle's own synchronisation once (the very same
+functions ``step`` would call), and :meth:`step` then runs only the update. ``step`` without a preceding
+sync does both, so code that never clips still works. Everything else is forwarded to the wrapped optimizer.
+
+:meth:`ParallelOptimizer.counted_gradients` lists, for this rank, the gradients whose squares it contributes
+to the global norm, so that a sum over the tp, pp and sharding groups counts every parameter exactly once.
+"""
+from __future__ import annotations
+
+import paddle
+
+__all__ = ["ParallelOptimizer"]
+
+LOCAL, HYBRID, STAGE2, STAGE3 = "local", "hybrid", "stage2", "stage3"
+
+
+class ParallelOptimizer:
+    """Wraps the optimizer returned by an axis function; see the module docstring.
+
+    Args:
+        optimizer: what Paddle returned (a plain optimizer, ``HybridParallelOptimizer``,
+            ``GroupShardedOptimizerStage2`` or, for stage 3, the original optimizer with a patched step).
+        mode: "local" (one process or ``paddle.DataParallel``), "hybrid", "stage2" or "stage3".
+        topology: the :class:`~paddletrainer.parallel.topology.Topology`.
+        model: the wrapped model (stage 2/3 keep their synchronisation functions on it).
+    """
+
+    def __init__(self, optimizer, *, mode: str, topology, model=None):
+        if mode not in (LOCAL, HYBRID, STAGE2, STAGE3):
+            raise ValueError(f"unknown ParallelOptimizer mode {mode!r}")
+        self._optimizer = optimizer
+        self._mode = mode
+        self._topology = topology
+        self._model = model
+        self._synced = False
+
+    # -- what the Trainer uses -------------------------------------------------------------------
+    @property
+    def inner(self):
+        """The optimizer object Paddle returned (for checkpoint code that needs its concrete type)."""
+        return self._optimizer
+
+    @property
+    def mode(self) -> str:
+        return self._mode
+
+    @paddle.no_grad()
+    def sync_gradients(self) -> None:
+        """Finish this step's gradient synchronisation (idempotent until the next :meth:`step`)."""
+        if self._synced:
+            return
+        if self._mode == HYBRID:
+            self._optimizer._hybrid_sync_grad(self._hybrid_parameters())
+        elif self._mode == STAGE2:
+            # Exactly what GroupShardedStage2's redefined step runs before the update.
+            self._model._grad_scale()
+            self._model._dp_allreduce()
+        elif self._mode == STAGE3:
+            self._model._update_params_slice()
+        self._synced = True
+
+    @paddle.no_grad()
+    def step(self) -> None:
+        """Update the parameters; synchronises first unless :meth:`sync_gradients` already did."""
+        if not self._synced:
+            if self._mode == LOCAL:
+                self._optimizer.step()
+                return
+            self.sync_gradients()
+        try:
+            if self._mode == LOCAL:
+                self._optimizer.step()
+            elif self._mode == HYBRID:
+                self._optimizer._step(self._hybrid_parameters())
+            elif self._mode == STAGE2:
+                # The class's step (skipping the instance-level wrapper that would scale again).
+                type(self._optimizer).step(self._optimizer)
+            else:
+                # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
+                previous = getattr(self._optimizer, "update_scaler", None)
+                self._optimizer.update_scaler = True
+                try:
+                    self._optimizer.step()
+                finally:
+                    self._optimizer.update_scaler = previous
+        finally:
+            self._synced = False
+
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Clear gradients (the stage 2/3 wrappers replace this with their own buffer-aware version)."""
+        self._synced = False
+        if self._mode in (STAGE2, STAGE3):
+            self._optimizer.clear_grad()
+        else:
+            self._optimizer.clear_grad(set_to_zero)
+
+    def state_dict(self):
+        return self._optimizer.state_dict()
+
+    def set_state_dict(self, state_dict):
+        return self._optimizer.set_state_dict(state_dict)
+
+    def get_lr(self):
+        return self._optimizer.get_lr()
+
+    def set_lr(self, value):
+        return self._optimizer.set_lr(value)
+
+    def __getattr__(self, name):
+        # Only reached for names not defined here: _learning_rate, _parameter_list, _accumulators, ...
+        return getattr(self.__dict__["_optimizer"], name)
+
+    # -- gradients for the global norm -----------------------------------------------------------
+    def counted_gradients(self) -> list:
+        """``(grad, counted)`` for every gradient this rank holds after :meth:`sync_gradients`.
+
+        ``counted`` says whether this rank adds the gradient's squares to the global norm:
+
+        * sharding: only the owner of a parameter (stage 1/2), every rank for its own slice (stage 3)
+          and sharding rank 0 for stage 3's unsliced (replicated) parameters;
+        * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
+          rank 0 only;
+        * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker).
+
+        Every gradient is listed (counted or not) so that clipping can scale all of them.
+        """
+        topo = self._topology
+        entries = []
+        for param, grad, owned in self._gradients_with_ownership():
+            if grad is None:
+                continue
+            counted = owned
+            if not getattr(param, "is_distributed", False) and topo.tp_rank != 0:
+                counted = False
+            if not getattr(param, "is_firstly_shared", True):
+                counted = False
+            entries.append((grad, counted))
+        return entries
+
+    def _gradients_with_ownership(self):
+        topo = self._topology
+        if self._mode == LOCAL:
+            return [(p, p.grad, True) for p in self._local_parameters()]
+        if self._mode == HYBRID:
+            params = self._hybrid_parameters()
+            owner = getattr(self._optimizer._inner_opt, "_param2rank", None) if topo.sharding_degree > 1 else None
+            return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in params]
+        if self._mode == STAGE2:
+            owner = self._optimizer._param2rank
+            return [(p, p.grad, owner[p.name] == topo.sharding_rank) for p in self._optimizer._local_params]
+        # stage 3: after sync the inner optimizer's list is [slices..., unsliced params...]
+        unsliced = {id(p) for p in self._model._unslice_params}
+        return [(p, p.grad, id(p) not in unsliced or topo.sharding_rank == 0)
+                for p in self._optimizer._parameter_list]
+
+    def _local_parameters(self):
+        params = self._optimizer._parameter_list
+        if params and isinstance(params[0], dict):
+            return [p for group in params for p in group["params"]]
+        return list(params)
+
+    def _hybrid_parameters(self):
+        from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
+
+        return list(obtain_optimizer_parameters_list(self._optimizer._inner_opt))

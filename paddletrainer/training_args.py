@@ -1,0 +1,868 @@
+"""``TrainingArguments``: every option of ``paddlenlp.trainer.TrainingArguments`` (3.0.0b4), same names, defaults
+and meanings, plus a few of ours; validated and resolved at construction, with no distributed side effects.
+
+Construction reads the launch environment (``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ID``,
+``PADDLE_RANK_IN_NODE``/``PADDLE_LOCAL_RANK``) so that parallel degrees are checked before any process group
+exists; it never creates one. The resolved layout is ``args.parallel_degrees``. The user's degree fields
+(``tensor_parallel_degree`` ...) keep the values given — PaddleNLP overwrites them in place.
+
+Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
+``paddletrainer.parallel.topology.init_topology(self)``. That function-level import is the one place where the
+arguments reach into ``parallel`` (imports otherwise flow the other way).
+
+Where we differ from PaddleNLP on purpose (each is an error with one clear line instead of a silent change):
+
+* ``tensor_parallel_degree``/``pipeline_parallel_degree`` > 1 on a world they do not divide (including a single
+  process) raise; PaddleNLP quietly drops them on one process, and the model would then be built for TP/PP.
+* ``sharding_parallel_degree`` > 1 without ``sharding`` raises (PaddleNLP warns and builds an unused group).
+* ``sharding`` with an *explicit* ``sharding_parallel_degree=1`` in a multi-process run raises (a contradiction).
+  When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
+  as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
+* ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
+* sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
+"""
+
+import json
+import logging
+import math
+import os
+import re
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any, Dict, FrozenSet, List, Literal, Optional
+
+from .argparser import RAW_VALUE, PdArgumentParser
+from .trainer_utils import IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption, default_logdir
+
+__all__ = [
+    "TrainingArguments",
+    "ParallelDegrees",
+    "default_logdir",
+    "PIPELINE_PARALLEL_OPTIONS",
+    "SHARDING_PARALLEL_OPTIONS",
+    "TENSOR_PARALLEL_OPTIONS",
+    "UNIFIED_CHECKPOINT_OPTIONS",
+    "parse_parallel_config",
+    "parse_sharding",
+    "resolve_parallel_degrees",
+]
+
+logger = logging.getLogger(__name__)
+
+# Option names accepted in the *_parallel_config strings: PaddleNLP 3.0.0b4's lists for dynamic-graph hybrid
+# parallel (its __post_init__ rejects anything else when the axis is active; we reject typos always).
+PIPELINE_PARALLEL_OPTIONS = frozenset({
+    "disable_p2p_cache_shape", "disable_partial_send_recv", "enable_delay_scale_loss", "enable_dp_comm_overlap",
+    "enable_sharding_comm_overlap", "enable_timer", "enable_release_grads", "enable_clear_every_step_cache",
+    "enable_overlap_p2p_comm", "disable_batch_p2p_comm", "best_unbalanced_scheduler", "use_dualpipev",
+})
+SHARDING_PARALLEL_OPTIONS = frozenset({
+    "enable_stage1_tensor_fusion", "enable_stage1_overlap", "enable_stage2_overlap", "split_param",
+    "disable_stage1_reduce_avg", "enable_stage1_broadcast_overlap", "enable_stage1_allgather_overlap",
+    "enable_release_grads", "enable_fuse_optimizer_states",
+})
+TENSOR_PARALLEL_OPTIONS = frozenset({
+    "enable_mp_async_allreduce", "enable_mp_skip_c_identity", "enable_mp_fused_linear_param_grad_add",
+    "enable_sp_async_reduce_scatter", "enable_delay_scale_loss", "sync_param", "sync_grad", "sync_moment",
+})
+UNIFIED_CHECKPOINT_OPTIONS = frozenset({
+    "skip_save_model_weight", "master_weight_compatible", "remove_master_weight", "async_save",
+    "enable_all_options", "ignore_merge_optimizer",
+})
+_REFINED_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln", "flash_attn")
+_TP_ONLY_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln")
+_SECRET_SUFFIXES = ("_token", "_api_key")
+
+
+@dataclass(frozen=True)
+class ParallelDegrees:
+    """The resolved process layout: ``world_size == dp * sharding * tp * pp``."""
+
+    world_size: int
+    dp: int
+    sharding: int
+    tp: int
+    pp: int
+
+    @property
+    def use_hybrid(self) -> bool:
+        """True when any axis other than plain data parallel is active (fleet hybrid groups are needed)."""
+        return self.sharding > 1 or self.tp > 1 or self.pp > 1
+
+
+def _env_int(name: str, default: Optional[int]) -> Optional[int]:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def _launch_world_size() -> int:
+    world = _env_int("PADDLE_TRAINERS_NUM", 1)
+    if world < 1:
+        raise ValueError(f"environment variable PADDLE_TRAINERS_NUM={world} is invalid: must be >= 1")
+    return world
+
+
+def _launch_local_rank() -> Optional[int]:
+    local = _env_int("PADDLE_RANK_IN_NODE", None)
+    return local if local is not None else _env_int("PADDLE_LOCAL_RANK", None)
+
+
+def _enum(enum_cls, value, option: str):
+    """``enum_cls(value)`` with an error naming the option, the value and the valid values."""
+    try:
+        return enum_cls(value.value if isinstance(value, Enum) else value)
+    except ValueError:
+        valid = ", ".join(m.value for m in enum_cls)
+        raise ValueError(f"{option}={value!r} is not valid; choose one of: {valid}") from None
+
+
+def _choice(value, valid, option: str) -> None:
+    if value not in valid:
+        raise ValueError(f"{option}={value!r} is not valid; choose one of: {', '.join(map(str, valid))}")
+
+
+def _positive(value, option: str, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if value is None or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{option}={value!r} is invalid: must be a positive number")
+
+
+def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> FrozenSet[str]:
+    """Split a ``*_parallel_config`` string (space or comma separated) into a frozenset of known names."""
+    if text is None:
+        return frozenset()
+    items = text if isinstance(text, (list, tuple, set, frozenset)) else re.split(r"[,\s]+", str(text))
+    names = frozenset(str(x).strip() for x in items if str(x).strip())
+    unknown = sorted(names - valid)
+    if unknown:
+        raise ValueError(f"{option}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    return names
+
+
+def parse_sharding(value: Any) -> List[ShardingOption]:
+    """``"stage2 offload"``, ``["stage2", "offload"]``, ``True`` (= stage1), ``False``/``""`` → ShardingOptions."""
+    if isinstance(value, bool):
+        value = "stage1" if value else ""
+    items = re.split(r"[,\s]+", value.strip()) if isinstance(value, str) else list(value or [])
+    options = [_enum(ShardingOption, item, "sharding") for item in items if item != ""]
+    stages = [o for o in options if o != ShardingOption.OFFLOAD]
+    if options and not stages:
+        raise ValueError("sharding='offload' needs a stage: use 'stage2 offload' or 'stage3 offload'")
+    if len(stages) > 1:
+        raise ValueError(f"sharding={value!r} names {len(stages)} stages; give exactly one of stage1, stage2, stage3")
+    return options
+
+
+def resolve_parallel_degrees(
+    world_size: int, sharding_requested: bool, sharding_degree: int, tp_degree: int, pp_degree: int
+) -> ParallelDegrees:
+    """PaddleNLP's topology arithmetic: degrees are ``max(x, 1)``; an unset (-1) sharding degree with sharding
+    requested takes what tp·pp leave; dp is the rest. Raises if a product does not divide the world size."""
+    for option, degree in (("sharding_parallel_degree", sharding_degree), ("tensor_parallel_degree", tp_degree),
+                           ("pipeline_parallel_degree", pp_degree)):
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree == 0 or degree < -1:
+            raise ValueError(f"{option}={degree!r} is invalid: use -1 (unset) or a positive integer")
+    tp, pp = max(tp_degree, 1), max(pp_degree, 1)
+    if world_size % (tp * pp):
+        raise ValueError(
+            f"tensor_parallel_degree={tp} x pipeline_parallel_degree={pp} = {tp * pp} does not divide the world "
+            f"size {world_size} (PADDLE_TRAINERS_NUM); launch a multiple of {tp * pp} processes or lower the degrees"
+        )
+    if sharding_degree == -1:
+        sharding = world_size // (tp * pp) if sharding_requested else 1
+    else:
+        sharding = sharding_degree
+    if world_size % (sharding * tp * pp):
+        raise ValueError(
+            f"sharding_parallel_degree={sharding} x tensor_parallel_degree={tp} x pipeline_parallel_degree={pp} = "
+            f"{sharding * tp * pp} does not divide the world size {world_size} (PADDLE_TRAINERS_NUM)"
+        )
+    return ParallelDegrees(world_size=world_size, dp=world_size // (sharding * tp * pp), sharding=sharding, tp=tp, pp=pp)
+
+
+def _help(text: str, **extra) -> Dict[str, Any]:
+    return {"help": text, **extra}
+
+
+@dataclass
+class TrainingArguments:
+    """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
+    for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
+    and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
+
+    # ---------------------------------------------------------------- run, phases
+    output_dir: str = field(metadata=_help("Where checkpoints, logs and predictions are written."))
+    overwrite_output_dir: bool = field(default=False, metadata=_help(
+        "Overwrite the content of output_dir (use it to restart a run that left checkpoints there)."))
+    do_train: bool = field(default=False, metadata=_help("Run training (read by your script)."))
+    do_eval: bool = field(default=False, metadata=_help(
+        "Run evaluation on the dev set (set automatically when evaluation_strategy is not 'no')."))
+    do_predict: bool = field(default=False, metadata=_help("Run prediction on the test set (read by your script)."))
+    do_export: bool = field(default=False, metadata=_help("Export an inference model (read by your script)."))
+    evaluation_strategy: IntervalStrategy = field(default="no", metadata=_help(
+        "When to evaluate during training: no, steps (every eval_steps) or epoch."))
+    prediction_loss_only: bool = field(default=False, metadata=_help(
+        "In evaluation and prediction, return only the loss."))
+
+    # ---------------------------------------------------------------- batch sizes, optimizer, schedule
+    per_device_train_batch_size: int = field(default=8, metadata=_help("Training batch size per process."))
+    per_device_eval_batch_size: int = field(default=8, metadata=_help("Evaluation batch size per process."))
+    gradient_accumulation_steps: int = field(default=1, metadata=_help(
+        "Micro-batches whose gradients are accumulated before each optimizer step (the pipeline's micro-batches "
+        "under pipeline parallel)."))
+    eval_accumulation_steps: Optional[int] = field(default=None, metadata=_help(
+        "Prediction steps to accumulate on the device before moving outputs to the host (None: keep all)."))
+    learning_rate: float = field(default=5e-5, metadata=_help("Peak learning rate."))
+    weight_decay: float = field(default=0.0, metadata=_help(
+        "Decoupled weight decay, applied to all parameters but biases and norms."))
+    adam_beta1: float = field(default=0.9, metadata=_help("beta1 of Adam/AdamW."))
+    adam_beta2: float = field(default=0.999, metadata=_help("beta2 of Adam/AdamW."))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("epsilon of Adam/AdamW."))
+    max_grad_norm: float = field(default=1.0, metadata=_help(
+        "Clip gradients to this global norm (over all parallel groups); <= 0 disables clipping."))
+    num_train_epochs: float = field(default=1.0, metadata=_help("Number of training epochs (may be fractional)."))
+    max_steps: int = field(default=-1, metadata=_help(
+        "If > 0, total number of optimizer steps; overrides num_train_epochs."))
+    lr_scheduler_type: SchedulerType = field(default="linear", metadata=_help(
+        "Learning-rate schedule: linear, cosine, constant, constant_with_warmup or polynomial."))
+    warmup_ratio: float = field(default=0.0, metadata=_help(
+        "Fraction of the total steps used for linear warmup (ignored when warmup_steps > 0)."))
+    warmup_steps: int = field(default=0, metadata=_help("Number of linear warmup steps."))
+    num_cycles: float = field(default=0.5, metadata=_help("Number of cosine waves of the cosine schedule."))
+    lr_end: float = field(default=1e-7, metadata=_help("Final learning rate of the polynomial schedule."))
+    power: float = field(default=1.0, metadata=_help("Power of the polynomial schedule."))
+    min_learning_rate: float = field(default=0.0, metadata=_help(
+        "Floor of the linear and cosine schedules (PaddleNLP's LLM scripts' option); 0 decays to zero."))
+
+    # ---------------------------------------------------------------- logging and saving
+    log_on_each_node: bool = field(default=True, metadata=_help(
+        "In multi-node runs, log on the first process of every node instead of only on process 0."))
+    logging_dir: Optional[str] = field(default=None, metadata=_help(
+        "Directory of the metric logs; None means output_dir/runs/<time>_<host>."))
+    output_signal_dir: Optional[str] = field(default=None, metadata=_help(
+        "Directory of the asynchronous-save signal files; None means output_dir."))
+    logging_strategy: IntervalStrategy = field(default="steps", metadata=_help(
+        "When to log: no, steps (every logging_steps) or epoch."))
+    logging_first_step: bool = field(default=False, metadata=_help("Also log the first step."))
+    logging_steps: int = field(default=500, metadata=_help("Log every N optimizer steps."))
+    save_strategy: IntervalStrategy = field(default="steps", metadata=_help(
+        "When to save a checkpoint: no, steps (every save_steps) or epoch."))
+    save_steps: int = field(default=500, metadata=_help("Save a checkpoint every N optimizer steps."))
+    save_total_limit: Optional[int] = field(default=None, metadata=_help(
+        "Keep at most this many checkpoints in output_dir, deleting the oldest (the best one is kept)."))
+    save_on_each_node: bool = field(default=False, metadata=_help(
+        "In multi-node runs, save on every node (for node-local disks) instead of only on process 0."))
+    no_cuda: bool = field(default=False, metadata=_help("Do not use an accelerator even when one is available."))
+    seed: int = field(default=42, metadata=_help("Random seed set at the start of training."))
+
+    # ---------------------------------------------------------------- mixed precision
+    bf16: bool = field(default=False, metadata=_help("Train with bfloat16 mixed precision."))
+    fp16: bool = field(default=False, metadata=_help("Train with float16 mixed precision (with loss scaling)."))
+    fp16_opt_level: Literal["O0", "O1", "O2"] = field(default="O1", metadata=_help(
+        "AMP level: O1 casts per op by allow/block lists, O2 keeps float16/bfloat16 parameters with fp32 masters."))
+    amp_master_grad: bool = field(default=False, metadata=_help(
+        "With O2, keep float32 gradients for clipping, weight decay and the update (needs fp16 or bf16)."))
+    bf16_full_eval: bool = field(default=False, metadata=_help("Evaluate fully in bfloat16."))
+    fp16_full_eval: bool = field(default=False, metadata=_help("Evaluate fully in float16."))
+    amp_custom_black_list: Optional[List[str]] = field(default=None, metadata=_help(
+        "Ops kept in float32 under AMP (numerically dangerous ops)."))
+    amp_custom_white_list: Optional[List[str]] = field(default=None, metadata=_help(
+        "Ops run in float16/bfloat16 under AMP (numerically safe, performance-critical ops)."))
+    scale_loss: float = field(default=2**15, metadata=_help("Initial loss scale for fp16."))
+
+    # ---------------------------------------------------------------- parallelism
+    sharding: str = field(default="", metadata=_help(
+        "ZeRO sharding: stage1 (optimizer state), stage2 (+ gradients) or stage3 (+ parameters); add ' offload' "
+        "to stage2/3 to keep the sharded state in host memory. Becomes a list of ShardingOption.", **{RAW_VALUE: True}))
+    sharding_degree: int = field(default=-1, metadata=_help("Deprecated: use sharding_parallel_degree."))
+    sharding_parallel_degree: int = field(default=-1, metadata=_help(
+        "Size of a sharding group; -1 with sharding set: all processes left after tensor and pipeline parallel."))
+    sharding_parallel_mesh_dimension: str = field(default="dp", metadata=_help(
+        "Mesh dimension used for sharding (PaddleNLP auto-parallel option; kept for config compatibility)."))
+    sharding_comm_buffer_size_MB: int = field(default=-1, metadata=_help(
+        "Size of the fused gradient buffer of sharding communication; -1 keeps Paddle's default (256 MB)."))
+    save_sharded_model: bool = field(default=False, metadata=_help(
+        "With sharding stage1, each sharding rank saves only its part of the model."))
+    load_sharded_model: bool = field(default=False, metadata=_help(
+        "Load a model saved with save_sharded_model."))
+    tensor_parallel_degree: int = field(default=-1, metadata=_help(
+        "Tensor (model) parallel degree: each layer is split over this many processes; the model must be "
+        "written with tensor-parallel layers. -1: off."))
+    pipeline_parallel_degree: int = field(default=-1, metadata=_help(
+        "Pipeline parallel degree: the layers are cut into this many stages; the model must be a PipelineLayer. "
+        "-1: off."))
+    sep_parallel_degree: int = field(default=-1, metadata=_help(
+        "Segment (sequence) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
+    split_inputs_sequence_dim: bool = field(default=True, metadata=_help(
+        "Under sep/context parallel, split the inputs along the sequence dimension."))
+    context_parallel_degree: int = field(default=-1, metadata=_help(
+        "Context (ring attention) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
+    expert_parallel_degree: int = field(default=-1, metadata=_help(
+        "Expert parallel degree for MoE models. Not supported by paddletrainer: must stay -1 or 1."))
+    expert_tensor_parallel_degree: int = field(default=-1, metadata=_help(
+        "Expert tensor parallel degree (unsupported in PaddleNLP too): must stay -1 or 1."))
+    data_parallel_config: str = field(default="", metadata=_help(
+        "Data-parallel options of PaddleNLP's auto-parallel mode (kept for config compatibility)."))
+    sequence_parallel: bool = field(default=False, metadata=_help(
+        "Megatron-style sequence parallel inside tensor parallel (the model must support it)."))
+    fuse_sequence_parallel_allreduce: bool = field(default=False, metadata=_help(
+        "Fuse the sequence-parallel gradient all-reduces."))
+    sequence_parallel_config: str = field(default="", metadata=_help(
+        "Sequence-parallel options of PaddleNLP's auto-parallel mode (kept for config compatibility)."))
+    tensor_parallel_config: str = field(default="", metadata=_help(
+        "Tensor-parallel options, space or comma separated: " + ", ".join(sorted(TENSOR_PARALLEL_OPTIONS)) + "."))
+    pipeline_parallel_config: str = field(default="", metadata=_help(
+        "Pipeline-parallel options, space or comma separated: " + ", ".join(sorted(PIPELINE_PARALLEL_OPTIONS)) + "."))
+    sharding_parallel_config: str = field(default="", metadata=_help(
+        "Sharding options, space or comma separated: " + ", ".join(sorted(SHARDING_PARALLEL_OPTIONS)) + "."))
+    hybrid_parallel_topo_order: Optional[Literal["pp_first", "sharding_first"]] = field(default=None, metadata=_help(
+        "Order of the hybrid axes: pp_first (dp, pp, sharding, mp) or sharding_first (dp, sharding, pp, mp); "
+        "None means pp_first."))
+    recompute: bool = field(default=False, metadata=_help(
+        "Recompute activations in the backward pass to save memory (transformer blocks)."))
+    refined_recompute: str = field(default="", metadata=_help(
+        "Per-op recompute skip counts, e.g. 'flash_attn:-1,mlp_row_ln:5' (ops: "
+        + ", ".join(_REFINED_RECOMPUTE_OPS) + "); becomes a dict.", **{RAW_VALUE: True}))
+
+    # ---------------------------------------------------------------- evaluation and data
+    minimum_eval_times: Optional[int] = field(default=None, metadata=_help(
+        "If evaluating every eval_steps would evaluate fewer times than this, eval_steps is lowered."))
+    local_rank: int = field(default=-1, metadata=_help(
+        "Rank of the process on its node (set from PADDLE_RANK_IN_NODE / PADDLE_LOCAL_RANK when launched)."))
+    dataloader_drop_last: bool = field(default=False, metadata=_help("Drop the last incomplete batch."))
+    eval_steps: Optional[int] = field(default=None, metadata=_help(
+        "Evaluate every N steps; None means logging_steps."))
+    max_evaluate_steps: int = field(default=-1, metadata=_help("If > 0, evaluate on at most this many batches."))
+    dataloader_num_workers: int = field(default=0, metadata=_help(
+        "Data-loading subprocesses; 0 loads in the main process."))
+    past_index: int = field(default=-1, metadata=_help(
+        "If >= 0, that output of the model is fed back as the past state at the next step."))
+    run_name: Optional[str] = field(default=None, metadata=_help("Name of the run for loggers; None means output_dir."))
+    device: Optional[str] = field(default="gpu", metadata=_help("Device: cpu, gpu, xpu, npu ..."))
+    disable_tqdm: Optional[bool] = field(default=None, metadata=_help("Disable the progress bars."))
+    remove_unused_columns: Optional[bool] = field(default=True, metadata=_help(
+        "Drop dataset columns that the model's forward does not take."))
+    label_names: Optional[List[str]] = field(default=None, metadata=_help("Input keys that hold the labels."))
+    load_best_model_at_end: Optional[bool] = field(default=False, metadata=_help(
+        "Load the best checkpoint (by metric_for_best_model) at the end of training."))
+    metric_for_best_model: Optional[str] = field(default=None, metadata=_help(
+        "Metric that ranks checkpoints; None means 'loss' when load_best_model_at_end."))
+    greater_is_better: Optional[bool] = field(default=None, metadata=_help(
+        "Whether a larger metric_for_best_model is better; None means False for losses, True otherwise."))
+    ignore_data_skip: bool = field(default=False, metadata=_help(
+        "On resume, do not skip the data already seen (faster start, different data order)."))
+    optim: OptimizerNames = field(default="adamw", metadata=_help(
+        "Optimizer: " + ", ".join(m.value for m in OptimizerNames) + "."))
+    report_to: Optional[List[str]] = field(default=None, metadata=_help(
+        "Metric loggers; None means visualdl, 'none' means no logger."))
+    ddp_find_unused_parameters: Optional[bool] = field(default=None, metadata=_help(
+        "find_unused_parameters of paddle.DataParallel."))
+    wandb_api_key: Optional[str] = field(default=None, metadata=_help("Weights & Biases API key."))
+    wandb_http_proxy: Optional[str] = field(default=None, metadata=_help("HTTP proxy for Weights & Biases."))
+    resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help(
+        "Checkpoint directory to resume from (read by your script)."))
+    auto_parallel_resume_form_hybrid_parallel: Optional[bool] = field(default=False, metadata=_help(
+        "PaddleNLP auto-parallel option (kept for config compatibility)."))
+    skip_memory_metrics: bool = field(default=True, metadata=_help("Do not add memory reports to the metrics."))
+    flatten_param_grads: Optional[bool] = field(default=False, metadata=_help(
+        "Flatten parameters and gradients in the optimizer (NPU only)."))
+    lazy_data_processing: Optional[bool] = field(default=True, metadata=_help("Process data lazily."))
+
+    # ---------------------------------------------------------------- checkpoints
+    use_async_save: Optional[bool] = field(default=False, metadata=_help("Save the optimizer asynchronously."))
+    ordered_save_group_size: int = field(default=0, metadata=_help(
+        "Save checkpoints in groups of this many processes in turn; 0: all at once."))
+    metrics_output_path: Optional[str] = field(default=None, metadata=_help(
+        "Where to write training metrics (None: do not)."))
+    skip_profile_timer: Optional[bool] = field(default=True, metadata=_help(
+        "Skip PaddleNLP's framework timers (see log_phase_timers for ours)."))
+    distributed_dataloader: Optional[bool] = field(default=False, metadata=_help(
+        "Only tensor/pipeline rank 0 reads data and broadcasts it (forced off without tp or pp)."))
+    unified_checkpoint: Optional[bool] = field(default=False, metadata=_help(
+        "Save checkpoints in the unified, parallel-layout-independent format."))
+    to_static: Optional[bool] = field(default=False, metadata=_help(
+        "Train in static-graph mode. Not supported by paddletrainer: must stay False."))
+    unified_checkpoint_config: Optional[str] = field(default="", metadata=_help(
+        "Unified-checkpoint options, space separated: " + ", ".join(sorted(UNIFIED_CHECKPOINT_OPTIONS)) + "."))
+    ckpt_quant_stage: Literal["O0", "O1", "O2"] = field(default="O0", metadata=_help(
+        "Checkpoint quantization: O0 off, O1 int8, O2 int4 optimizer states."))
+    ignore_load_lr_and_optim: Optional[bool] = field(default=False, metadata=_help(
+        "On resume, load weights only, not the optimizer and scheduler."))
+    ignore_save_lr_and_optim: Optional[bool] = field(default=False, metadata=_help(
+        "Save weights only, not the optimizer and scheduler."))
+    force_reshard_pp: Optional[bool] = field(default=False, metadata=_help(
+        "Reshard pipeline stages on load even when the pipeline degree is unchanged."))
+    enable_auto_parallel: Optional[bool] = field(default=False, metadata=_help(
+        "PaddleNLP's semi-auto parallel mode. Not supported by paddletrainer: must stay False."))
+    use_expert_parallel: Optional[bool] = field(default=False, metadata=_help(
+        "MoE expert parallel. Not supported by paddletrainer: must stay False."))
+    expert_max_capacity: Optional[int] = field(default=2**32, metadata=_help("MoE expert max token capacity."))
+    expert_min_capacity: Optional[int] = field(default=1, metadata=_help("MoE expert min token capacity."))
+    release_grads: Optional[bool] = field(default=False, metadata=_help(
+        "Release gradient memory after each optimizer step."))
+    skip_data_intervals: Optional[List[List[int]]] = field(default=None, metadata=_help(
+        "Global-step intervals [start, end] whose data is skipped (counted, not trained)."))
+    offload_optim: Optional[bool] = field(default=False, metadata=_help(
+        "Move optimizer states to host memory after each step."))
+    save_sharding_stage1_model_include_freeze_params: Optional[bool] = field(default=False, metadata=_help(
+        "With save_sharded_model, also save frozen parameters."))
+    pdc_download_ckpt: Optional[bool] = field(default=False, metadata=_help(
+        "PaddleCloud: download the checkpoint from the remote cluster."))
+    pdc_download_timeout: Optional[int] = field(default=300, metadata=_help(
+        "PaddleCloud: checkpoint download timeout in seconds."))
+    count_trained_tokens: bool = field(default=False, metadata=_help("Count the trained (non-pad) tokens."))
+    pad_token_id: int = field(default=0, metadata=_help("Id of the padding token (for count_trained_tokens)."))
+
+    # ---------------------------------------------------------------- paddletrainer's own options
+    checkpoint_async_save: bool = field(default=False, metadata=_help(
+        "Write checkpoints in a background thread; training continues once the state is copied to host memory."))
+    nan_inf_policy: Literal["error", "skip"] = field(default="error", metadata=_help(
+        "On a NaN/Inf loss or gradient: error (stop with a report) or skip (drop the step and go on)."))
+    collective_timeout_seconds: Optional[int] = field(default=None, metadata=_help(
+        "Timeout of collective operations in seconds (None: Paddle's default)."))
+    log_phase_timers: bool = field(default=False, metadata=_help(
+        "Log per-phase times (data, forward-backward, gradient sync, optimizer, checkpoint)."))
+    peak_flops_per_device: Optional[float] = field(default=None, metadata=_help(
+        "Peak FLOP/s of one device, to report MFU (None: MFU is not logged)."))
+    amp_on_cpu: Literal["error", "fp32_dry_run"] = field(default="error", metadata=_help(
+        "What fp16/bf16 does on a CPU-only Paddle: error, or fp32_dry_run (run in float32 with a loud warning)."))
+
+    # ================================================================ construction
+    def __post_init__(self):
+        self._world_size = _launch_world_size()
+        self._normalize_paths()
+        self._normalize_schedule_and_strategies()
+        self._check_sizes()
+        self._check_best_model()
+        self._check_precision()
+        self._resolve_parallel()
+        self._check_parallel_combinations()
+        self._normalize_checkpoint_and_misc()
+
+    def _normalize_paths(self) -> None:
+        local = _launch_local_rank()
+        if local is not None and self._world_size > 1:
+            self.local_rank = local
+        if self.output_dir is not None:
+            self.output_dir = os.path.expanduser(self.output_dir)
+        if self.logging_dir is None and self.output_dir is not None:
+            self.logging_dir = os.path.join(self.output_dir, default_logdir())
+        if self.logging_dir is not None:
+            self.logging_dir = os.path.expanduser(self.logging_dir)
+        if self.output_signal_dir is None:
+            self.output_signal_dir = self.output_dir
+        if self.output_signal_dir is not None:
+            self.output_signal_dir = os.path.expanduser(self.output_signal_dir)
+        if self.run_name is None:
+            self.run_name = self.output_dir
+        if self.disable_tqdm is None:
+            self.disable_tqdm = False
+
+    def _normalize_schedule_and_strategies(self) -> None:
+        self.evaluation_strategy = _enum(IntervalStrategy, self.evaluation_strategy, "evaluation_strategy")
+        self.logging_strategy = _enum(IntervalStrategy, self.logging_strategy, "logging_strategy")
+        self.save_strategy = _enum(IntervalStrategy, self.save_strategy, "save_strategy")
+        self.lr_scheduler_type = _enum(SchedulerType, self.lr_scheduler_type, "lr_scheduler_type")
+        self.optim = _enum(OptimizerNames, self.optim, "optim")
+        _choice(self.fp16_opt_level, ("O0", "O1", "O2"), "fp16_opt_level")
+        _choice(self.ckpt_quant_stage, ("O0", "O1", "O2"), "ckpt_quant_stage")
+        _choice(self.nan_inf_policy, ("error", "skip"), "nan_inf_policy")
+        _choice(self.amp_on_cpu, ("error", "fp32_dry_run"), "amp_on_cpu")
+        if self.hybrid_parallel_topo_order is None:
+            self.hybrid_parallel_topo_order = "pp_first"
+        _choice(self.hybrid_parallel_topo_order, ("pp_first", "sharding_first"), "hybrid_parallel_topo_order")
+        # As PaddleNLP: an evaluation strategy implies do_eval, and do_eval alone implies evaluating by steps.
+        if self.evaluation_strategy != IntervalStrategy.NO:
+            self.do_eval = True
+        elif self.do_eval:
+            logger.warning("do_eval=True with evaluation_strategy='no': evaluating every eval_steps instead")
+            self.evaluation_strategy = IntervalStrategy.STEPS
+        if self.evaluation_strategy == IntervalStrategy.STEPS and not self.eval_steps:
+            if self.logging_steps <= 0:
+                raise ValueError("evaluation_strategy='steps' needs eval_steps > 0 (or logging_steps > 0 to copy)")
+            self.eval_steps = self.logging_steps
+        if self.logging_strategy == IntervalStrategy.STEPS and self.logging_steps <= 0:
+            raise ValueError(f"logging_steps={self.logging_steps} is invalid with logging_strategy='steps': must be > 0")
+        if self.save_strategy == IntervalStrategy.STEPS and self.save_steps <= 0:
+            raise ValueError(f"save_steps={self.save_steps} is invalid with save_strategy='steps': must be > 0")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"warmup_ratio={self.warmup_ratio} is invalid: must lie in [0, 1]")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps={self.warmup_steps} is invalid: must be >= 0")
+        if self.warmup_ratio > 0 and self.warmup_steps > 0:
+            logger.info("both warmup_ratio and warmup_steps are set: warmup_steps wins")
+        if self.learning_rate < 0:
+            raise ValueError(f"learning_rate={self.learning_rate} is invalid: must be >= 0")
+
+    def _check_sizes(self) -> None:
+        _positive(self.per_device_train_batch_size, "per_device_train_batch_size")
+        _positive(self.per_device_eval_batch_size, "per_device_eval_batch_size")
+        _positive(self.gradient_accumulation_steps, "gradient_accumulation_steps")
+        _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
+        _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
+        _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
+        if self.dataloader_num_workers < 0:
+            raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
+
+    def _check_best_model(self) -> None:
+        if self.load_best_model_at_end:
+            if self.evaluation_strategy != self.save_strategy:
+                raise ValueError(
+                    f"load_best_model_at_end needs save_strategy to match evaluation_strategy, got "
+                    f"save_strategy='{self.save_strategy}' and evaluation_strategy='{self.evaluation_strategy}'")
+            if self.evaluation_strategy == IntervalStrategy.STEPS and self.save_steps % self.eval_steps:
+                raise ValueError(
+                    f"load_best_model_at_end needs save_steps to be a multiple of eval_steps, got save_steps="
+                    f"{self.save_steps} and eval_steps={self.eval_steps}")
+            if self.metric_for_best_model is None:
+                self.metric_for_best_model = "loss"
+        if self.greater_is_better is None and self.metric_for_best_model is not None:
+            self.greater_is_better = self.metric_for_best_model not in ("loss", "eval_loss")
+
+    def _check_precision(self) -> None:
+        if self.fp16 and self.bf16:
+            raise ValueError("fp16=True and bf16=True are exclusive: choose one mixed-precision dtype")
+        if self.fp16_full_eval and self.bf16_full_eval:
+            raise ValueError("fp16_full_eval=True and bf16_full_eval=True are exclusive: choose one")
+        if self.amp_master_grad and not (self.fp16 or self.bf16):
+            logger.warning("amp_master_grad=True needs fp16 or bf16: turning it off")
+            self.amp_master_grad = False
+
+    def _resolve_parallel(self) -> None:
+        self.sharding = parse_sharding(self.sharding)
+        if self.sharding_degree > 0:  # PaddleNLP's deprecated alias
+            if self.sharding_parallel_degree > 0 and self.sharding_parallel_degree != self.sharding_degree:
+                raise ValueError(
+                    f"sharding_degree={self.sharding_degree} (deprecated alias) contradicts sharding_parallel_degree="
+                    f"{self.sharding_parallel_degree}; set only sharding_parallel_degree")
+            logger.warning("sharding_degree is deprecated: use sharding_parallel_degree")
+            self.sharding_parallel_degree = self.sharding_degree
+            self.sharding_degree = -1  # consumed, so that to_dict → from_dict does not warn again
+        for option in ("sep_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
+                       "expert_tensor_parallel_degree"):
+            if getattr(self, option) > 1:
+                raise ValueError(f"{option}={getattr(self, option)} is not supported by paddletrainer: use -1 or 1")
+        for option in ("enable_auto_parallel", "use_expert_parallel", "to_static"):
+            if getattr(self, option):
+                raise ValueError(f"{option}=True is not supported by paddletrainer: use False")
+        if self.sharding_parallel_degree > 1 and not self.sharding:
+            raise ValueError(
+                f"sharding_parallel_degree={self.sharding_parallel_degree} has no effect without sharding: "
+                f"set sharding to stage1, stage2 or stage3, or drop the degree")
+        degrees = resolve_parallel_degrees(
+            self._world_size, bool(self.sharding), self.sharding_parallel_degree,
+            self.tensor_parallel_degree, self.pipeline_parallel_degree)
+        if self.sharding and degrees.sharding == 1:
+            self._drop_sharding_of_degree_one()
+        self._parallel_degrees = degrees
+        self._pipeline_parallel_options = parse_parallel_config(
+            self.pipeline_parallel_config, PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_config")
+        self._sharding_parallel_options = parse_parallel_config(
+            self.sharding_parallel_config, SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config")
+        self._tensor_parallel_options = parse_parallel_config(
+            self.tensor_parallel_config, TENSOR_PARALLEL_OPTIONS, "tensor_parallel_config")
+
+    def _drop_sharding_of_degree_one(self) -> None:
+        requested = " ".join(o.value for o in self.sharding)
+        if self._world_size > 1 and self.sharding_parallel_degree == 1:
+            raise ValueError(
+                f"sharding='{requested}' contradicts sharding_parallel_degree=1 in a {self._world_size}-process run: "
+                f"set sharding_parallel_degree > 1 (or -1), or drop sharding")
+        if self._world_size > 1:
+            logger.warning(
+                "sharding='%s' dropped: tensor/pipeline parallel leave a sharding group of 1 in a %d-process run",
+                requested, self._world_size)
+        else:
+            logger.info("sharding='%s' ignored in a single-process run", requested)
+        self.sharding = []
+
+    def _check_parallel_combinations(self) -> None:
+        d = self._parallel_degrees
+        if d.pp > 1 and self.sharding_stage in (2, 3):
+            raise ValueError(
+                f"sharding='stage{self.sharding_stage}' cannot be combined with pipeline_parallel_degree={d.pp}: "
+                f"use sharding='stage1' with pipeline parallel")
+        if d.pp > 1 and self.gradient_accumulation_steps < d.pp:
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} is below pipeline_parallel_degree="
+                f"{d.pp}: the pipeline needs at least one micro-batch per stage")
+        if d.sharding > 1 and "split_param" in self._sharding_parallel_options and not self.amp_master_grad:
+            raise ValueError("sharding_parallel_config=split_param needs amp_master_grad=True (and fp16 or bf16)")
+        if d.pp > 1 and d.sharding > 1 and "enable_sharding_comm_overlap" in self._pipeline_parallel_options \
+                and not self.amp_master_grad:
+            raise ValueError(
+                "pipeline_parallel_config=enable_sharding_comm_overlap needs amp_master_grad=True (and fp16 or bf16)")
+        if self.sharding_offload and d.use_hybrid:
+            logger.warning("sharding offload is experimental with hybrid parallel")
+        if self.distributed_dataloader and d.tp <= 1 and d.pp <= 1:
+            logger.warning("distributed_dataloader needs tensor or pipeline parallel: turning it off")
+            self.distributed_dataloader = False
+        if self.flatten_param_grads and self.device != "npu":
+            raise ValueError(f"flatten_param_grads=True is only supported on npu, but device={self.device!r}")
+
+    def _normalize_checkpoint_and_misc(self) -> None:
+        if self.unified_checkpoint and self.sharding_stage == 3:
+            logger.warning("unified_checkpoint does not support sharding stage3: turning it off")
+            self.unified_checkpoint = False
+        self._unified_checkpoint_options = parse_parallel_config(
+            self.unified_checkpoint_config if self.unified_checkpoint else "", UNIFIED_CHECKPOINT_OPTIONS,
+            "unified_checkpoint_config")
+        if {"skip_save_model_weight", "ignore_merge_optimizer"} <= self._unified_checkpoint_options:
+            raise ValueError("unified_checkpoint_config: skip_save_model_weight and ignore_merge_optimizer are exclusive")
+        if self.report_to is None:
+            self.report_to = ["visualdl"]
+        elif isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        if self.report_to == ["none"]:
+            self.report_to = []
+        self.refined_recompute = _parse_refined_recompute(self.refined_recompute, self._parallel_degrees.tp)
+
+    # ================================================================ derived values
+    @property
+    def parallel_degrees(self) -> ParallelDegrees:
+        """The resolved layout (world size from the launch environment)."""
+        return self._parallel_degrees
+
+    @property
+    def use_hybrid_parallel(self) -> bool:
+        """PaddleNLP's flag: sharding, tensor or pipeline parallel is active."""
+        return self._parallel_degrees.use_hybrid
+
+    @property
+    def data_parallel_degree(self) -> int:
+        """The resolved data-parallel degree (PaddleNLP sets this attribute in ``__post_init__``)."""
+        return self._parallel_degrees.dp
+
+    @property
+    def sharding_stage(self) -> int:
+        """0 when sharding is off, else 1, 2 or 3."""
+        stages = {ShardingOption.SHARD_OP: 1, ShardingOption.SHARD_GRAD_OP: 2, ShardingOption.FULL_SHARD: 3}
+        return max((stages.get(o, 0) for o in self.sharding), default=0)
+
+    @property
+    def sharding_offload(self) -> bool:
+        """Whether sharded state is kept in host memory."""
+        return ShardingOption.OFFLOAD in self.sharding
+
+    @property
+    def pipeline_parallel_options(self) -> FrozenSet[str]:
+        """The names given in ``pipeline_parallel_config``."""
+        return self._pipeline_parallel_options
+
+    @property
+    def sharding_parallel_options(self) -> FrozenSet[str]:
+        """The names given in ``sharding_parallel_config``."""
+        return self._sharding_parallel_options
+
+    @property
+    def tensor_parallel_options(self) -> FrozenSet[str]:
+        """The names given in ``tensor_parallel_config``."""
+        return self._tensor_parallel_options
+
+    @property
+    def unified_checkpoint_options(self) -> FrozenSet[str]:
+        """The names given in ``unified_checkpoint_config`` (empty unless ``unified_checkpoint``)."""
+        return self._unified_checkpoint_options
+
+    @property
+    def train_batch_size(self) -> int:
+        """Samples per process per micro-step (as PaddleNLP: ``per_device_train_batch_size``)."""
+        return self.per_device_train_batch_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Samples per process per evaluation step."""
+        return self.per_device_eval_batch_size
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step over all processes: batch × accumulation × dp × sharding."""
+        d = self._parallel_degrees
+        return self.per_device_train_batch_size * self.gradient_accumulation_steps * d.dp * d.sharding
+
+    def get_warmup_steps(self, num_training_steps: int) -> int:
+        """``warmup_steps`` if set, else ``ceil(warmup_ratio × num_training_steps)``."""
+        if self.warmup_steps > 0:
+            return self.warmup_steps
+        return math.ceil(num_training_steps * self.warmup_ratio)
+
+    # ================================================================ ranks (need the process groups)
+    def _topology(self):
+        # Function-level import on purpose: parallel imports training_args, not the reverse (see module doc).
+        from paddletrainer.parallel.topology import init_topology
+
+        return init_topology(self)
+
+    def _rank(self, attribute: str) -> int:
+        if self._parallel_degrees.world_size == 1:
+            return 0
+        return getattr(self._topology(), attribute)
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes (from the launch environment; equals the topology's)."""
+        return self._parallel_degrees.world_size
+
+    @property
+    def dataset_world_size(self) -> int:
+        """Number of distinct data streams: dp × sharding (tensor/pipeline ranks share one)."""
+        return self._parallel_degrees.dp * self._parallel_degrees.sharding
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self._rank("rank")
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its node."""
+        return self._rank("local_rank")
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Rank in the tensor-parallel group."""
+        return self._rank("tp_rank")
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Pipeline stage of this process."""
+        return self._rank("pp_rank")
+
+    @property
+    def sharding_parallel_rank(self) -> int:
+        """Rank in the sharding group."""
+        return self._rank("sharding_rank")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Rank in the data-parallel group."""
+        return self._rank("dp_rank")
+
+    @property
+    def dataset_rank(self) -> int:
+        """Which data stream this process reads: dp_rank × sharding + sharding_rank."""
+        return self._rank("data_rank")
+
+    @property
+    def should_log(self) -> bool:
+        """Process 0 logs (or the first process of each node with ``log_on_each_node``)."""
+        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
+
+    @property
+    def should_save(self) -> bool:
+        """Process 0 writes shared files (or the first process of each node with ``save_on_each_node``)."""
+        return (self.local_process_index if self.save_on_each_node else self.process_index) == 0
+
+    @property
+    def should_load_dataset(self) -> bool:
+        """Whether this process reads data: all do, except that with ``distributed_dataloader`` only tensor and
+        pipeline rank 0 read and the others receive it."""
+        if not self.distributed_dataloader:
+            return True
+        return self.tensor_parallel_rank == 0 and self.pipeline_parallel_rank == 0
+
+    @contextmanager
+    def main_process_first(self, local: bool = True, desc: str = "work"):
+        """Run the block on the main process (of the node, with ``local``) first, then on the others.
+
+        Used around dataset preprocessing so that one process builds the cache and the others read it.
+        """
+        if self.world_size == 1:
+            yield
+            return
+        import paddle.distributed as dist
+
+        self._topology()  # the barrier needs the process group
+        is_main = (self.local_process_index if local else self.process_index) == 0
+        if not is_main:
+            logger.debug("process %d waits for the main process to finish %s", self.process_index, desc)
+            dist.barrier()
+        try:
+            yield
+        finally:
+            if is_main:
+                dist.barrier()
+
+    # ================================================================ serialization
+    def to_dict(self) -> Dict[str, Any]:
+        """All fields as plain values (enums → their strings); secrets (``*_token``, ``*_api_key``) masked."""
+        result = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, list):
+                value = [v.value if isinstance(v, Enum) else v for v in value]
+            if key.endswith(_SECRET_SUFFIXES) and value is not None:
+                value = f"<{key.upper()}>"
+            result[key] = value
+        return result
+
+    def to_json_string(self) -> str:
+        """``to_dict()`` as indented JSON (what a checkpoint stores as ``training_args.json``)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    def to_sanitized_dict(self) -> Dict[str, Any]:
+        """``to_dict()`` plus the batch sizes, with every value a bool/int/float/str (for metric loggers)."""
+        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
+        return {k: v if type(v) in (bool, int, float, str) else str(v) for k, v in d.items()}
+
+    @classmethod
+    def from_json_file(cls, json_file: str) -> "TrainingArguments":
+        """Load arguments written by ``to_json_string`` (or any PaddleNLP-style JSON config).
+
+        Masked secrets come back unset. The result is re-validated against the current launch environment.
+        """
+        with open(json_file) as f:
+            data = json.load(f)
+        data = {k: v for k, v in data.items() if not (k.endswith(_SECRET_SUFFIXES) and v == f"<{k.upper()}>")}
+        return PdArgumentParser(cls).parse_dict(data)[0]
+
+    def print_config(self, args: Any = None, key: str = "") -> None:
+        """Log every field of ``args`` (default: these training arguments) under a "<key> Configuration" title;
+        PaddleNLP scripts call it for their model and data arguments too."""
+        if args is None:
+            args, key = self, "Training"
+        values = args.to_dict() if hasattr(args, "to_dict") else vars(args)
+        lines = [f"{'=' * 60}", f"{key + ' Configuration Arguments':^60}"]
+        lines += [f"{name:40}: {value}" for name, value in sorted(values.items())]
+        logger.info("\n".join(lines))
+
+    def __str__(self) -> str:
+        lines = [f"  parallel_degrees={self._parallel_degrees}"]
+        lines += [f"  {k}={v!r}" for k, v in sorted(self.to_dict().items())]
+        return f"{type(self).__name__}(\n" + ",\n".join(lines) + "\n)"
+
+    __repr__ = __str__
+
+
+def _parse_refined_recompute(value: Any, tp_degree: int) -> Dict[str, int]:
+    """``"flash_attn:-1,mlp_row_ln:5"`` → ``{"flash_attn": -1, "mlp_row_ln": 5, ...}`` as PaddleNLP: every op
+    gets a count (0 = recompute), the TP-only ops are ignored without TP, and all-zero means ``{}``."""
+    if value in (None, "", {}):
+        return {}
+    if isinstance(value, dict):
+        pairs = list(value.items())
+    else:
+        pairs = []
+        for item in str(value).split(","):
+            name, sep, count = item.strip().partition(":")
+            if not sep or not re.fullmatch(r"-?\d+", count.strip()):
+                raise ValueError(f"refined_recompute: {item.strip()!r} is not 'op:count' (e.g. 'flash_attn:-1')")
+            pairs.append((name.strip(), int(count)))
+    result = dict.fromkeys(_REFINED_RECOMPUTE_OPS, 0)
+    for name, count in pairs:
+        if name not in result:
+            raise ValueError(f"refined_recompute: unknown op {name!r}; valid: {', '.join(_REFINED_RECOMPUTE_OPS)}")
+        if name in _TP_ONLY_RECOMPUTE_OPS and tp_degree <= 1:
+            logger.warning("refined_recompute: %s only applies with tensor parallel; ignored", name)
+            continue
+        result[name] = int(count)
+    return result if any(result.values()) else {}
+

@@ -1,0 +1,75 @@
+"""Shared pieces of the distributed test workers: the layout arguments, tiny models, fixed data."""
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+GLOBAL_BATCH = 8  # samples per optimizer step, for every layout
+SEQ = 16
+VOCAB = 96
+
+
+def layout_args(dp=1, sharding=1, tp=1, pp=1, stage=0, offload=False, ga=2, seed=42):
+    """A duck-typed TrainingArguments with the attributes the parallel package reads."""
+    world = dp * sharding * tp * pp
+    degrees = SimpleNamespace(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp,
+                              use_hybrid=sharding > 1 or tp > 1 or pp > 1)
+    micro_global = GLOBAL_BATCH // ga
+    if micro_global % (dp * sharding):
+        raise ValueError(f"global micro-batch {micro_global} does not split over {dp * sharding} data ranks")
+    return SimpleNamespace(
+        parallel_degrees=degrees, sharding_stage=stage if sharding > 1 else 0, sharding_offload=offload,
+        pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
+        sharding_parallel_options=frozenset(), hybrid_parallel_topo_order="pp_first",
+        gradient_accumulation_steps=ga, per_device_train_batch_size=micro_global // (dp * sharding), seed=seed,
+    )
+
+
+def token_data(steps):
+    """input_ids / labels for ``steps`` global batches (labels are the next tokens)."""
+    rng = np.random.RandomState(0)
+    tokens = rng.randint(0, VOCAB, size=(steps * GLOBAL_BATCH, SEQ + 1)).astype("int64")
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def regression_data(steps):
+    rng = np.random.RandomState(0)
+    x = rng.randn(steps * GLOBAL_BATCH, 8).astype("float32")
+    y = rng.randn(steps * GLOBAL_BATCH, 1).astype("float32")
+    return x, y
+
+
+def micro_batches(arrays, step, ga, data_rank, data_world):
+    """This data rank's slices of the ``ga`` micro-batches of global step ``step``.
+
+    Micro-step m of the step covers samples [m·B·W, (m+1)·B·W) of the step's global batch and data rank
+    r takes [r·B, (r+1)·B) of it (B = per-rank micro-batch, W = data world size).
+    """
+    per_micro = GLOBAL_BATCH // ga
+    b = per_micro // data_world
+    out = []
+    for m in range(ga):
+        start = step * GLOBAL_BATCH + m * per_micro + data_rank * b
+        out.append(tuple(a[start:start + b] for a in arrays))
+    return out
+
+
+def write_json(path, payload):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f)
+    os.replace(tmp, path)
+
+
+def tiny_llama_config():
+    from paddlenlp.transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=SEQ,
+                       seq_length=SEQ, rms_norm_eps=1e-6, use_flash_attention=False, use_fused_rms_norm=False,
+                       fuse_attention_qkv=False, fuse_attention_ffn=False, tie_word_embeddings=False,
+                       dtype="float32")

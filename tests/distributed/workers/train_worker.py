@@ -1,0 +1,144 @@
+"""Train a tiny model a few steps on one layout and write this rank's losses, grad norms and memory.
+
+Run under ``paddle.distributed.launch`` for a parallel layout, or plainly for the single-process
+reference. Every number the tests compare is computed by paddletrainer.parallel's functions, the same
+ones the Trainer calls: init_topology, parallelize, no_sync, clip_grad_norm, pipeline.train_batch.
+
+Output: ``<out>/rank<r>.json`` with ``losses`` and ``grad_norms`` (one per step, equal on every rank),
+``opt_state_bytes`` (this rank's optimizer accumulators) and ``param_bytes`` (parameter storage held).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+from common import layout_args, micro_batches, regression_data, token_data, write_json  # noqa: E402
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=["llama", "mlp"], required=True)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--sharding", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--stage", type=int, default=0)
+    p.add_argument("--offload", action="store_true")
+    p.add_argument("--ga", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--max-norm", type=float, default=1.0)
+    p.add_argument("--segment-size", type=int, default=None)
+    p.add_argument("--weights", default=None)
+    p.add_argument("--out", required=True)
+    return p.parse_args()
+
+
+def build_mlp():
+    paddle.seed(1234)  # the same initial weights in every process
+    return paddle.nn.Sequential(paddle.nn.Linear(8, 64), paddle.nn.ReLU(), paddle.nn.Linear(64, 32),
+                                paddle.nn.ReLU(), paddle.nn.Linear(32, 1))
+
+
+def build_llama(weights, topology):
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+
+    config = LlamaConfig.from_pretrained(weights)
+    config.tensor_parallel_degree = topology.tp_degree
+    config.tensor_parallel_rank = topology.tp_rank
+    config.tensor_parallel_output = True
+    cls = LlamaForCausalLMPipe if topology.pp_degree > 1 else LlamaForCausalLM
+    return cls.from_pretrained(weights, config=config, dtype="float32")
+
+
+def innermost_optimizer(optimizer):
+    opt = optimizer.inner if hasattr(optimizer, "inner") else optimizer
+    while True:
+        nxt = opt.__dict__.get("_inner_opt") or opt.__dict__.get("_optim")
+        if nxt is None:
+            return opt
+        opt = nxt
+
+
+def opt_state_bytes(optimizer):
+    total = 0
+    for per_param in innermost_optimizer(optimizer)._accumulators.values():
+        for t in per_param.values():
+            if t._is_initialized():
+                total += t._numel() * t.element_size()
+    return int(total)
+
+
+def param_bytes(model):
+    total = 0
+    for p in model.parameters():
+        if p._is_initialized():
+            total += p._numel() * p.element_size()
+        slice_ = getattr(p, "fw_storage", None)  # sharding stage 3 keeps only this rank's slice
+        if slice_ is not None and not p._is_initialized():
+            total += slice_._numel() * slice_.element_size()
+    return int(total)
+
+
+def forward_loss(model, kind, batch):
+    x, y = (paddle.to_tensor(a) for a in batch)
+    if kind == "mlp":
+        return paddle.nn.functional.mse_loss(model(x), y)
+    out = model(input_ids=x, labels=y, return_dict=False)
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def main():
+    a = parse()
+    from paddletrainer.parallel import (clip_grad_norm, init_topology, mean_over_data_group, no_sync,
+                                        parallelize, pipeline)
+
+    started = time.time()
+    args = layout_args(dp=a.dp, sharding=a.sharding, tp=a.tp, pp=a.pp, stage=a.stage, offload=a.offload, ga=a.ga)
+    topo = init_topology(args)
+    model = build_mlp() if a.model == "mlp" else build_llama(a.weights, topo)
+    optimizer = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01)
+    kwargs = {} if a.segment_size is None else {"stage3_segment_size": a.segment_size}
+    model, optimizer = parallelize(model, optimizer, topo, args, **kwargs)
+    data = regression_data(a.steps) if a.model == "mlp" else token_data(a.steps)
+
+    losses, norms = [], []
+    for step in range(a.steps):
+        micro = micro_batches(data, step, a.ga, topo.data_rank, topo.data_world_size)
+        if topo.pp_degree > 1:
+            tensors = [tuple(paddle.to_tensor(t) for t in mb) for mb in micro]
+            loss = pipeline.train_batch(model, tensors)
+        else:
+            loss = paddle.zeros([], dtype="float32")
+            for i, mb in enumerate(micro):
+                ctx = no_sync(model) if i < len(micro) - 1 else contextlib.nullcontext()
+                with ctx:
+                    part = forward_loss(model, a.model, mb) / a.ga
+                    part.backward()
+                loss = loss + part.detach()
+        norm = clip_grad_norm(model, optimizer, topo, a.max_norm)
+        optimizer.step()
+        optimizer.clear_grad()
+        losses.append(float(mean_over_data_group(loss, topo)))
+        norms.append(float(norm))
+
+    write_json(os.path.join(a.out, f"rank{topo.rank}.json"), {
+        "rank": topo.rank, "data_rank": topo.data_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
+        "sharding_rank": topo.sharding_rank, "dp_rank": topo.dp_rank,
+        "losses": losses, "grad_norms": norms,
+        "opt_state_bytes": opt_state_bytes(optimizer), "param_bytes": param_bytes(model),
+        "seconds": time.time() - started,
+    })
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=6)
+    main()

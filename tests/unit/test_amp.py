@@ -1,0 +1,53 @@
+"""AMP settings reach Paddle as configured; on CPU fp16/bf16 is an error unless a dry run is asked for."""
+from types import SimpleNamespace
+
+import paddle
+import pytest
+
+from paddletrainer.amp import AmpConfig
+
+
+def amp_args(**kw):
+    base = dict(fp16=False, bf16=False, fp16_opt_level="O1", amp_custom_white_list=None, amp_custom_black_list=None,
+                scale_loss=2.0**15, amp_master_grad=False, amp_on_cpu="error")
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_fp16_on_a_cpu_only_build_is_a_clear_error_naming_the_flag():
+    with pytest.raises(ValueError, match="fp16=True needs a GPU.*amp_on_cpu fp32_dry_run"):
+        AmpConfig.from_args(amp_args(fp16=True), device_has_amp=False)
+
+
+def test_bf16_dry_run_on_cpu_wires_amp_and_warns(caplog):
+    cfg = AmpConfig.from_args(amp_args(bf16=True, fp16_opt_level="O2", amp_on_cpu="fp32_dry_run"), device_has_amp=False)
+    assert cfg.enabled and cfg.dry_run and cfg.dtype == "bfloat16" and not cfg.use_scaler
+    with caplog.at_level("WARNING"):
+        cfg.warn_if_dry_run()
+    assert "AMP DRY RUN" in caplog.text
+
+
+def test_autocast_decorate_and_scaler_receive_the_configured_settings(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(paddle.amp, "auto_cast", lambda **kw: seen.setdefault("auto_cast", kw) and None or __import__("contextlib").nullcontext())
+    monkeypatch.setattr(paddle.amp, "decorate", lambda **kw: seen.setdefault("decorate", kw) and (kw["models"], kw["optimizers"]))
+    real_scaler = paddle.amp.GradScaler
+    monkeypatch.setattr(paddle.amp, "GradScaler", lambda **kw: seen.setdefault("scaler", kw) and real_scaler(**kw))
+    cfg = AmpConfig.from_args(
+        amp_args(fp16=True, fp16_opt_level="O2", amp_custom_white_list=["matmul"], amp_custom_black_list=["softmax"],
+                 scale_loss=1024.0, amp_master_grad=True),
+        device_has_amp=True,
+    )
+    with cfg.autocast():
+        pass
+    model = paddle.nn.Linear(2, 2)
+    cfg.decorate(model, "opt")
+    cfg.grad_scaler()
+    assert seen["auto_cast"] == dict(enable=True, custom_white_list=["matmul"], custom_black_list=["softmax"], level="O2", dtype="float16")
+    assert seen["decorate"]["level"] == "O2" and seen["decorate"]["dtype"] == "float16" and seen["decorate"]["master_grad"] is True
+    assert seen["scaler"] == dict(init_loss_scaling=1024.0, use_dynamic_loss_scaling=True)
+
+
+def test_no_amp_flags_means_plain_fp32_and_no_scaler():
+    cfg = AmpConfig.from_args(amp_args())
+    assert not cfg.enabled and cfg.grad_scaler() is None

@@ -1,0 +1,191 @@
+"""Single-process save/load: bit-exact round trip, async == sync, integrity, refusal, rotation, RNG."""
+import json
+import os
+import random
+
+import numpy as np
+import paddle
+import pytest
+
+from paddletrainer.checkpoint import (
+    CHECKPOINT_COMPLETE_MARKER,
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointMismatchError,
+    finish_pending_save,
+    get_last_complete_checkpoint,
+    list_complete_checkpoints,
+    load_checkpoint,
+    read_index,
+    rotate_checkpoints,
+    save_checkpoint,
+)
+from paddletrainer.trainer_utils import get_last_checkpoint
+
+
+def make(hidden=16, seed=3):
+    paddle.seed(seed)
+    model = paddle.nn.Sequential(paddle.nn.Linear(8, hidden), paddle.nn.ReLU(), paddle.nn.Linear(hidden, 4))
+    sched = paddle.optimizer.lr.CosineAnnealingDecay(0.01, 10)
+    opt = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.1)
+    return model, opt, sched
+
+
+def train(model, opt, sched, steps, seed=0):
+    rs = np.random.RandomState(seed)
+    for _ in range(steps):
+        x = paddle.to_tensor(rs.randn(4, 8).astype("float32"))
+        model(x).square().mean().backward()
+        opt.step()
+        opt.clear_grad()
+        sched.step()
+
+
+def opt_state(model, opt):
+    """Accumulators by parameter position (parameter names differ between two model instances)."""
+    return {
+        (kind, i): opt._accumulators[kind][p.name].numpy()
+        for kind in opt._accumulators
+        for i, p in enumerate(model.parameters())
+    }
+
+
+def test_save_load_round_trip_is_bit_exact_and_training_continues_identically(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 3)
+    ckpt = save_checkpoint(
+        str(tmp_path / "checkpoint-3"), model=model, optimizer=opt, lr_scheduler=sched,
+        trainer_state={"global_step": 3}, data_state={"consumed_samples": 12},
+    )
+    model2, opt2, sched2 = make(seed=99)
+    loaded = load_checkpoint(ckpt, model=model2, optimizer=opt2, lr_scheduler=sched2)
+    assert loaded.trainer_state == {"global_step": 3}
+    assert loaded.data_state == {"consumed_samples": 12}
+    assert loaded.optimizer_restored and loaded.rng_restored
+    for a, b in zip(model.parameters(), model2.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    s1, s2 = opt_state(model, opt), opt_state(model2, opt2)
+    assert s1.keys() == s2.keys() and len(s1) == 16
+    for k in s1:
+        np.testing.assert_array_equal(s1[k], s2[k])
+    assert sched2.state_dict() == sched.state_dict()
+    train(model, opt, sched, 2, seed=5)
+    train(model2, opt2, sched2, 2, seed=5)
+    for a, b in zip(model.parameters(), model2.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_rng_state_is_restored_in_the_same_layout(tmp_path):
+    model, opt, sched = make()
+    paddle.seed(7)
+    random.seed(7)
+    np.random.seed(7)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model)
+    expected = (random.random(), np.random.rand(), paddle.rand([2]).numpy())
+    load_checkpoint(ckpt, model=model)
+    got = (random.random(), np.random.rand(), paddle.rand([2]).numpy())
+    assert expected[:2] == got[:2]
+    np.testing.assert_array_equal(expected[2], got[2])
+
+
+def test_async_save_writes_the_same_bytes_as_sync_save(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 2)
+    sync_dir = save_checkpoint(str(tmp_path / "sync" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
+    async_dir = save_checkpoint(
+        str(tmp_path / "async" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False, async_save=True
+    )
+    # training goes on while the writer runs: the snapshot was taken before, so it must not leak in
+    train(model, opt, sched, 1)
+    assert finish_pending_save() == async_dir
+    files = sorted(f for f in os.listdir(sync_dir) if f.endswith(".safetensors"))
+    assert files == sorted(f for f in os.listdir(async_dir) if f.endswith(".safetensors")) and len(files) == 2
+    for f in files:
+        assert (tmp_path / "sync" / "checkpoint-2" / f).read_bytes() == (tmp_path / "async" / "checkpoint-2" / f).read_bytes()
+    assert read_index(sync_dir)["tensors"] == read_index(async_dir)["tensors"]
+
+
+def test_async_save_is_published_only_at_the_next_collective_point(tmp_path):
+    model, _, _ = make()
+    first = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
+    assert not os.path.exists(first)  # still a tmp dir until finish_pending_save / the next save
+    second = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    assert list_complete_checkpoints(str(tmp_path)) == [first]
+    finish_pending_save()
+    assert list_complete_checkpoints(str(tmp_path)) == [first, second]
+
+
+def test_corrupt_file_is_detected_and_named(tmp_path):
+    model, opt, _ = make()
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt)
+    path = os.path.join(ckpt, "model_state.tp00_pp00.safetensors")
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0xFF  # flip bits in the tensor data: same size, different crc
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(CheckpointCorruptError) as e:
+        load_checkpoint(ckpt, model=make()[0])
+    assert e.value.files == ["model_state.tp00_pp00.safetensors"]
+    assert "crc32" in str(e.value)
+
+
+def test_checkpoint_of_another_model_is_refused_with_every_mismatch(tmp_path):
+    model, _, _ = make(hidden=16)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model)
+    other = paddle.nn.Sequential(paddle.nn.Linear(8, 32), paddle.nn.ReLU(), paddle.nn.Linear(32, 4), paddle.nn.Linear(4, 1))
+    with pytest.raises(CheckpointMismatchError) as e:
+        load_checkpoint(ckpt, model=other)
+    assert e.value.mismatches == [
+        "shape mismatch: model/0.bias checkpoint [16] vs model [32]",
+        "shape mismatch: model/0.weight checkpoint [8, 16] vs model [8, 32]",
+        "shape mismatch: model/2.weight checkpoint [16, 4] vs model [32, 4]",
+        "missing in checkpoint: model/3.bias [1]",
+        "missing in checkpoint: model/3.weight [4, 1]",
+    ]
+
+
+def test_incomplete_directories_are_not_checkpoints(tmp_path):
+    model, _, _ = make()
+    good = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model)
+    os.makedirs(tmp_path / "checkpoint-5")  # no marker: e.g. a copy interrupted by hand
+    os.makedirs(tmp_path / "checkpoint-9.tmp-123-abc")  # a crashed save
+    assert list_complete_checkpoints(str(tmp_path)) == [good]
+    assert get_last_complete_checkpoint(str(tmp_path)) == good
+    assert get_last_checkpoint(str(tmp_path)) == good  # trainer_utils agrees on the marker
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        load_checkpoint(str(tmp_path / "checkpoint-5"), model=model)
+    save_checkpoint(str(tmp_path / "checkpoint-2"), model=model)
+    assert not os.path.exists(tmp_path / "checkpoint-9.tmp-123-abc")  # the next save cleans it
+
+
+def test_resave_of_the_same_step_replaces_it(tmp_path):
+    model, _, _ = make()
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, trainer_state={"v": 1})
+    save_checkpoint(ckpt, model=model, trainer_state={"v": 2})
+    assert load_checkpoint(ckpt, model=model).trainer_state == {"v": 2}
+    assert os.listdir(tmp_path) == ["checkpoint-1"]
+
+
+def test_rotation_on_disk_keeps_best_and_newest(tmp_path):
+    model, _, _ = make()
+    for step in (1, 2, 3, 4):
+        save_checkpoint(str(tmp_path / f"checkpoint-{step}"), model=model, save_rng=False)
+    deleted = rotate_checkpoints(str(tmp_path), 2, best_checkpoint=str(tmp_path / "checkpoint-1"))
+    assert [os.path.basename(p) for p in deleted] == ["checkpoint-2", "checkpoint-3"]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-1", "checkpoint-4"]
+    # rotation as part of saving
+    save_checkpoint(str(tmp_path / "checkpoint-5"), model=model, save_total_limit=1)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-5"]
+
+
+def test_index_records_every_file_with_size_and_crc(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 1)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt, lr_scheduler=sched)
+    index = read_index(ckpt)
+    on_disk = set(os.listdir(ckpt)) - {CHECKPOINT_COMPLETE_MARKER, "checkpoint_index.json"}
+    assert set(index["files"]) == on_disk
+    for name, meta in index["files"].items():
+        assert os.path.getsize(os.path.join(ckpt, name)) == meta["size"]
+    kinds = {k.rsplit("/", 1)[1] for k in index["tensors"] if k.startswith("optim/")}
+    assert kinds == {"moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc"}
+    assert json.load(open(os.path.join(ckpt, "scheduler.json")))["last_epoch"] == 1

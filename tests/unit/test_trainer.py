@@ -1,0 +1,226 @@
+"""Single-process Trainer behaviour: learning, accumulation math, callbacks, best model, early stopping."""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from paddletrainer import (
+    EarlyStoppingCallback,
+    EvalPrediction,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+
+class RegressionModel(paddle.nn.Layer):
+    """y = a·x + b; returns (loss, prediction) with labels, prediction alone without."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = paddle.nn.Linear(1, 1)
+
+    def forward(self, x, labels=None):
+        pred = self.linear(x).squeeze(-1)
+        if labels is None:
+            return (pred,)
+        return paddle.nn.functional.mse_loss(pred, labels), pred
+
+
+def regression_data(n=64, a=2.0, b=-1.0, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.uniform(-1, 1, size=(n, 1)).astype("float32")
+    return [{"x": x[i], "labels": np.float32(a * x[i, 0] + b)} for i in range(n)]
+
+
+def args_for(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=0.1,
+                num_train_epochs=1, logging_steps=1, save_strategy="no", evaluation_strategy="no",
+                disable_tqdm=True, report_to="none", seed=42, weight_decay=0.0)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def test_regression_model_learns_a_and_b(tmp_path):
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, num_train_epochs=30, lr_scheduler_type="constant"),
+                      train_dataset=regression_data())
+    out = trainer.train()
+    w, b = float(trainer.model.linear.weight), float(trainer.model.linear.bias)
+    assert w == pytest.approx(2.0, abs=0.05) and b == pytest.approx(-1.0, abs=0.05)
+    assert out.training_loss < 0.5
+
+
+def test_gradient_accumulation_4x2_equals_batch_8_after_one_step(tmp_path):
+    def params_after_one_step(bs, ga):
+        paddle.seed(7)
+        model = RegressionModel()
+        args = args_for(tmp_path, per_device_train_batch_size=bs, gradient_accumulation_steps=ga, max_steps=1,
+                        learning_rate=0.5, lr_scheduler_type="constant", optim="sgd")
+        trainer = Trainer(model=model, args=args, train_dataset=regression_data(16))
+        trainer.train()
+        return np.concatenate([p.numpy().ravel() for p in model.parameters()]), trainer.state.log_history
+
+    p8, logs8 = params_after_one_step(8, 1)
+    p2, logs2 = params_after_one_step(2, 4)
+    np.testing.assert_allclose(p2, p8, rtol=0, atol=1e-6)
+    # the logged loss is the mean per-sample loss of the whole optimizer step, not of the last micro-batch
+    assert logs2[0]["loss"] == pytest.approx(logs8[0]["loss"], rel=1e-6)
+
+
+def test_logged_loss_is_the_mean_over_the_step_samples(tmp_path):
+    paddle.seed(3)
+    model = RegressionModel()
+    data = regression_data(8)
+    x = paddle.to_tensor(np.stack([d["x"] for d in data]))
+    y = paddle.to_tensor(np.array([d["labels"] for d in data]))
+    expected = float(model(x, y)[0])  # the step's mean loss before any update, over all 8 samples
+    args = args_for(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=4, max_steps=1)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_same_seed_gives_identical_losses(tmp_path):
+    def losses():
+        trainer = Trainer(model_init=RegressionModel, args=args_for(tmp_path, max_steps=5, per_device_train_batch_size=4),
+                          train_dataset=regression_data())
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    assert losses() == losses()
+
+
+class EventRecorder(TrainerCallback):
+    def __init__(self):
+        self.events = []
+
+    def __getattribute__(self, name):
+        if name.startswith("on_"):
+            events = object.__getattribute__(self, "events")
+            return lambda args, state, control, **kw: events.append(name)
+        return object.__getattribute__(self, name)
+
+
+def test_callback_events_follow_the_documented_flow_for_steps_strategy(tmp_path):
+    rec = EventRecorder()
+    args = args_for(tmp_path, max_steps=2, gradient_accumulation_steps=2, per_device_train_batch_size=4,
+                    evaluation_strategy="steps", eval_steps=2, logging_steps=2, save_strategy="no")
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(32), eval_dataset=regression_data(8),
+                      callbacks=[rec])
+    trainer.train()
+    step = ["on_load_data_end", "on_step_begin", "on_load_data_end", "on_substep_end", "on_optimizer_begin",
+            "on_optimizer_end", "on_step_end"]
+    expected = (["on_init_end", "on_train_begin", "on_epoch_begin"] + step + step
+                + ["on_log", "on_prediction_step", "on_log", "on_evaluate", "on_epoch_end", "on_log", "on_train_end"])
+    assert rec.events == expected
+
+
+def test_epoch_strategy_evaluates_and_saves_once_per_epoch(tmp_path):
+    rec = EventRecorder()
+    args = args_for(tmp_path, num_train_epochs=2, per_device_train_batch_size=8, evaluation_strategy="epoch",
+                    save_strategy="epoch", logging_strategy="epoch")
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(16), eval_dataset=regression_data(8),
+                      callbacks=[rec])
+    trainer.train()
+    assert rec.events.count("on_epoch_end") == 2
+    assert rec.events.count("on_evaluate") == 2
+    assert rec.events.count("on_save") == 2
+    assert sorted(os.listdir(args.output_dir)) >= ["checkpoint-2", "checkpoint-4"]
+
+
+def test_load_best_model_at_end_restores_the_best_checkpoint(tmp_path):
+    # A learning rate that first helps then overshoots makes an early checkpoint the best one.
+    class Scripted(TrainerCallback):
+        """Forces eval losses 3, 1, 2 so checkpoint-2 (the second eval) is the best."""
+
+        def __init__(self):
+            self.values = iter([3.0, 1.0, 2.0])
+
+        def on_evaluate(self, args, state, control, metrics=None, **kw):
+            metrics["eval_loss"] = next(self.values)
+
+    args = args_for(tmp_path, max_steps=3, per_device_train_batch_size=8, evaluation_strategy="steps", eval_steps=1,
+                    save_strategy="steps", save_steps=1, load_best_model_at_end=True, metric_for_best_model="loss")
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(32), eval_dataset=regression_data(8),
+                      callbacks=[Scripted()])
+    trainer.train()
+    assert trainer.state.best_model_checkpoint.endswith("checkpoint-2")
+    assert trainer.state.best_metric == 1.0
+
+
+def test_best_metric_tracking_picks_the_checkpoint_with_the_lowest_eval_loss(tmp_path):
+    args = args_for(tmp_path, max_steps=4, per_device_train_batch_size=8, evaluation_strategy="steps", eval_steps=1,
+                    save_strategy="steps", save_steps=1, load_best_model_at_end=True, metric_for_best_model="loss",
+                    lr_scheduler_type="constant")
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(64), eval_dataset=regression_data(16))
+    trainer.train()
+    evals = [(h["step"], h["eval_loss"]) for h in trainer.state.log_history if "eval_loss" in h]
+    best_step = min(evals, key=lambda e: e[1])[0]
+    assert trainer.state.best_model_checkpoint.endswith(f"checkpoint-{best_step}")
+    # the final model holds the best checkpoint's weights: evaluating again gives the best loss
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(min(e[1] for e in evals), rel=1e-5)
+
+
+def test_early_stopping_stops_after_patience_without_improvement(tmp_path):
+    args = args_for(tmp_path, max_steps=50, per_device_train_batch_size=8, evaluation_strategy="steps", eval_steps=1,
+                    save_strategy="steps", save_steps=1, load_best_model_at_end=True, metric_for_best_model="loss",
+                    learning_rate=0.0, lr_scheduler_type="constant", save_total_limit=2)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(64), eval_dataset=regression_data(8),
+                      callbacks=[EarlyStoppingCallback(early_stopping_patience=2)])
+    trainer.train()
+    # lr=0: the loss never improves after the first eval, so training stops at step 1 + patience
+    assert trainer.state.global_step == 3
+
+
+def test_evaluate_and_predict_return_metrics_and_predictions_in_dataset_order(tmp_path):
+    data = regression_data(13)
+
+    def metrics(p: EvalPrediction):
+        return {"mae": float(np.abs(p.predictions - p.label_ids).mean())}
+
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, per_device_eval_batch_size=4),
+                      eval_dataset=data, compute_metrics=metrics)
+    m = trainer.evaluate()
+    assert {"eval_loss", "eval_mae", "eval_runtime"} <= set(m)
+    pred = trainer.predict(data)
+    x = paddle.to_tensor(np.stack([d["x"] for d in data]))
+    np.testing.assert_allclose(pred.predictions, trainer.model(x)[0].numpy(), rtol=1e-6)
+    assert pred.label_ids.shape == (13,)
+
+
+def test_criterion_and_unused_columns(tmp_path):
+    class LogitsOnly(paddle.nn.Layer):
+        def __init__(self):
+            super().__init__()
+            self.linear = paddle.nn.Linear(1, 1)
+
+        def forward(self, x):
+            return self.linear(x).squeeze(-1)
+
+    data = [dict(d, note="dropped: not a forward argument") for d in regression_data(16)]
+    trainer = Trainer(model=LogitsOnly(), criterion=paddle.nn.MSELoss(), args=args_for(tmp_path, max_steps=2), train_dataset=data)
+    assert trainer.train().training_loss > 0
+
+
+def test_fp16_on_cpu_is_refused_at_construction_and_dry_run_trains(tmp_path):
+    with pytest.raises(ValueError, match="fp16=True needs a GPU"):
+        Trainer(model=RegressionModel(), args=args_for(tmp_path, fp16=True), train_dataset=regression_data())
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, fp16=True, amp_on_cpu="fp32_dry_run", max_steps=2),
+                      train_dataset=regression_data())
+    assert trainer.amp.dry_run and trainer.scaler is None
+    trainer.train()
+    assert trainer.scaler is not None  # the fp16 scaler is wired even in the dry run
+
+
+def test_save_metrics_state_and_model(tmp_path):
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=2), train_dataset=regression_data())
+    out = trainer.train()
+    trainer.save_metrics("train", out.metrics)
+    trainer.save_state()
+    trainer.save_model()
+    outdir = trainer.args.output_dir
+    assert json.load(open(os.path.join(outdir, "train_results.json")))["train_loss"] == pytest.approx(out.training_loss)
+    assert json.load(open(os.path.join(outdir, "trainer_state.json")))["global_step"] == 2
+    assert os.path.exists(os.path.join(outdir, "training_args.json"))

@@ -16,10 +16,12 @@ prediction_step, evaluate, predict, log, save_model.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
 import os
+import shutil
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -73,6 +75,26 @@ class NonFiniteLossError(RuntimeError):
     """Raised (on every rank alike) when the loss or gradient norm is NaN/inf under ``nan_inf_policy=error``."""
 
 
+def enable_recompute(model: paddle.nn.Layer) -> int:
+    """Switch on activation recompute in every layer that supports it (PaddleNLP's ``enable_recompute``
+    attribute; ``config.recompute`` too when the model has a config). Returns how many layers changed.
+
+    A model with no such layer cannot recompute: that is an error, not a silent no-op.
+    """
+    layers = [m for m in model.sublayers(include_self=True) if hasattr(m, "enable_recompute")]
+    if not layers:
+        raise ValueError(
+            f"recompute=True but {type(model).__name__} has no layer with an `enable_recompute` attribute; "
+            "use a model that supports recompute or drop --recompute"
+        )
+    for layer in layers:
+        layer.enable_recompute = True
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "recompute"):
+        config.recompute = True
+    return len(layers)
+
+
 class Trainer:
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
@@ -117,6 +139,8 @@ class Trainer:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function")
             model = model_init()
+        if args.recompute:
+            enable_recompute(model)
         self.model = model
         self.model_wrapped = model
         self.criterion = criterion
@@ -133,7 +157,6 @@ class Trainer:
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
         self._wrapped = False
-        self._checkpointer = None  # created on first save (async writer state lives there)
 
         self.state = TrainerState(
             is_local_process_zero=self.topology.local_rank == 0,
@@ -381,7 +404,14 @@ class Trainer:
             if path is None:
                 raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint")
             return path
-        ckpt.verify_complete(resume)  # raises a one-line error naming what is missing
+        if not os.path.isdir(resume):
+            raise ValueError(f"resume_from_checkpoint={resume!r} does not exist")
+        if not ckpt.is_complete_checkpoint(resume):
+            found = ckpt.list_complete_checkpoints(os.path.dirname(os.path.abspath(resume)))
+            raise ValueError(
+                f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
+                f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
+            )
         return resume
 
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
@@ -465,7 +495,7 @@ class Trainer:
         self._finish_checkpoints()
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
-            ckpt.load_model_weights(self.state.best_model_checkpoint, self.model_wrapped, self.topology)
+            ckpt.load_checkpoint(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
         steps = max(self.state.global_step, 1)
         train_loss = self._total_loss / steps
         metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
@@ -545,21 +575,13 @@ class Trainer:
             self.control = self.callback_handler.on_save(args, self.state, self.control)
 
     # ----------------------------------------------------------------------------------- checkpoints
-    @property
-    def checkpointer(self) -> "ckpt.Checkpointer":
-        if self._checkpointer is None:
-            self._checkpointer = ckpt.Checkpointer(self.topology, async_save=getattr(self.args, "checkpoint_async_save", False))
-        return self._checkpointer
-
     def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
         name = self.args.metric_for_best_model
         if not metrics or not name:
             return
         key = name if name.startswith("eval_") else f"eval_{name}"
         if key not in metrics:
-            raise ValueError(
-                f"metric_for_best_model={name!r} is not among the evaluation metrics: {sorted(metrics)}"
-            )
+            raise ValueError(f"metric_for_best_model={name!r} is not among the evaluation metrics: {sorted(metrics)}")
         value = float(metrics[key])
         better = np.greater if self.args.greater_is_better else np.less
         if self.state.best_metric is None or better(value, self.state.best_metric):
@@ -567,45 +589,61 @@ class Trainer:
             self.state.best_model_checkpoint = checkpoint_dir
 
     def _save_checkpoint(self, metrics: Optional[Dict[str, float]] = None) -> str:
-        """Write ``output_dir/checkpoint-<step>`` (every rank its own shards), publish it, rotate old ones."""
+        """Write ``output_dir/checkpoint-<step>``: every rank its own shards, published atomically, then rotate."""
         checkpoint_dir = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._update_best(metrics, checkpoint_dir)
-        self.checkpointer.save(
+        return ckpt.save_checkpoint(
             checkpoint_dir,
-            model=self.model_wrapped,
+            model=self.model,
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
             scaler=self.scaler,
-            trainer_state=self.state,
+            trainer_state=dataclasses.asdict(self.state),
             args=self.args,
+            data_state={"consumed_samples": self.state.consumed_samples},
+            topology=self.topology,
+            async_save=self.args.checkpoint_async_save,
+            save_total_limit=self.args.save_total_limit,
+            best_checkpoint=self.state.best_model_checkpoint,
         )
-        if self.args.save_total_limit:
-            self.checkpointer.rotate(self.args.output_dir, self.args.save_total_limit, self.state.best_model_checkpoint)
-        return checkpoint_dir
 
     def _load_checkpoint(self, checkpoint_dir: str) -> None:
-        state = self.checkpointer.load(
+        """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout)."""
+        loaded = ckpt.load_checkpoint(
             checkpoint_dir,
-            model=self.model_wrapped,
+            model=self.model,
             optimizer=self.optimizer,
             lr_scheduler=self.lr_scheduler,
             scaler=self.scaler,
+            topology=self.topology,
         )
-        restored = TrainerState.from_dict(state) if isinstance(state, dict) else state
+        for warning in loaded.warnings:
+            logger.warning("%s: %s", checkpoint_dir, warning)
+        restored = TrainerState.from_dict(loaded.trainer_state, source=checkpoint_dir)
         restored.is_local_process_zero = self.state.is_local_process_zero
         restored.is_world_process_zero = self.state.is_world_process_zero
+        if loaded.data_state:
+            restored.consumed_samples = int(loaded.data_state["consumed_samples"])
         self.state = restored
         logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
 
     def _finish_checkpoints(self) -> None:
-        if self._checkpointer is not None:
-            self._checkpointer.wait()  # an async save must be on disk before train() returns
+        ckpt.finish_pending_save()  # an async save is on disk (and published) before train() returns
 
     def save_model(self, output_dir: Optional[str] = None) -> None:
-        """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``."""
+        """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``.
+
+        Works on every layout: each rank contributes its shards to a weights-only checkpoint, which the
+        main process merges into full tensors.
+        """
         output_dir = output_dir or self.args.output_dir
-        ckpt.export_model(self.model_wrapped, output_dir, self.topology, tokenizer=self.tokenizer)
+        staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
+        ckpt.save_checkpoint(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
         if self.args.should_save:
+            ckpt.export_for_from_pretrained(staging, output_dir)
+            shutil.rmtree(staging, ignore_errors=True)
+            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+                self.tokenizer.save_pretrained(output_dir)
             with open(os.path.join(output_dir, "training_args.json"), "w") as f:
                 f.write(self.args.to_json_string())
 

@@ -20,7 +20,7 @@
         --output_dir output/llama7b --tensor_parallel_degree 2 --pipeline_parallel_degree 2 \
         --sharding stage1 --bf16 --fp16_opt_level O2 --max_seq_length 2048 \
         --per_device_train_batch_size 1 --gradient_accumulation_steps 16 --learning_rate 3e-4 \
-        --max_steps 10000 --warmup_steps 2000 --recompute --do_train --save_steps 1000
+        --max_steps 10000 --warmup_steps 2000 --recompute --use_flash_attention --do_train --save_steps 1000
 
 Model: ``model_name_or_path`` is a local directory with config.json; weights there are loaded with
 ``from_pretrained``, otherwise the model is randomly initialised from the config. With
@@ -33,7 +33,14 @@ from typing import Optional
 
 from paddlenlp.transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
 
-from paddletrainer import PdArgumentParser, Trainer, TrainingArguments, get_last_checkpoint, set_seed
+from paddletrainer import (
+    PdArgumentParser,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+    get_last_checkpoint,
+    set_seed,
+)
 from paddletrainer.datasets import PretrainTokenDataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -110,6 +117,10 @@ def main():
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     set_seed(training_args.seed)
 
+    if not os.path.exists(data_args.input_dir):
+        sys.exit(f"no token files at {data_args.input_dir}; build them first:\n  python scripts/build_pretrain_data.py "
+                 f"--input llm_examples/llama/data/corpus.txt --tokenizer {model_args.model_name_or_path} "
+                 f"--output {os.path.join(data_args.input_dir, 'corpus')}")
     dataset = PretrainTokenDataset(data_args.input_dir, data_args.max_seq_length)
     train_dataset, eval_dataset = dataset.split(data_args.eval_fraction if training_args.do_eval else 0.0)
     model, config = build_model(model_args, data_args, training_args)
@@ -123,6 +134,8 @@ def main():
         train_dataset=train_dataset if training_args.do_train else None,
         eval_dataset=eval_dataset if training_args.do_eval else None,
         tokenizer=load_tokenizer(model_args),
+        # Samples are equal-length windows: stacking is all a batch needs (no padding pass, no masks).
+        data_collator=default_data_collator,
     )
 
     if training_args.do_train:

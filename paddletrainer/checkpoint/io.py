@@ -43,11 +43,9 @@ from .async_writer import AsyncWriter
 from .local_state import (
     dtype_name,
     ensure_accumulators,
-    from_stored,
     layout_dict,
     model_tensors,
     optimizer_tensors,
-    to_numpy,
     topology_info,
     unwrap_model,
 )
@@ -207,7 +205,7 @@ def save_checkpoint(
     # 4. host snapshot of what this rank writes
     blobs: Dict[str, Dict[str, np.ndarray]] = {}
     for e in assigned[topo.rank]:
-        blobs.setdefault(e.file, {})[e.key] = to_numpy(local[e.key].tensor)
+        blobs.setdefault(e.file, {})[e.key] = local[e.key].host_copy()
     small: Dict[str, bytes] = {}
     if save_rng:
         coord_name = L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank)
@@ -415,9 +413,7 @@ def load_checkpoint(
     reader = PieceReader(ckpt_dir)
     try:
         for key, lt in targets.items():
-            arr = read_placement(index, key, lt.placement, reader)
-            stored, want = index["tensors"][key]["dtype"], dtype_name(lt.tensor)
-            lt.tensor.set_value(from_stored(arr.reshape(lt.tensor.shape), stored, want))
+            lt.assign(read_placement(index, key, lt.placement, reader), index["tensors"][key]["dtype"])
     finally:
         reader.close()
 

@@ -6,7 +6,8 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   wrappers) and use ``state_dict()`` names — PaddleNLP's ``PipelinePretrainedModel.state_dict`` already
   maps pipeline-layer names back to the non-pipeline names, so a pp2 stage and a single process agree.
 * tensor parallel: Paddle's mp layers (and PaddleNLP's LM head) set ``is_distributed`` and ``split_axis``.
-* anything else (e.g. a stage-3 flat slice) can declare itself with a ``ckpt_placement`` attribute
+* sharding stage 3: a parameter's ``fw_storage`` slice is saved/loaded as a flat range of it.
+* anything else can declare itself with a ``ckpt_placement`` attribute
   holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
 * optimizer: unwrap ``_optimizer`` / ``_inner_opt`` / ``_optim`` to the Paddle optimizer, whose ``_accumulators`` hold
   exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
@@ -21,7 +22,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import paddle
 
-from .layout import CheckpointError, Placement, model_key, optim_key, replicated, tp_placement
+from .layout import CheckpointError, Placement, flat_placement, model_key, optim_key, replicated, tp_placement
 
 MASTER_WEIGHT = "master_weight"
 
@@ -100,19 +101,55 @@ def tensor_placement(t, topo: types.SimpleNamespace, name: str = "") -> Placemen
 
 @dataclasses.dataclass
 class LocalTensor:
+    """A tensor this rank holds and where it sits. ``storage`` may be longer than the placement says
+    (a stage-3 slice padded for alignment): only the first ``placement.local_numel`` elements are data."""
+
     tensor: object
     placement: Placement
 
+    @property
+    def storage_numel(self) -> int:
+        return int(np.prod(self.tensor.shape))
 
-def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, Tuple[str, Placement]]]:
-    """``{global key: LocalTensor}`` and ``{param.name: (state_dict name, placement)}`` for the optimizer."""
+    def host_copy(self) -> np.ndarray:
+        arr = to_numpy(self.tensor)
+        if self.placement.flat is not None and arr.size != self.placement.local_numel:
+            arr = np.ascontiguousarray(arr.reshape(-1)[: self.placement.local_numel])
+        return arr
+
+    def assign(self, arr: np.ndarray, stored_dtype: str) -> None:
+        value = from_stored(arr, stored_dtype, dtype_name(self.tensor))
+        n = self.storage_numel
+        if value.size != n:  # restore the alignment padding of a stage-3 slice (never read: zeros)
+            host = value.numpy() if isinstance(value, paddle.Tensor) else value
+            padded = np.zeros(n, dtype=host.dtype)
+            padded[: host.size] = host.reshape(-1)
+            value = padded
+        self.tensor.set_value(value.reshape(self.tensor.shape))
+
+
+def _stage3_slice(t, topo) -> Optional[LocalTensor]:
+    """A parameter sliced by GroupShardedStage3: its ``fw_storage`` holds flat range
+    ``[r·n, (r+1)·n)`` of the (padded) flattened parameter, r = sharding rank, n = slice length.
+    The parameter itself may be released between steps, so the slice is what gets saved and loaded."""
+    fw = getattr(t, "fw_storage", None)
+    if fw is None or topo.sharding_degree <= 1 or not isinstance(fw, paddle.Tensor):
+        return None
+    n = int(np.prod(fw.shape))
+    return LocalTensor(fw, flat_placement(tensor_placement(t, topo), topo.sharding_rank * n, (topo.sharding_rank + 1) * n))
+
+
+def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, LocalTensor]]:
+    """``{global key: LocalTensor}`` and, for the optimizer, ``{param (or slice) name: (name, LocalTensor)}``."""
     inner = unwrap_model(model)
     out: Dict[str, LocalTensor] = {}
-    by_param: Dict[str, Tuple[str, Placement]] = {}
+    by_param: Dict[str, Tuple[str, LocalTensor]] = {}
     for name, t in inner.state_dict().items():
-        pl = tensor_placement(t, topo, name)
-        out[model_key(name)] = LocalTensor(t, pl)
-        by_param.setdefault(t.name, (name, pl))  # tied weights: the first name wins, both keys are saved
+        lt = _stage3_slice(t, topo) or LocalTensor(t, tensor_placement(t, topo, name))
+        out[model_key(name)] = lt
+        # tied weights: the first name wins for the optimizer; both model keys are saved
+        by_param.setdefault(t.name, (name, lt))
+        by_param.setdefault(lt.tensor.name, (name, lt))  # stage 3: accumulators are keyed "slice@<name>"
     return out, by_param
 
 
@@ -140,7 +177,7 @@ def ensure_accumulators(optimizer) -> None:
         inner._create_accumulators(block, params)
 
 
-def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, Placement]]) -> Dict[str, LocalTensor]:
+def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -> Dict[str, LocalTensor]:
     """This rank's optimizer states keyed ``optim/<param global name>/<kind>``.
 
     Multi-precision optimizers key moments by the master weight's name, hence the reverse map.
@@ -154,10 +191,9 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, Placement]]) -> 
     def add(pname: str, kind: str, t):
         if pname not in by_param:
             raise CheckpointError(f"optimizer state {kind} of {pname} belongs to no parameter of the model")
-        gname, ppl = by_param[pname]
-        same = int(np.prod(t.shape)) == ppl.local_numel
-        pl = ppl if same else replicated(t.shape)
-        out[optim_key(gname, kind)] = LocalTensor(t, pl)
+        gname, plt = by_param[pname]
+        same = int(np.prod(t.shape)) == plt.storage_numel
+        out[optim_key(gname, kind)] = LocalTensor(t, plt.placement if same else replicated(t.shape))
 
     for kind, accs in (getattr(inner, "_accumulators", None) or {}).items():
         for acc_owner, t in accs.items():

@@ -8,10 +8,11 @@ only :func:`paddletrainer.parallel.topology.init_topology` calls it (and only on
 :func:`check_paddle_assumptions` verifies that every symbol we patch still exists with the shape we rely on,
 so a Paddle upgrade that moves one fails the unit tests instead of silently running unpatched code.
 
-The fills (numbers match ``docs`` research notes):
+The fills:
 
 1. one gloo TCP store per process group (``collective._new_process_group_impl``),
-2. tensor-parallel ops as autograd functions over all_reduce / all_gather (``mp_ops._c_identity``, ...),
+2. tensor-parallel ops as autograd functions over all_reduce / all_gather (``mp_ops._c_identity``, ...;
+   they live in :mod:`paddletrainer.parallel.cpu_tp_ops`),
 3. ``hybrid_parallel_util.broadcast_input_data`` is a no-op,
 4. ``ParallelEnv.device_id`` defaults to 0 and pipeline p2p uses plain blocking send/recv,
 5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
@@ -26,7 +27,8 @@ import threading
 
 import paddle
 import paddle.distributed as dist
-from paddle.autograd import PyLayer
+
+from .cpu_tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
 
 __all__ = [
     "install",
@@ -94,6 +96,9 @@ def _group_store(global_ranks, group_rank: int, group_size: int, group_id: int):
     first = global_ranks[0] if global_ranks else 0
     host = endpoints[first].rsplit(":", 1)[0] if first < len(endpoints) and endpoints[first] else "127.0.0.1"
     port = store_port_for_group(group_id)
+    # The master's constructor returns only once all group_size members have connected, and a member that
+    # arrives before the master listens retries every 3 s (Paddle's TCP client), so group creation can
+    # cost a few seconds per group; signalling readiness through the default store would deadlock.
     store = core.TCPStore(host, port, group_rank == 0, group_size, 900)
     _GROUP_STORES[group_id] = store
     return store
@@ -144,172 +149,6 @@ def _install_group_stores():
 # --------------------------------------------------------------------------------------------------
 # Fill 2: tensor-parallel ops (no CPU kernels for c_identity / c_split / c_concat / c_softmax_with_ce)
 # --------------------------------------------------------------------------------------------------
-def _group_or_default(group):
-    from paddle.distributed import collective
-
-    return collective._get_default_group() if group is None else group
-
-
-def _all_gather_last_dim(tensor, group):
-    parts = []
-    dist.all_gather(parts, tensor.contiguous() if hasattr(tensor, "contiguous") else tensor, group=group)
-    return paddle.concat(parts, axis=-1)
-
-
-def _local_last_dim_chunk(tensor, group):
-    width = tensor.shape[-1] // group.nranks
-    start = group.rank * width
-    return paddle.slice(tensor, axes=[tensor.ndim - 1], starts=[start], ends=[start + width]).clone()
-
-
-class _Identity(PyLayer):
-    """Forward: identity. Backward: all-reduce (sum) over the tensor-parallel group (Megatron's f)."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return tensor.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad
-
-
-class _AllReduce(PyLayer):
-    """Forward: all-reduce (sum). Backward: identity (Megatron's g)."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        out = tensor.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad
-
-
-class _Split(PyLayer):
-    """Forward: this rank's chunk of the last dim. Backward: all-gather the chunks along the last dim."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _local_last_dim_chunk(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather_last_dim(grad, ctx.group)
-
-
-class _Concat(PyLayer):
-    """Forward: all-gather along the last dim. Backward: this rank's chunk of the gradient."""
-
-    @staticmethod
-    def forward(ctx, tensor, group):
-        ctx.group = group
-        return _all_gather_last_dim(tensor, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _local_last_dim_chunk(grad, ctx.group)
-
-
-class _ParallelSoftmaxCrossEntropy(PyLayer):
-    """Cross entropy over logits whose last (vocab) dim is split across the tensor-parallel group.
-
-    With v = local vocab width and rank r owning classes [r·v, (r+1)·v):
-    ``loss = log Σ_all exp(x - m) - (x[label] - m)`` where m (max), the exp-sum and the target logit are
-    each all-reduced (max, sum, sum; the target is non-zero on exactly one rank). The gradient is
-    ``softmax - onehot(label)`` on the local columns, times the incoming loss gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, label, group, ignore_index):
-        from paddle.distributed import ReduceOp
-
-        width = logits.shape[-1]
-        start = group.rank * width
-        x = logits.astype("float32")
-        row_max = x.max(axis=-1, keepdim=True)
-        dist.all_reduce(row_max, op=ReduceOp.MAX, group=group)
-        exp = paddle.exp(x - row_max)
-        sum_exp = exp.sum(axis=-1, keepdim=True)
-        dist.all_reduce(sum_exp, group=group)
-        label = label.astype("int64")
-        owned = paddle.logical_and(label >= start, label < start + width)
-        local_label = paddle.where(owned, label - start, paddle.zeros_like(label))
-        target = paddle.take_along_axis(x - row_max, local_label, axis=-1) * owned.astype("float32")
-        dist.all_reduce(target, group=group)
-        valid = (label != ignore_index).astype("float32")
-        loss = (paddle.log(sum_exp) - target) * valid
-        softmax = exp / sum_exp
-        ctx.save_for_backward(softmax, local_label, owned, valid)
-        ctx.dtype = logits.dtype
-        return loss.astype(logits.dtype), softmax.astype(logits.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_softmax=None):
-        softmax, local_label, owned, valid = ctx.saved_tensor()
-        onehot = paddle.nn.functional.one_hot(local_label.squeeze(-1), softmax.shape[-1])
-        grad = (softmax - onehot * owned.astype("float32")) * (grad_loss.astype("float32") * valid)
-        return grad.astype(ctx.dtype), None
-
-
-def _c_identity(tensor, group=None, skip_c_identity_dynamic=False):
-    """Replaces mp_ops._c_identity and collective._c_identity (CPU: no c_identity kernel)."""
-    group = _group_or_default(group)
-    if not group.is_member():
-        return None
-    if skip_c_identity_dynamic:
-        return tensor
-    return _Identity.apply(tensor, group)
-
-
-def _mp_allreduce(tensor, op=None, group=None, use_calc_stream=True, use_model_parallel=True,
-                  skip_c_identity_dynamic=False):
-    """Replaces mp_ops._mp_allreduce (its backward calls the missing c_identity kernel)."""
-    group = _group_or_default(group)
-    if not group.is_member():
-        return None
-    if op is not None and op != dist.ReduceOp.SUM:
-        raise ValueError(f"_mp_allreduce supports only ReduceOp.SUM, got {op}")
-    return _AllReduce.apply(tensor, group)
-
-
-def _c_split(tensor, group=None):
-    """Replaces mp_ops._c_split (CPU: no c_split kernel)."""
-    group = _group_or_default(group)
-    if not group.is_member():
-        return None
-    return _Split.apply(tensor, group)
-
-
-def _c_concat(tensor, group=None):
-    """Replaces mp_ops._c_concat and collective._c_concat (CPU: no c_concat kernel)."""
-    group = _group_or_default(group)
-    if not group.is_member():
-        return None
-    return _Concat.apply(tensor, group)
-
-
-def parallel_softmax_cross_entropy(logits, label, group=None, return_softmax=False, ignore_index=-100):
-    """Replaces mp_ops._c_softmax_with_cross_entropy (CPU: no c_softmax_with_cross_entropy kernel).
-
-    ``label`` holds global class ids with the shape of ``logits`` minus the last dim, or with a trailing 1.
-    Returns the per-position loss with a trailing dim of 1 (Paddle's shape), and the local softmax if asked.
-    """
-    group = _group_or_default(group)
-    if not group.is_member():
-        return None
-    if label.ndim == logits.ndim - 1:
-        label = label.unsqueeze(-1)
-    loss, softmax = _ParallelSoftmaxCrossEntropy.apply(logits, label, group, ignore_index)
-    return (loss, softmax) if return_softmax else loss
-
-
 def _install_tensor_parallel_ops():
     from paddle.distributed import collective
     from paddle.distributed.fleet.layers.mpu import mp_ops
@@ -488,52 +327,57 @@ def check_paddle_assumptions() -> None:
     problems = []
 
     def expect(condition, message):
-        if not condition:
+        # condition is a zero-argument callable: a symbol that vanished fails its check, not the whole run
+        try:
+            ok = condition()
+        except Exception as exc:  # noqa: BLE001 - any failure to inspect the symbol is a broken assumption
+            ok, message = False, f"{message} ({type(exc).__name__}: {exc})"
+        if not ok:
             problems.append(message)
 
     # 1. group stores
-    expect(_params_of(collective._new_process_group_impl)[:7]
+    expect(lambda: _params_of(collective._new_process_group_impl)[:7]
            == ["backend", "store", "rank", "world_size", "group_name", "pg_options", "group_id"],
            "collective._new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, "
            "group_id, ...) signature changed")
-    expect("_new_process_group_impl(" in _source_of(collective.new_group),
+    expect(lambda: "_new_process_group_impl(" in _source_of(collective.new_group),
            "collective.new_group no longer creates its process group via _new_process_group_impl")
-    expect(_params_of(collective.new_group)[:1] == ["ranks"], "collective.new_group(ranks, ...) changed")
-    expect(hasattr(gso2, "new_group"), "group_sharded_optimizer_stage2 no longer imports new_group")
-    expect(hasattr(core, "TCPStore") and hasattr(core, "ProcessGroupGloo"), "core.TCPStore / ProcessGroupGloo gone")
+    expect(lambda: _params_of(collective.new_group)[:1] == ["ranks"], "collective.new_group(ranks, ...) changed")
+    expect(lambda: hasattr(gso2, "new_group"), "group_sharded_optimizer_stage2 no longer imports new_group")
+    expect(lambda: hasattr(core, "TCPStore") and hasattr(core, "ProcessGroupGloo"), "core.TCPStore / ProcessGroupGloo gone")
     # 2. tensor-parallel ops
     for name in ("_c_identity", "_c_split", "_c_concat", "_mp_allreduce", "_c_softmax_with_cross_entropy"):
-        expect(callable(getattr(mp_ops, name, None)), f"mp_ops.{name} is gone")
-    expect(_params_of(mp_ops._c_identity)[:3] == ["tensor", "group", "skip_c_identity_dynamic"],
+        expect(lambda: callable(getattr(mp_ops, name, None)), f"mp_ops.{name} is gone")
+    expect(lambda: _params_of(mp_ops._c_identity)[:3] == ["tensor", "group", "skip_c_identity_dynamic"],
            "mp_ops._c_identity(tensor, group, skip_c_identity_dynamic) signature changed")
-    expect(_params_of(mp_ops._c_split)[:2] == ["tensor", "group"], "mp_ops._c_split signature changed")
-    expect(_params_of(mp_ops._c_concat)[:2] == ["tensor", "group"], "mp_ops._c_concat signature changed")
-    expect(_params_of(mp_ops._mp_allreduce)[:3] == ["tensor", "op", "group"], "mp_ops._mp_allreduce changed")
-    expect(_params_of(mp_ops._c_softmax_with_cross_entropy)[:5]
+    expect(lambda: _params_of(mp_ops._c_split)[:2] == ["tensor", "group"], "mp_ops._c_split signature changed")
+    expect(lambda: _params_of(mp_ops._c_concat)[:2] == ["tensor", "group"], "mp_ops._c_concat signature changed")
+    expect(lambda: _params_of(mp_ops._mp_allreduce)[:3] == ["tensor", "op", "group"], "mp_ops._mp_allreduce changed")
+    expect(lambda: _params_of(mp_ops._c_softmax_with_cross_entropy)[:5]
            == ["logits", "label", "group", "return_softmax", "ignore_index"],
            "mp_ops._c_softmax_with_cross_entropy signature changed")
     for name in ("_c_identity", "_c_concat", "_c_split"):
-        expect(hasattr(collective, name), f"collective.{name} re-export is gone")
+        expect(lambda: hasattr(collective, name), f"collective.{name} re-export is gone")
     # 3. broadcast_input_data
-    expect(_params_of(hybrid_parallel_util.broadcast_input_data)[:1] == ["hcg"],
+    expect(lambda: _params_of(hybrid_parallel_util.broadcast_input_data)[:1] == ["hcg"],
            "hybrid_parallel_util.broadcast_input_data(hcg, *inputs, **kwargs) changed")
-    expect("broadcast_input_data" in vars(tensor_parallel), "tensor_parallel no longer imports broadcast_input_data")
+    expect(lambda: "broadcast_input_data" in vars(tensor_parallel), "tensor_parallel no longer imports broadcast_input_data")
     # 4. pipeline
-    expect("ParallelEnv().device_id" in inspect.getsource(pp_layers.PipelineLayer.__init__),
+    expect(lambda: "ParallelEnv().device_id" in inspect.getsource(pp_layers.PipelineLayer.__init__),
            "PipelineLayer.__init__ no longer reads ParallelEnv().device_id")
     for name in ("_send_on_calc_stream", "_recv_on_calc_stream"):
-        expect(_params_of(getattr(p2p_communication, name))[:3] in (["tensor", "group", "dst"], ["tensor", "group", "src"]),
+        expect(lambda: _params_of(getattr(p2p_communication, name))[:3] in (["tensor", "group", "dst"], ["tensor", "group", "src"]),
                f"p2p_communication.{name} signature changed")
-    expect(hasattr(pipeline_parallel.PipelineParallel, "forward_backward_pipeline"),
+    expect(lambda: hasattr(pipeline_parallel.PipelineParallel, "forward_backward_pipeline"),
            "PipelineParallel.forward_backward_pipeline is gone")
     # 5. sharding stage 2/3
-    expect("core.is_compiled_with_cuda()" in inspect.getsource(gso2.GroupShardedOptimizerStage2.__init__),
+    expect(lambda: "core.is_compiled_with_cuda()" in inspect.getsource(gso2.GroupShardedOptimizerStage2.__init__),
            "GroupShardedOptimizerStage2.__init__ no longer asserts is_compiled_with_cuda (drop the fill?)")
-    expect("core.is_compiled_with_cuda()" in inspect.getsource(gs3.GroupShardedStage3.__init__),
+    expect(lambda: "core.is_compiled_with_cuda()" in inspect.getsource(gs3.GroupShardedStage3.__init__),
            "GroupShardedStage3.__init__ no longer asserts is_compiled_with_cuda (drop the fill?)")
-    expect("convert_gpu" in _params_of(group_sharded_storage.ParamStorage.add_rank_params),
+    expect(lambda: "convert_gpu" in _params_of(group_sharded_storage.ParamStorage.add_rank_params),
            "ParamStorage.add_rank_params lost its convert_gpu argument")
-    expect("update_scaler" in inspect.getsource(gs3.GroupShardedStage3._redefine_opt_step),
+    expect(lambda: "update_scaler" in inspect.getsource(gs3.GroupShardedStage3._redefine_opt_step),
            "GroupShardedStage3's optimizer step no longer honours update_scaler")
     if problems:
         raise RuntimeError("paddletrainer's CPU backend no longer matches this Paddle version:\n  - "

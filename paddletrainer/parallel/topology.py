@@ -28,6 +28,7 @@ __all__ = [
     "coordinates_of",
     "hybrid_order",
     "build_strategy",
+    "check_cpu_options",
 ]
 
 # fleet axis names; "tp" is called "mp" by fleet. sep/cp are always 1 here but stay in the order so the
@@ -198,7 +199,8 @@ def build_strategy(args, on_cpu: bool):
     return strategy
 
 
-def _check_cpu_options(args) -> None:
+def check_cpu_options(args) -> None:
+    """Raise for options Paddle's CPU build cannot run (called before any process group exists)."""
     sharding_options = frozenset(getattr(args, "sharding_parallel_options", frozenset()) or ())
     if "split_param" in sharding_options:
         raise NotImplementedError(
@@ -245,7 +247,7 @@ def _build_topology(args) -> Topology:
 
     on_cpu = _on_cpu()
     if on_cpu:
-        _check_cpu_options(args)
+        check_cpu_options(args)
         from . import cpu_backend
 
         cpu_backend.install()

@@ -5,12 +5,13 @@ reference. Every number the tests compare is computed by paddletrainer.parallel'
 ones the Trainer calls: init_topology, parallelize, no_sync, clip_grad_norm, pipeline.train_batch.
 
 Output: ``<out>/rank<r>.json`` with ``losses`` and ``grad_norms`` (one per step, equal on every rank),
-``opt_state_bytes`` (this rank's optimizer accumulators) and ``param_bytes`` (parameter storage held).
+``eval_loss`` (forward only, after training), ``opt_state_bytes`` (this rank's optimizer accumulators) and ``param_bytes`` (parameter storage held).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import os
 import sys
 import time
@@ -63,7 +64,7 @@ def innermost_optimizer(optimizer):
     opt = optimizer.inner if hasattr(optimizer, "inner") else optimizer
     while True:
         nxt = opt.__dict__.get("_inner_opt") or opt.__dict__.get("_optim")
-        if nxt is None:
+        if nxt is None or nxt is opt:  # stage 3 points _inner_opt at the optimizer itself
             return opt
         opt = nxt
 
@@ -98,6 +99,8 @@ def forward_loss(model, kind, batch):
 
 def main():
     a = parse()
+    # A hung collective would otherwise be a silent timeout: dump every thread's stack and exit instead.
+    faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "240")), exit=True)
     from paddletrainer.parallel import (clip_grad_norm, init_topology, mean_over_data_group, no_sync,
                                         parallelize, pipeline)
 
@@ -130,7 +133,19 @@ def main():
         losses.append(float(mean_over_data_group(loss, topo)))
         norms.append(float(norm))
 
+    # evaluation on the first global batch, after training: forward only
+    micro = micro_batches(data, 0, a.ga, topo.data_rank, topo.data_world_size)
+    if topo.pp_degree > 1:
+        eval_loss, _ = pipeline.eval_batch(model, [tuple(paddle.to_tensor(t) for t in mb) for mb in micro])
+    else:
+        model.eval()
+        with paddle.no_grad():
+            eval_loss = sum(forward_loss(model, a.model, mb) for mb in micro) / a.ga
+        model.train()
+    eval_loss = float(mean_over_data_group(eval_loss, topo))
+
     write_json(os.path.join(a.out, f"rank{topo.rank}.json"), {
+        "eval_loss": eval_loss,
         "rank": topo.rank, "data_rank": topo.data_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
         "sharding_rank": topo.sharding_rank, "dp_rank": topo.dp_rank,
         "losses": losses, "grad_norms": norms,

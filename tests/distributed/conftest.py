@@ -1,0 +1,63 @@
+"""Session fixtures for the distributed suite: the tiny Llama's weights and cached single-process runs."""
+from __future__ import annotations
+
+import pytest
+
+from launcher import read_results, run_single
+
+WORKER = "train_worker.py"
+
+
+@pytest.fixture(scope="session")
+def llama_weights(tmp_path_factory):
+    """Directory of the tiny Llama (fixed seed) that every worker loads with from_pretrained."""
+    path = tmp_path_factory.mktemp("llama_weights")
+    run_single("save_llama.py", [path])
+    return path
+
+
+@pytest.fixture(scope="session")
+def single_process(tmp_path_factory, llama_weights):
+    """``single_process(model, **options)`` → the reference result of one process (cached per session)."""
+    cache = {}
+
+    def get(model: str, **options):
+        key = (model, tuple(sorted(options.items())))
+        if key not in cache:
+            out = tmp_path_factory.mktemp(f"single_{model}")
+            args = ["--model", model, "--out", out] + _options(options)
+            if model == "llama":
+                args += ["--weights", llama_weights]
+            run_single(WORKER, args)
+            cache[key] = read_results(out, 1)[0]
+        return cache[key]
+
+    return get
+
+
+def _options(options: dict) -> list:
+    args = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value not in (None, False):
+            args += [flag, value]
+    return args
+
+
+@pytest.fixture(scope="session")
+def launch_layout(tmp_path_factory, llama_weights):
+    """``launch_layout(model, nproc, **layout_and_options)`` → list of per-rank results of one launch."""
+    from launcher import launch
+
+    def run(model: str, nproc: int, **options):
+        work = tmp_path_factory.mktemp(f"{model}_{'_'.join(f'{k}{v}' for k, v in options.items())}")
+        out = work / "out"
+        args = ["--model", model, "--out", out] + _options(options)
+        if model == "llama":
+            args += ["--weights", llama_weights]
+        launch(WORKER, nproc, args, work)
+        return read_results(out, nproc)
+
+    return run

@@ -1,0 +1,52 @@
+"""dp and sharding (stage 1/2/3) on real processes: the same losses and grad norms as one process, and
+each sharding rank holds about half of the optimizer state (and, under stage 3, of the parameters)."""
+from checks import LLAMA_MAX_NORM, MLP_MAX_NORM, assert_about_half, assert_coordinates, assert_matches_single_process
+
+# Llama parameters with more than this many elements are sliced under stage 3 (every weight matrix; the
+# 32-element norms stay whole).
+STAGE3_SEGMENT = 1000
+
+
+def test_dp2_loss_and_grad_norm_match_single_process(launch_layout, single_process):
+    results = launch_layout("mlp", 2, dp=2, max_norm=MLP_MAX_NORM)
+    assert_matches_single_process(results, single_process("mlp", max_norm=MLP_MAX_NORM), MLP_MAX_NORM)
+    assert [r["data_rank"] for r in results] == [0, 1]
+
+
+def test_sharding_stage2_x2_with_dp2_matches_single_process(launch_layout, single_process):
+    results = launch_layout("mlp", 4, sharding=2, dp=2, stage=2, max_norm=MLP_MAX_NORM)
+    assert_matches_single_process(results, single_process("mlp", max_norm=MLP_MAX_NORM), MLP_MAX_NORM)
+    assert_coordinates(results, dp=2, sharding=2)
+    # dp replicas of one sharding rank hold the same optimizer shard
+    by_shard = {}
+    for r in results:
+        by_shard.setdefault(r["sharding_rank"], set()).add(r["opt_state_bytes"])
+    assert all(len(v) == 1 for v in by_shard.values())
+
+
+def test_sharding_stage1_x2_matches_single_process_and_halves_optimizer_state(launch_layout, single_process):
+    reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
+    results = launch_layout("llama", 2, sharding=2, stage=1, max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, reference, LLAMA_MAX_NORM)
+    for r in results:
+        assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage1 rank {r['rank']} state")
+    # whole parameters are partitioned: the shards add up to one process's state
+    assert sum(r["opt_state_bytes"] for r in results) == reference["opt_state_bytes"]
+
+
+def test_sharding_stage2_x2_matches_single_process_and_halves_optimizer_state(launch_layout, single_process):
+    reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
+    results = launch_layout("llama", 2, sharding=2, stage=2, max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, reference, LLAMA_MAX_NORM)
+    for r in results:
+        assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage2 rank {r['rank']} state")
+    assert sum(r["opt_state_bytes"] for r in results) == reference["opt_state_bytes"]
+
+
+def test_sharding_stage3_x2_matches_single_process_and_halves_parameters_and_state(launch_layout, single_process):
+    reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
+    results = launch_layout("llama", 2, sharding=2, stage=3, segment_size=STAGE3_SEGMENT, max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, reference, LLAMA_MAX_NORM)
+    for r in results:
+        assert_about_half(r["param_bytes"], reference["param_bytes"], f"stage3 rank {r['rank']} parameters")
+        assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage3 rank {r['rank']} state")

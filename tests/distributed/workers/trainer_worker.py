@@ -1,0 +1,99 @@
+"""Run ``paddletrainer.Trainer`` end to end on one layout; write what the tests compare.
+
+Arguments are the user's: ``WorkerArguments`` plus every ``TrainingArguments`` option, parsed by
+``PdArgumentParser`` exactly as a training script would. Run under ``paddle.distributed.launch`` for a
+parallel layout, or plainly for the single-process reference.
+
+Output ``<result_dir>/rank<r>.json``: per-step ``losses`` and ``grad_norms`` from the log history, the
+final ``eval_loss``, the trainer's ``training_loss``, ``global_step`` and where checkpoints went.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import sys
+from dataclasses import dataclass, field
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+
+from common import SEQ, VOCAB, write_json  # noqa: E402
+from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
+
+
+@dataclass
+class WorkerArguments:
+    model: str = field(default="mlp", metadata={"help": "mlp | llama"})
+    weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
+    result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
+    num_samples: int = field(default=64, metadata={"help": "train set size"})
+
+
+class MLP(paddle.nn.Layer):
+    """8 → 32 → 1 regression net returning (loss, prediction)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = paddle.nn.Sequential(paddle.nn.Linear(8, 32), paddle.nn.ReLU(), paddle.nn.Linear(32, 1))
+
+    def forward(self, x, labels=None):
+        pred = self.net(x).squeeze(-1)
+        if labels is None:
+            return (pred,)
+        return paddle.nn.functional.mse_loss(pred, labels), pred
+
+
+def mlp_data(n, seed):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, 8).astype("float32")
+    y = (x[:, :1] * 0.5 - x[:, 1:2]).squeeze(-1).astype("float32")
+    return [{"x": x[i], "labels": y[i]} for i in range(n)]
+
+
+def token_data(n, seed):
+    tokens = np.random.RandomState(seed).randint(0, VOCAB, size=(n, SEQ + 1)).astype("int64")
+    return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
+
+
+def build_model(work: WorkerArguments, args: TrainingArguments):
+    if work.model == "mlp":
+        paddle.seed(1234)  # identical initial weights in every process and layout
+        return MLP()
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+
+    # The PaddleNLP way: degrees and ranks from the training arguments, read before any Trainer exists.
+    config = LlamaConfig.from_pretrained(work.weights)
+    config.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
+    config.tensor_parallel_rank = args.tensor_parallel_rank
+    config.tensor_parallel_output = False
+    cls = LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM
+    return cls.from_pretrained(work.weights, config=config, dtype="float32")
+
+
+def main():
+    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
+    work, args = PdArgumentParser((WorkerArguments, TrainingArguments)).parse_args_into_dataclasses()
+    model = build_model(work, args)
+    make = mlp_data if work.model == "mlp" else token_data
+    trainer = Trainer(model=model, args=args, train_dataset=make(work.num_samples, 0), eval_dataset=make(16, 1))
+    out = trainer.train()
+    eval_metrics = trainer.evaluate()
+    history = trainer.state.log_history
+    write_json(
+        os.path.join(work.result_dir, f"rank{paddle.distributed.get_rank()}.json"),
+        {
+            "losses": [h["loss"] for h in history if "loss" in h],
+            "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+            "eval_loss": eval_metrics["eval_loss"],
+            "training_loss": out.training_loss,
+            "global_step": trainer.state.global_step,
+            "consumed_samples": trainer.state.consumed_samples,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""The example scripts run end to end on CPU, as the READMEs tell users to run them (kept small)."""
+import json
+import subprocess
+
+import pytest
+
+from .helpers import ERNIE, LLAMA, LOCK, PYTHON, REPO, run_script, script_env, trainer_ready
+
+pytestmark = pytest.mark.skipif(not trainer_ready(), reason="paddletrainer.Trainer does not import yet")
+
+
+def read_json(path):
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def ernie_quickstart(tmp_path_factory):
+    """One run of the README's CPU quick start (quickstart.json), shared by the ERNIE claims below."""
+    out = tmp_path_factory.mktemp("ernie_quickstart")
+    run_script([ERNIE / "train.py", ERNIE / "quickstart.json", "--output_dir", out], cwd=REPO)
+    return out
+
+
+def test_ernie_quickstart_learns_the_sample(ernie_quickstart):
+    assert read_json(ernie_quickstart / "eval_results.json")["eval_accuracy"] >= 0.85
+    assert read_json(ernie_quickstart / "test_results.json")["test_accuracy"] >= 0.85
+    for name in ("train_results.json", "trainer_state.json", "config.json", "vocab.txt"):
+        assert (ernie_quickstart / name).exists(), name
+
+
+def test_ernie_predictions_file_has_one_row_per_test_example(ernie_quickstart):
+    lines = (ernie_quickstart / "test_predictions.tsv").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "qid\tlabel\ttext_a" and len(lines) == 151
+    assert {line.split("\t")[1] for line in lines[1:]} == {"0", "1"}
+
+
+def test_ernie_saved_model_reloads_with_the_same_dev_accuracy(ernie_quickstart, tmp_path):
+    """save_model() wrote a from_pretrained directory: evaluating it from the CLI gives the same number."""
+    run_script([ERNIE / "train.py", "--model_name_or_path", ernie_quickstart, "--output_dir", tmp_path,
+                "--do_eval", "--max_seq_length", "64", "--device", "cpu"], cwd=REPO)
+    reloaded = read_json(tmp_path / "eval_results.json")["eval_accuracy"]
+    assert reloaded == pytest.approx(read_json(ernie_quickstart / "eval_results.json")["eval_accuracy"])
+
+
+def test_ernie_reads_json_lines_data_given_on_the_command_line(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"text": "房间很干净，值得推荐", "label": 1}, {"text": "服务太差了，不推荐", "label": 0}] * 8
+    for split in ("train", "dev"):
+        (data / f"{split}.json").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows),
+                                            encoding="utf-8")
+    run_script([ERNIE / "train.py", "--data_dir", data, "--output_dir", tmp_path / "out", "--do_train",
+                "--do_eval", "--max_steps", "3", "--per_device_train_batch_size", "4", "--device", "cpu"], cwd=REPO)
+    assert "eval_accuracy" in read_json(tmp_path / "out" / "eval_results.json")
+
+
+@pytest.fixture(scope="module")
+def llama_tokens(tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("llama_tokens") / "corpus"
+    run_script([REPO / "scripts" / "build_pretrain_data.py", "--input", LLAMA / "data" / "corpus.txt",
+                "--tokenizer", LLAMA / "tiny_llama", "--output", prefix], cwd=REPO)
+    return prefix
+
+
+def test_llama_pretrain_loss_falls_and_the_saved_model_reloads(llama_tokens, tmp_path):
+    out = tmp_path / "out"
+    run_script([LLAMA / "run_pretrain.py", LLAMA / "quickstart.json", "--input_dir", llama_tokens,
+                "--output_dir", out, "--max_steps", "60", "--eval_steps", "60", "--save_steps", "60"], cwd=REPO)
+    # A uniform guess over the 640-token vocab costs ln(640) = 6.46 nats.
+    assert read_json(out / "eval_results.json")["eval_loss"] < 3.5
+    probe = ("from paddlenlp.transformers import LlamaForCausalLM, AutoTokenizer;"
+             f"m = LlamaForCausalLM.from_pretrained(r'{out}'); t = AutoTokenizer.from_pretrained(r'{out}');"
+             "print(m.config.num_hidden_layers, len(t))")
+    assert run_script(["-c", probe], cwd=REPO).stdout.split()[-2:] == ["4", "640"]
+
+
+def test_llama_pretrain_tp2_pp2_launch_on_cpu(llama_tokens, tmp_path):
+    """The docstring's CPU launch, shrunk to 4 processes (tp2 x pp2) and a few steps."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    cmd = ["flock", LOCK, "timeout", "300", PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node", "4",
+           "--log_dir", str(logs), str(LLAMA / "run_pretrain.py"), str(LLAMA / "quickstart.json"),
+           "--input_dir", str(llama_tokens), "--output_dir", str(out), "--tensor_parallel_degree", "2",
+           "--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", "--max_steps", "4",
+           "--eval_steps", "4", "--save_steps", "4", "--per_device_train_batch_size", "2",
+           "--per_device_eval_batch_size", "2"]
+    proc = subprocess.run(cmd, cwd=str(REPO), env=script_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("workerlog.*")))
+        pytest.fail(f"launch exited {proc.returncode}\n{tails}\n{proc.stderr[-2000:]}")
+    assert read_json(out / "eval_results.json")["eval_loss"] < 6.6
+    assert (out / "checkpoint-4").is_dir()
+
+
+def test_llama_pretrain_without_token_files_says_how_to_build_them(tmp_path):
+    proc = subprocess.run([PYTHON, str(LLAMA / "run_pretrain.py"), "--input_dir", str(tmp_path / "none"),
+                           "--output_dir", str(tmp_path / "out"), "--do_train", "--device", "cpu"],
+                          cwd=str(REPO), env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "scripts/build_pretrain_data.py" in proc.stderr

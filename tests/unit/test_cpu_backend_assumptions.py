@@ -1,0 +1,102 @@
+"""The CPU backend's fills still match the Paddle code they patch (no processes needed)."""
+import inspect
+from types import SimpleNamespace
+
+import paddle
+import pytest
+
+from paddletrainer.parallel import cpu_backend
+from paddletrainer.parallel.topology import Topology
+
+
+def test_paddle_still_has_every_symbol_the_cpu_backend_patches():
+    cpu_backend.check_paddle_assumptions()
+
+
+def test_a_changed_paddle_signature_fails_the_assumption_check(monkeypatch):
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    def moved(x, axis=None):  # a Paddle upgrade that renamed the group argument
+        return x
+
+    monkeypatch.setattr(mp_ops, "_c_split", moved)
+    with pytest.raises(RuntimeError, match="mp_ops._c_split signature changed"):
+        cpu_backend.check_paddle_assumptions()
+
+
+def test_a_vanished_paddle_symbol_fails_the_assumption_check(monkeypatch):
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+
+    monkeypatch.delattr(p2p_communication, "_recv_on_calc_stream")
+    with pytest.raises(RuntimeError, match="_recv_on_calc_stream"):
+        cpu_backend.check_paddle_assumptions()
+
+
+def test_group_store_ports_start_above_every_launcher_port(monkeypatch):
+    monkeypatch.delenv(cpu_backend.STORE_BASE_PORT_ENV, raising=False)
+    monkeypatch.setenv("PADDLE_MASTER", "127.0.0.1:37804")
+    monkeypatch.setenv("PADDLE_TRAINER_ENDPOINTS", "127.0.0.1:37805,127.0.0.1:37806,127.0.0.1:37807,127.0.0.1:37808")
+    # highest launcher port 37808, so group 11's store is 37808 + 1 + 11
+    assert cpu_backend.store_port_for_group(11) == 37820
+    launcher = {37804, 37805, 37806, 37807, 37808}
+    assert all(cpu_backend.store_port_for_group(g) not in launcher for g in range(0, 200))
+    monkeypatch.setenv(cpu_backend.STORE_BASE_PORT_ENV, "50000")
+    assert cpu_backend.store_port_for_group(11) == 50011
+
+
+def test_group_store_port_needs_a_launcher_environment(monkeypatch):
+    for name in ("PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS", cpu_backend.STORE_BASE_PORT_ENV):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="paddle.distributed.launch"):
+        cpu_backend.store_port_for_group(10)
+
+
+def test_group_sharded_construction_restores_every_patched_symbol():
+    from paddle.base import core
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_storage
+
+    before = (core.is_compiled_with_cuda, paddle.get_device, group_sharded_storage.ParamStorage.add_rank_params)
+    with cpu_backend.group_sharded_construction():
+        assert core.is_compiled_with_cuda() is True and paddle.get_device() == "cpu:0"
+    after = (core.is_compiled_with_cuda, paddle.get_device, group_sharded_storage.ParamStorage.add_rank_params)
+    assert before == after
+    with pytest.raises(ZeroDivisionError):
+        with cpu_backend.group_sharded_construction():
+            1 / 0
+    assert core.is_compiled_with_cuda is before[0] and paddle.get_device is before[1]
+
+
+def test_sequence_parallel_is_rejected_on_cpu():
+    cpu_backend.reject_sequence_parallel(False)
+    with pytest.raises(NotImplementedError, match="reduce_scatter"):
+        cpu_backend.reject_sequence_parallel(True)
+
+
+def test_sharding_offload_is_rejected_on_cpu_before_any_communication():
+    from paddletrainer.parallel.sharding import apply_sharding
+
+    topo = Topology(world_size=2, rank=0, local_rank=0, dp_degree=1, sharding_degree=2, tp_degree=1, pp_degree=1,
+                    dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+    model = paddle.nn.Linear(2, 2)
+    opt = paddle.optimizer.AdamW(parameters=model.parameters())
+    for stage in (2, 3):
+        with pytest.raises(NotImplementedError, match="offload"):
+            apply_sharding(model, opt, topology=topo, stage=stage, offload=True)
+
+
+def test_every_fill_documents_the_paddle_function_it_replaces():
+    for fill in (cpu_backend._c_identity, cpu_backend._c_split, cpu_backend._c_concat, cpu_backend._mp_allreduce,
+                 cpu_backend.parallel_softmax_cross_entropy, cpu_backend._broadcast_input_data,
+                 cpu_backend._send_on_calc_stream, cpu_backend._recv_on_calc_stream):
+        assert "Replaces" in inspect.getdoc(fill), fill.__name__
+
+
+def test_parallelize_refuses_an_optimizer_with_its_own_grad_clip():
+    from paddletrainer.parallel import parallelize
+
+    topo = Topology(world_size=1, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=1, pp_degree=1,
+                    dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+    model = paddle.nn.Linear(2, 2)
+    opt = paddle.optimizer.AdamW(parameters=model.parameters(), grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
+    with pytest.raises(ValueError, match="clip_grad_norm"):
+        parallelize(model, opt, topo, SimpleNamespace(sharding_stage=0))

@@ -1,0 +1,48 @@
+"""clip_grad_norm in one process equals paddle.nn.ClipGradByGlobalNorm (the math every layout must match)."""
+import numpy as np
+import paddle
+
+from paddletrainer.parallel import clip_grad_norm, parallelize
+from paddletrainer.parallel.topology import Topology
+
+ONE = Topology(world_size=1, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=1, pp_degree=1,
+               dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+
+
+def _train(clip_with_paddle: bool, max_norm: float, steps: int = 3):
+    paddle.seed(3)
+    model = paddle.nn.Sequential(paddle.nn.Linear(4, 8), paddle.nn.Tanh(), paddle.nn.Linear(8, 1))
+    clip = paddle.nn.ClipGradByGlobalNorm(max_norm) if clip_with_paddle else None
+    opt = paddle.optimizer.AdamW(learning_rate=0.05, parameters=model.parameters(), grad_clip=clip)
+    if not clip_with_paddle:
+        model, opt = parallelize(model, opt, ONE, None)
+    rng = np.random.RandomState(0)
+    norms = []
+    for _ in range(steps):
+        x = paddle.to_tensor(rng.randn(6, 4).astype("float32"))
+        loss = (model(x) ** 2).mean() * 10
+        loss.backward()
+        if clip_with_paddle:
+            norms.append(float(paddle.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))))
+        else:
+            norms.append(float(clip_grad_norm(model, opt, ONE, max_norm)))
+        opt.step()
+        opt.clear_grad()
+    return norms, [p.numpy() for p in model.parameters()]
+
+
+def test_clip_grad_norm_matches_paddle_clip_grad_by_global_norm():
+    ours_norms, ours_params = _train(False, max_norm=0.5)
+    ref_norms, ref_params = _train(True, max_norm=0.5)
+    assert max(ref_norms) > 0.5  # clipping is active
+    np.testing.assert_allclose(ours_norms, ref_norms, rtol=1e-6)
+    for a, b in zip(ours_params, ref_params):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_clip_grad_norm_with_no_limit_only_measures():
+    norms, params = _train(False, max_norm=0.0)
+    unclipped_norms, unclipped_params = _train(True, max_norm=1e9)
+    np.testing.assert_allclose(norms, unclipped_norms, rtol=1e-6)
+    for a, b in zip(params, unclipped_params):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

@@ -1,0 +1,113 @@
+"""Topology arithmetic and strategy construction, checked without launching processes."""
+import itertools
+from types import SimpleNamespace
+
+import pytest
+
+from paddletrainer.parallel import topology as topo_mod
+from paddletrainer.parallel.topology import Topology, build_strategy, coordinates_of, hybrid_order
+
+
+def _args(world=1, dp=1, sharding=1, tp=1, pp=1, **extra):
+    base = dict(parallel_degrees=SimpleNamespace(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp),
+                sharding_stage=0, sharding_offload=False, pipeline_parallel_options=frozenset(),
+                tensor_parallel_options=frozenset(), sharding_parallel_options=frozenset(),
+                hybrid_parallel_topo_order=None, gradient_accumulation_steps=4, per_device_train_batch_size=2,
+                seed=7)
+    base.update(extra)
+    return SimpleNamespace(**base)
+
+
+FLEET_NAMES = {"dp": "data", "pp": "pipe", "sharding": "sharding", "sep": "sep", "cp": "context", "mp": "model"}
+
+
+@pytest.mark.parametrize("order_name", ["pp_first", "sharding_first"])
+@pytest.mark.parametrize("dp,sharding,tp,pp", [(2, 2, 2, 2), (1, 2, 2, 2), (2, 1, 2, 2), (4, 1, 2, 1), (1, 4, 1, 2)])
+def test_coordinates_of_matches_fleet_communicate_topology(order_name, dp, sharding, tp, pp):
+    from paddle.distributed.fleet.base.topology import CommunicateTopology
+
+    order = hybrid_order(order_name)
+    degrees = {"dp": dp, "sharding": sharding, "mp": tp, "pp": pp}
+    fleet_topo = CommunicateTopology([FLEET_NAMES[a] for a in order], [degrees.get(a, 1) for a in order])
+    for rank in range(dp * sharding * tp * pp):
+        ours = coordinates_of(rank, degrees, order)
+        theirs = fleet_topo.get_coord(rank)
+        assert [ours[a] for a in order] == list(theirs)
+
+
+def test_coordinates_of_worked_example_and_tp_alias():
+    # strides 8, 4, 2, 1 over (dp, pp, sharding, mp): 13 = 1*8 + 1*4 + 0*2 + 1*1
+    coords = coordinates_of(13, {"dp": 2, "pp": 2, "sharding": 2, "tp": 2}, ("dp", "pp", "sharding", "mp"))
+    assert coords == {"dp": 1, "pp": 1, "sharding": 0, "mp": 1}
+
+
+def test_coordinates_of_rejects_rank_outside_world():
+    with pytest.raises(ValueError, match="outside a world of 4"):
+        coordinates_of(4, {"dp": 2, "mp": 2}, hybrid_order(None))
+
+
+def test_hybrid_order_rejects_unknown_name():
+    with pytest.raises(ValueError, match="pp_first"):
+        hybrid_order("tp_first")
+
+
+def test_data_rank_and_world_follow_paddlenlp_dataset_rank():
+    for dp_rank, sharding_rank in itertools.product(range(2), range(4)):
+        t = Topology(world_size=16, rank=0, local_rank=0, dp_degree=2, sharding_degree=4, tp_degree=2, pp_degree=1,
+                     dp_rank=dp_rank, sharding_rank=sharding_rank, tp_rank=1, pp_rank=0)
+        assert t.data_rank == dp_rank * 4 + sharding_rank
+        assert t.data_world_size == 8
+        assert t.is_first_stage and t.is_last_stage
+        assert t.hcg is None and t.tp_group is None and not t.use_hybrid
+
+
+def test_strategy_carries_degrees_order_pipeline_and_tp_seed():
+    strategy = build_strategy(_args(world=16, dp=2, sharding=2, tp=2, pp=2, hybrid_parallel_topo_order="sharding_first"),
+                              on_cpu=True)
+    hc = strategy.hybrid_configs
+    assert (hc["dp_degree"], hc["mp_degree"], hc["pp_degree"], hc["sharding_degree"]) == (2, 2, 2, 2)
+    assert list(strategy.hybrid_parallel_order) == list(hybrid_order("sharding_first"))
+    pc = strategy.pipeline_configs
+    assert pc["accumulate_steps"] == 4 and pc["micro_batch_size"] == 2
+    assert pc["enable_partial_send_recv"] is False  # gloo has no all_gather_partial
+    assert strategy.tensor_parallel_configs["tensor_init_seed"] == 7
+    assert hc["sharding_configs"].accumulate_steps == 4 and not hc["sharding_configs"].split_param
+
+
+def test_partial_send_recv_stays_on_off_cpu_unless_disabled():
+    assert build_strategy(_args(world=2, pp=2), on_cpu=False).pipeline_configs["enable_partial_send_recv"] is True
+    off = _args(world=2, pp=2, pipeline_parallel_options=frozenset({"disable_partial_send_recv"}))
+    assert build_strategy(off, on_cpu=False).pipeline_configs["enable_partial_send_recv"] is False
+
+
+def test_init_topology_single_process_builds_no_groups(monkeypatch):
+    monkeypatch.setattr(topo_mod, "_TOPOLOGY", None)
+    t = topo_mod.init_topology(_args())
+    assert (t.world_size, t.rank, t.data_rank, t.data_world_size) == (1, 0, 0, 1)
+    assert t.hcg is None and t.data_group is None
+    assert topo_mod.init_topology(_args()) is t  # idempotent
+    with pytest.raises(RuntimeError, match="already ran"):
+        topo_mod.init_topology(_args(world=2, dp=2))
+
+
+def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch):
+    monkeypatch.setattr(topo_mod, "_TOPOLOGY", None)
+
+    def fail(*a, **k):
+        raise AssertionError("fleet.init must not be reached")
+
+    from paddle.distributed import fleet
+
+    monkeypatch.setattr(fleet, "init", fail)
+    with pytest.raises(ValueError, match="do not match the world size 8"):
+        topo_mod.init_topology(_args(world=8, dp=2, tp=2))
+    with pytest.raises(ValueError, match="launcher started 1 processes"):
+        topo_mod.init_topology(_args(world=4, dp=2, tp=2))
+    assert topo_mod.get_topology() is None
+
+
+def test_cpu_only_options_are_rejected_with_clear_errors():
+    with pytest.raises(NotImplementedError, match="split_param"):
+        topo_mod.check_cpu_options(_args(sharding_parallel_options=frozenset({"split_param"})))
+    with pytest.raises(NotImplementedError, match="reduce_scatter"):
+        topo_mod.check_cpu_options(_args(sequence_parallel=True))

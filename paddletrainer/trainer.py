@@ -169,7 +169,8 @@ class Trainer:
             default + list(callbacks or []), self.model, self.tokenizer, self.optimizer, self.lr_scheduler
         )
         self.timers = PhaseTimers(enabled=getattr(args, "log_phase_timers", False))
-        os.makedirs(args.output_dir, exist_ok=True) if args.should_save else None
+        if args.should_save:
+            os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
 
     # ----------------------------------------------------------------------------------- callbacks
@@ -640,7 +641,7 @@ class Trainer:
         staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
         ckpt.save_checkpoint(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
         if self.args.should_save:
-            ckpt.export_for_from_pretrained(staging, output_dir)
+            ckpt.export_for_from_pretrained(staging, output_dir, require_config=False)
             shutil.rmtree(staging, ignore_errors=True)
             if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
                 self.tokenizer.save_pretrained(output_dir)
@@ -711,7 +712,7 @@ class Trainer:
             labels = labels[0] if len(labels) == 1 else tuple(labels)
         inputs = self._prepare_inputs(inputs)
         with paddle.no_grad(), self.autocast_smart_context_manager():
-            if has_labels or self.criterion is not None and has_labels:
+            if has_labels:
                 loss, outputs = self.compute_loss(model, dict(inputs), return_outputs=True)
                 loss = loss.detach()
                 logits = outputs[1:] if isinstance(outputs, (tuple, list)) else outputs

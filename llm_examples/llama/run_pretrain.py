@@ -117,11 +117,12 @@ def main():
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     set_seed(training_args.seed)
 
-    if not os.path.exists(data_args.input_dir):
-        sys.exit(f"no token files at {data_args.input_dir}; build them first:\n  python scripts/build_pretrain_data.py "
-                 f"--input llm_examples/llama/data/corpus.txt --tokenizer {model_args.model_name_or_path} "
+    try:
+        dataset = PretrainTokenDataset(data_args.input_dir, data_args.max_seq_length)
+    except FileNotFoundError as err:  # the usual first-run mistake: say exactly how to fix it
+        sys.exit(f"{err}\nbuild them first, e.g.:\n  python scripts/build_pretrain_data.py --input "
+                 f"llm_examples/llama/data/corpus.txt --tokenizer {model_args.model_name_or_path} "
                  f"--output {os.path.join(data_args.input_dir, 'corpus')}")
-    dataset = PretrainTokenDataset(data_args.input_dir, data_args.max_seq_length)
     train_dataset, eval_dataset = dataset.split(data_args.eval_fraction if training_args.do_eval else 0.0)
     model, config = build_model(model_args, data_args, training_args)
     if dataset.meta.get("vocab_size", 0) > config.vocab_size:

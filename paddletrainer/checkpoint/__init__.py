@@ -27,23 +27,27 @@ not meant to be read by other tools. Our own format is small and fits the proble
   only into the same layout (else skipped with a warning); the data position (``data_state``) is
   layout-free and always restored.
 
+Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation — pure), :mod:`.local_state`
+(what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
+(save + atomic publish), :mod:`.async_writer`, :mod:`.load`, :mod:`.reshard` (slice reads + crc32),
+:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`.
+The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
+
 Public API: :func:`save_checkpoint`, :func:`finish_pending_save`, :func:`load_checkpoint`,
 :func:`rotate_checkpoints`, :func:`list_complete_checkpoints`, :func:`get_last_complete_checkpoint`,
 :func:`export_for_from_pretrained` (CLI: ``scripts/merge_checkpoint.py``).
 """
 
 from .export import export_for_from_pretrained, merged_model_state
-from .io import (
-    LoadedCheckpoint,
-    finish_pending_save,
+from .files import (
     get_last_complete_checkpoint,
     is_complete_checkpoint,
     list_complete_checkpoints,
-    load_checkpoint,
     read_index,
     rotate_checkpoints,
-    save_checkpoint,
 )
+from .io import finish_pending_save, save_checkpoint
+from .load import LoadedCheckpoint, load_checkpoint
 from .layout import (
     CHECKPOINT_COMPLETE_MARKER,
     CheckpointCorruptError,

@@ -16,7 +16,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from . import layout as L
-from .io import read_index
+from .files import read_index
 from .reshard import PieceReader, read_placement, verify_files
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
@@ -39,8 +39,14 @@ def merged_model_state(ckpt_dir: str, verify: bool = True) -> Dict[str, tuple]:
     return out
 
 
-def export_for_from_pretrained(ckpt_dir: str, out_dir: str, config_from: Optional[str] = None) -> str:
-    """Write the merged weights and config.json into ``out_dir``; returns the weights file path."""
+def export_for_from_pretrained(
+    ckpt_dir: str, out_dir: str, config_from: Optional[str] = None, require_config: bool = True
+) -> str:
+    """Write the merged weights and config.json into ``out_dir``; returns the weights file path.
+
+    ``require_config=False`` accepts a model without a config (a plain ``paddle.nn.Layer``): only the
+    weights are written, loadable with ``set_state_dict``.
+    """
     state = merged_model_state(ckpt_dir)
     os.makedirs(out_dir, exist_ok=True)
     if any(dt == "bfloat16" for _, dt in state.values()):
@@ -68,6 +74,6 @@ def export_for_from_pretrained(ckpt_dir: str, out_dir: str, config_from: Optiona
             cfg = json.load(f)
         with open(os.path.join(out_dir, L.CONFIG_NAME), "w") as f:
             json.dump(cfg, f, indent=2, sort_keys=True)
-    else:
+    elif require_config:
         raise FileNotFoundError(f"{ckpt_dir} stores no model config; pass config_from=<model dir>")
     return path

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import socket
 import threading
 
 import paddle
@@ -49,57 +50,59 @@ _GROUP_STORES: dict = {}
 # process-group factory (Paddle passes only the in-group rank and size down to the factory).
 _PENDING_GROUP_RANKS = threading.local()
 
-# Environment override for the first port of the per-group stores (see store_port_for_group).
+# Environment variable: fixed ports for the per-group stores (see store_port_for_group).
 STORE_BASE_PORT_ENV = "PADDLETRAINER_GLOO_STORE_BASE_PORT"
 
 
 # --------------------------------------------------------------------------------------------------
 # Fill 1: one TCP store per gloo process group
 # --------------------------------------------------------------------------------------------------
-def _launcher_ports() -> list:
-    """Ports the launcher already uses on this job: the master and every trainer endpoint."""
-    ports = []
-    master = os.environ.get("PADDLE_MASTER", "")
-    if ":" in master:
-        ports.append(int(master.rsplit(":", 1)[1]))
-    for endpoint in os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(","):
-        if ":" in endpoint:
-            ports.append(int(endpoint.rsplit(":", 1)[1]))
-    return ports
+def store_port_for_group(group_id: int) -> int | None:
+    """The fixed TCP port of group ``group_id``'s store, or None to let its master pick a free port.
 
-
-def store_port_for_group(group_id: int, launcher_ports: list | None = None) -> int:
-    """The TCP port of the store of group ``group_id``; the same on every rank.
-
-    ``paddle.distributed.launch`` gives the master port P and the trainer endpoints P+1..P+world
-    (consecutive on one node). Stores start one above the highest of those ports, so they never collide
-    with the launcher's own ports: with P=37804 and 4 processes, group 11 gets 37808 + 1 + 11 = 37820.
-    Set ``PADDLETRAINER_GLOO_STORE_BASE_PORT`` to choose the base explicitly (port = base + group id).
+    Fixed ports are used only when ``PADDLETRAINER_GLOO_STORE_BASE_PORT`` is set (port = base + group id,
+    e.g. base 50000 puts group 11 on 50011): for clusters where only a known port range is open.
+    Otherwise a fixed scheme is fragile: a port derived from the launcher's (which sit in the kernel's
+    ephemeral range) was observed taken by an outgoing connection in a 16-process run, and the store's
+    bind failure aborts the process.
     """
     override = os.environ.get(STORE_BASE_PORT_ENV)
-    if override:
-        return int(override) + group_id
-    ports = _launcher_ports() if launcher_ports is None else launcher_ports
-    if not ports:
-        raise RuntimeError(
-            "cannot place the gloo group stores: neither PADDLE_MASTER nor PADDLE_TRAINER_ENDPOINTS is set "
-            f"(launch with `python -m paddle.distributed.launch`, or set {STORE_BASE_PORT_ENV})"
-        )
-    return max(ports) + 1 + group_id
+    return int(override) + group_id if override else None
+
+
+def _free_port() -> int:
+    """A port that is free right now on this host (the OS picks it; the store binds it right after)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
 
 
 def _group_store(global_ranks, group_rank: int, group_size: int, group_id: int):
-    """Create the store of one group; its master is the group's first member (its host, our port)."""
-    from paddle.base import core
+    """Create the store of one group; its master is the group's first member.
 
-    endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
-    first = global_ranks[0] if global_ranks else 0
-    host = endpoints[first].rsplit(":", 1)[0] if first < len(endpoints) and endpoints[first] else "127.0.0.1"
+    The master picks the port and publishes ``host:port`` under a per-group key in the launcher's default
+    store *before* it starts the server (TCPStore's master constructor returns only once every member has
+    connected, so publishing afterwards would deadlock); members read the key (``get`` blocks until it is
+    set) and connect, retrying until the server listens.
+    """
+    from paddle.base import core
+    from paddle.distributed import collective
+
+    key = f"paddletrainer/gloo_group_store/{group_id}"
+    default_store = collective._default_store
     port = store_port_for_group(group_id)
-    # The master's constructor returns only once all group_size members have connected, and a member that
-    # arrives before the master listens retries every 3 s (Paddle's TCP client), so group creation can
-    # cost a few seconds per group; signalling readiness through the default store would deadlock.
-    store = core.TCPStore(host, port, group_rank == 0, group_size, 900)
+    if group_rank == 0:
+        endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")
+        first = global_ranks[0] if global_ranks else 0
+        mine = endpoints[first] if first < len(endpoints) and endpoints[first] else "127.0.0.1:0"
+        host = mine.rsplit(":", 1)[0]
+        port = _free_port() if port is None else port
+        default_store.set(key, f"{host}:{port}")
+        store = core.TCPStore(host, port, True, group_size, 900)
+    else:
+        address = bytes(default_store.get(key)).decode()
+        host, port = address.rsplit(":", 1)
+        store = core.TCPStore(host, int(port), False, group_size, 900)
     _GROUP_STORES[group_id] = store
     return store
 

@@ -25,8 +25,11 @@ LAYOUT_FLAGS = {
     "single": [], "dp2": ["--dp", "2"], "pp2": ["--pp", "2"], "tp2": ["--tp", "2"],
     "tp2pp2": ["--tp", "2", "--pp", "2"], "sharding2_stage2": ["--sharding", "2", "--stage", "2"],
     "dp2_sharding2_stage1": ["--dp", "2", "--sharding", "2", "--stage", "1"],
+    # segment 16: even the [32] norms are sliced, so rank 1 holds only alignment padding of them
+    "sharding2_stage3": ["--sharding", "2", "--stage", "3", "--segment-size", "16"],
 }
-NPROC = {"single": 1, "dp2": 2, "pp2": 2, "tp2": 2, "tp2pp2": 4, "sharding2_stage2": 2, "dp2_sharding2_stage1": 4}
+NPROC = {"single": 1, "dp2": 2, "pp2": 2, "tp2": 2, "tp2pp2": 4, "sharding2_stage2": 2, "dp2_sharding2_stage1": 4,
+         "sharding2_stage3": 2}
 
 
 def run(layout, mode, weights, out, extra=()):
@@ -87,9 +90,16 @@ def test_tp2_pp2_checkpoint_loads_in_one_process_in_dp2_and_in_pp2(weights, tmp_
     assert ref["model/lm_head.weight"].shape == (32, 96)
 
 
-def test_sharding_stage2_checkpoint_loads_in_one_process_and_in_tp2(weights, tmp_path):
-    check_loads("sharding2_stage2", ["single", "tp2"], weights, str(tmp_path))
+def test_sharding_stage2_checkpoint_loads_in_one_process_in_tp2_and_in_stage3(weights, tmp_path):
+    check_loads("sharding2_stage2", ["single", "tp2", "sharding2_stage3"], weights, str(tmp_path))
     index = read_index(os.path.join(str(tmp_path), "sharding2_stage2", "checkpoint-2"))
     # each sharding rank wrote only the optimizer states it owns
     owners = {p["file"] for k, t in index["tensors"].items() if k.startswith("optim/") for p in t["pieces"]}
     assert owners == {"optimizer.tp00_pp00_shard00.safetensors", "optimizer.tp00_pp00_shard01.safetensors"}
+
+
+def test_sharding_stage3_flat_slices_load_in_one_process_and_in_dp2_sharding2_stage1(weights, tmp_path):
+    check_loads("sharding2_stage3", ["single", "dp2_sharding2_stage1"], weights, str(tmp_path))
+    index = read_index(os.path.join(str(tmp_path), "sharding2_stage3", "checkpoint-2"))
+    pieces = index["tensors"]["optim/llama.norm.weight/moment1"]["pieces"]
+    assert [p["flat"] for p in pieces] == [[0, 32], [32, 32]]  # the padded slice of rank 1 is empty

@@ -50,3 +50,10 @@ def test_sharding_stage3_x2_matches_single_process_and_halves_parameters_and_sta
     for r in results:
         assert_about_half(r["param_bytes"], reference["param_bytes"], f"stage3 rank {r['rank']} parameters")
         assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage3 rank {r['rank']} state")
+
+
+def test_sharding_stage2_x2_with_tp2_matches_single_process(launch_layout, single_process):
+    # PaddleNLP's stage2 + tp layout: TensorParallel inside GroupShardedStage2
+    results = launch_layout("llama", 4, sharding=2, stage=2, tp=2, max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, single_process("llama", max_norm=LLAMA_MAX_NORM), LLAMA_MAX_NORM)
+    assert_coordinates(results, sharding=2, tp=2)

@@ -1,5 +1,6 @@
 """scripts/build_pretrain_data.py: documents in, the documented .ids/.idx/.meta files out."""
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,3 +91,17 @@ def test_tokenizer_without_eos_or_sep_is_refused(tmp_path):
 
     with pytest.raises(ValueError, match="eos"):
         build_data.build(write(tmp_path / "c.txt", "x\n"), NoEos(100), tmp_path / "n")
+
+
+def test_committed_llama_token_files_match_a_fresh_build(tmp_path, no_network):
+    """llm_examples/llama/data/tokens/ ships prebuilt so run_pretrain.py works at once; it must not go stale."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(LLAMA / "tiny_llama"))
+    build_data.build(LLAMA / "data" / "corpus.txt", tok, tmp_path / "corpus")
+    shipped = LLAMA / "data" / "tokens" / "corpus"
+    for suffix in (".ids.npy", ".idx.npy"):
+        assert np.array_equal(np.load(f"{shipped}{suffix}"), np.load(f"{tmp_path / 'corpus'}{suffix}")), suffix
+    fresh, committed = (json.loads(Path(f"{p}.meta.json").read_text()) for p in (tmp_path / "corpus", shipped))
+    ignore = ("tokenizer", "source")  # paths, relative or absolute depending on the build command
+    assert {k: v for k, v in fresh.items() if k not in ignore} == {k: v for k, v in committed.items() if k not in ignore}

@@ -89,6 +89,12 @@ def test_llama_pretrain_tp2_pp2_launch_on_cpu(llama_tokens, tmp_path):
         pytest.fail(f"launch exited {proc.returncode}\n{tails}\n{proc.stderr[-2000:]}")
     assert read_json(out / "eval_results.json")["eval_loss"] < 6.6
     assert (out / "checkpoint-4").is_dir()
+    # save_model() merged the 4 tp x pp shards into one plain LlamaForCausalLM checkpoint: every key present
+    probe = ("import safetensors.numpy as sn; from paddlenlp.transformers import LlamaForCausalLM;"
+             f"saved = set(sn.load_file(r'{out / 'model.safetensors'}'));"
+             f"model = set(LlamaForCausalLM.from_pretrained(r'{out}').state_dict());"
+             "print(saved == model, len(saved))")
+    assert run_script(["-c", probe], cwd=REPO).stdout.split()[-2:] == ["True", "39"]
 
 
 def test_llama_pretrain_without_token_files_says_how_to_build_them(tmp_path):

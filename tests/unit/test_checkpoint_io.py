@@ -189,3 +189,52 @@ def test_index_records_every_file_with_size_and_crc(tmp_path):
     kinds = {k.rsplit("/", 1)[1] for k in index["tensors"] if k.startswith("optim/")}
     assert kinds == {"moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc"}
     assert json.load(open(os.path.join(ckpt, "scheduler.json")))["last_epoch"] == 1
+
+
+def _topology(**kw):
+    import types
+
+    base = dict(world_size=1, rank=0, dp_degree=1, dp_rank=0, sharding_degree=1, sharding_rank=0,
+                tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_a_tensor_parallel_param_without_split_axis_aborts_the_save_with_its_name(tmp_path):
+    model, _, _ = make()
+    model[0].weight.is_distributed = True  # no split_axis: the save cannot know how it is split
+    with pytest.raises(CheckpointError, match=r"rank 0 failed describing its tensors.*0\.weight"):
+        save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, topology=_topology(tp_degree=2))
+    assert list_complete_checkpoints(str(tmp_path)) == []
+
+
+def test_a_failing_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from paddletrainer.checkpoint import io
+
+    model, _, _ = make()
+    good = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model)
+
+    def disk_full(path, arrays):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io, "write_safetensors", disk_full)  # what save_checkpoint calls
+    save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    with pytest.raises(CheckpointError, match="rank 0 failed writing its files: OSError"):
+        finish_pending_save()
+    assert list_complete_checkpoints(str(tmp_path)) == [good]
+    load_checkpoint(good, model=model)
+
+
+def test_bfloat16_weights_round_trip_exactly_and_widen_exactly_into_float32(tmp_path):
+    paddle.seed(1)
+    bf16 = paddle.nn.Linear(4, 3)
+    bf16.to(dtype="bfloat16")
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=bf16)
+    assert read_index(ckpt)["tensors"]["model/weight"]["dtype"] == "bfloat16"
+    again = paddle.nn.Linear(4, 3)
+    again.to(dtype="bfloat16")
+    load_checkpoint(ckpt, model=again)
+    np.testing.assert_array_equal(again.weight.numpy(), bf16.weight.numpy())  # same uint16 bit patterns
+    fp32 = paddle.nn.Linear(4, 3)
+    load_checkpoint(ckpt, model=fp32)
+    np.testing.assert_array_equal(fp32.weight.numpy(), bf16.weight.astype("float32").numpy())

@@ -224,6 +224,13 @@ def test_save_metrics_state_and_model(tmp_path):
     assert json.load(open(os.path.join(outdir, "train_results.json")))["train_loss"] == pytest.approx(out.training_loss)
     assert json.load(open(os.path.join(outdir, "trainer_state.json")))["global_step"] == 2
     assert os.path.exists(os.path.join(outdir, "training_args.json"))
+    # the merged weights load back into a fresh model and predict the same
+    from safetensors.numpy import load_file
+
+    fresh = RegressionModel()
+    fresh.set_state_dict({k: paddle.to_tensor(v) for k, v in load_file(os.path.join(outdir, "model.safetensors")).items()})
+    x = paddle.ones([3, 1])
+    np.testing.assert_allclose(fresh(x)[0].numpy(), trainer.model(x)[0].numpy(), rtol=1e-6)
 
 
 class RecomputableRegression(RegressionModel):

@@ -104,6 +104,7 @@ def main():
     p.add_argument("--weights", required=True)
     p.add_argument("--out")
     p.add_argument("--from", dest="src")
+    p.add_argument("--segment-size", type=int, default=None, help="stage 3: slice params bigger than this")
     a = p.parse_args()
     if a.mode == "weights":
         return write_weights(a.weights)
@@ -115,7 +116,8 @@ def main():
     model = build(a.weights, topo)
     sched = paddle.optimizer.lr.LinearWarmup(1e-2, warmup_steps=4, start_lr=1e-3, end_lr=1e-2)
     optimizer = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.01)
-    model, optimizer = parallelize(model, optimizer, topo, args)
+    kwargs = {} if a.segment_size is None else {"stage3_segment_size": a.segment_size}
+    model, optimizer = parallelize(model, optimizer, topo, args, **kwargs)
 
     result = {"rank": topo.rank}
     if a.mode == "save":

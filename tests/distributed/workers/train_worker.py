@@ -97,6 +97,11 @@ def forward_loss(model, kind, batch):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
+def pipeline_inputs(micro):
+    """Dict micro-batches, as the Trainer passes them (the model's _prepare_pipeline_inputs_func splits them)."""
+    return [{"input_ids": paddle.to_tensor(x), "labels": paddle.to_tensor(y)} for x, y in micro]
+
+
 def main():
     a = parse()
     # A hung collective would otherwise be a silent timeout: dump every thread's stack and exit instead.
@@ -117,8 +122,7 @@ def main():
     for step in range(a.steps):
         micro = micro_batches(data, step, a.ga, topo.data_rank, topo.data_world_size)
         if topo.pp_degree > 1:
-            tensors = [tuple(paddle.to_tensor(t) for t in mb) for mb in micro]
-            loss = pipeline.train_batch(model, tensors)
+            loss = pipeline.train_batch(model, pipeline_inputs(micro))
         else:
             loss = paddle.zeros([], dtype="float32")
             for i, mb in enumerate(micro):
@@ -136,7 +140,7 @@ def main():
     # evaluation on the first global batch, after training: forward only
     micro = micro_batches(data, 0, a.ga, topo.data_rank, topo.data_world_size)
     if topo.pp_degree > 1:
-        eval_loss, _ = pipeline.eval_batch(model, [tuple(paddle.to_tensor(t) for t in mb) for mb in micro])
+        eval_loss, _ = pipeline.eval_batch(model, pipeline_inputs(micro))
     else:
         model.eval()
         with paddle.no_grad():

@@ -1,0 +1,107 @@
+"""Load a checkpoint written in any layout into this rank's slices (no collectives)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import List, Optional
+
+from . import layout as L
+from . import rng as rng_mod
+from .files import from_json, read_index, read_small
+from .local_state import dtype_name, ensure_accumulators, layout_dict, model_tensors, optimizer_tensors, topology_info
+from .reshard import PieceReader, read_placement, verify_files
+
+
+@dataclasses.dataclass
+class LoadedCheckpoint:
+    """What :func:`load_checkpoint` restored besides tensors."""
+
+    trainer_state: dict
+    data_state: Optional[dict]
+    rng_restored: bool
+    optimizer_restored: bool
+    warnings: List[str]
+
+
+def load_checkpoint(
+    ckpt_dir: str,
+    *,
+    model,
+    optimizer=None,
+    lr_scheduler=None,
+    scaler=None,
+    topology=None,
+    load_rng: bool = True,
+) -> LoadedCheckpoint:
+    """Load a checkpoint written in any layout into this rank's model/optimizer slices.
+
+    Needs no collectives: every rank reads the overlapping slices of the files it needs, after checking
+    their size and crc32. Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that
+    does not fit, and :class:`~.layout.CheckpointCorruptError` naming bad files.
+    """
+    topo = topology_info(topology)
+    index = read_index(ckpt_dir)
+    warnings: List[str] = []
+
+    models, by_param = model_tensors(model, topo)
+    targets = dict(models)
+    problems = L.compare_to_index(
+        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
+        complete_model=topo.pp_degree == 1,
+    )
+    optimizer_restored = False
+    if optimizer is not None:
+        if any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
+            ensure_accumulators(optimizer)
+            optims = optimizer_tensors(optimizer, by_param)
+            problems += L.compare_to_index(
+                index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()},
+                complete_model=False, prefix=L.OPTIM_PREFIX,
+            )
+            targets.update(optims)
+            optimizer_restored = True
+        else:
+            warnings.append("checkpoint has no optimizer state; the optimizer starts fresh")
+    if problems:
+        raise L.CheckpointMismatchError(problems)
+
+    wanted = {k: lt.placement for k, lt in targets.items()}
+    verify_files(ckpt_dir, index, L.files_for_reads(index, wanted))
+    reader = PieceReader(ckpt_dir)
+    try:
+        for key, lt in targets.items():
+            lt.assign(read_placement(index, key, lt.placement, reader), index["tensors"][key]["dtype"])
+    finally:
+        reader.close()
+
+    if lr_scheduler is not None:
+        raw = read_small(ckpt_dir, index, L.SCHEDULER_NAME)
+        if raw is None:
+            warnings.append("checkpoint has no LR scheduler state")
+        else:
+            lr_scheduler.set_state_dict(from_json(json.loads(raw)))
+    if scaler is not None:
+        raw = read_small(ckpt_dir, index, L.SCALER_NAME)
+        state = from_json(json.loads(raw)) if raw else {}
+        if state:
+            scaler.load_state_dict(state)
+    raw = read_small(ckpt_dir, index, L.TRAINER_STATE_NAME)
+    trainer_state = json.loads(raw) if raw else {}
+    raw = read_small(ckpt_dir, index, L.DATA_STATE_NAME)
+    data_state = json.loads(raw) if raw else None
+
+    rng_restored = False
+    if load_rng and index.get("rng_files"):
+        if index.get("topology") == layout_dict(topo):
+            name = L.rng_file_name(L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank))
+            rng_mod.restore_rng_state(rng_mod.loads(read_small(ckpt_dir, index, name)))
+            rng_restored = True
+        else:
+            warnings.append(
+                f"RNG state skipped: saved with layout {index.get('topology')}, loading with {layout_dict(topo)}"
+            )
+    for w in warnings:
+        logging.getLogger(__name__).warning(w)
+    return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)

@@ -1,0 +1,475 @@
+"""Per-step overhead of ``paddletrainer.Trainer`` against a bare Paddle loop and ``paddlenlp.trainer.Trainer``.
+
+The same model, data, optimizer and number of steps, three ways, in one process and interleaved
+(bare, paddletrainer, paddlenlp, bare, ...) so that load on a shared machine hits all three alike:
+
+* **bare**: the tightest loop a user would write: ``paddle.io.DataLoader`` (shuffle, drop_last), forward,
+  ``loss.backward()``, ``AdamW(grad_clip=ClipGradByGlobalNorm)``, ``step``, ``clear_grad``, LR schedule
+  step, and every ``logging_steps`` one ``float(loss)`` (the log);
+* **paddletrainer**: ``paddletrainer.Trainer``;
+* **paddlenlp**: ``paddlenlp.trainer.Trainer``.
+
+Fair settings in all three: same per-device batch, AdamW (lr 5e-5, linear schedule, no warmup, weight decay
+0), clip by global norm 1.0, log every ``--logging-steps``, no evaluation, no checkpoint saves, no tqdm,
+``report_to none``, dataloader in the main process, fp32. Each run's first ``--warmup`` steps are excluded:
+steps/s = (steps - warmup) / (time of the last step's end - time of the warmup's last step's end),
+stamped by an ``on_step_end`` callback in the trainers and at the same point in the bare loop.
+Peak RSS is the process's VmHWM, reset before every run (Linux ``clear_refs``): it includes the process
+baseline (paddle and paddlenlp imported), so compare differences.
+
+Workloads: a tiny ERNIE sequence-classification fine-tune (``ErnieForSequenceClassification``, random
+ids) and a tiny Llama causal LM (``LlamaForCausalLM``); ``--tiny`` shrinks both for the smoke test.
+``--dp2`` repeats the comparison on 2 processes (``paddle.distributed.launch``, one launch per runner).
+``--profile`` runs cProfile over paddletrainer's and the bare loop's steps and prints where the per-step time
+goes (inclusive seconds per step of the loop's parts).
+
+    python scripts/bench_overhead.py --tiny
+    python scripts/bench_overhead.py --dp2 --profile --markdown
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import contextlib
+import io
+import json
+import logging
+import os
+import pstats
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from bench_common import (  # noqa: E402
+    launch, machine_line, markdown_table, median, met, peak_rss_bytes, peak_rss_reset, print_table,
+    update_markdown_section,
+)
+
+RUNNERS = ("bare", "paddletrainer", "paddlenlp")
+LR = 5e-5
+CLIP = 1.0
+SEED = 1234
+
+
+# ------------------------------------------------------------------------------------ workloads
+def workloads(tiny: bool) -> dict:
+    """name -> shapes. Full mode is sized so one step is tens of ms on one CPU core."""
+    if tiny:
+        return {
+            "ernie-cls": dict(kind="ernie", hidden=64, layers=2, heads=2, inter=128, vocab=305, seq=32, batch=8),
+            "llama-clm": dict(kind="llama", hidden=64, layers=2, heads=4, inter=128, vocab=640, seq=32, batch=4),
+        }
+    return {
+        "ernie-cls": dict(kind="ernie", hidden=128, layers=4, heads=4, inter=512, vocab=3000, seq=128, batch=16),
+        "llama-clm": dict(kind="llama", hidden=128, layers=4, heads=4, inter=344, vocab=3200, seq=128, batch=8),
+    }
+
+
+def build_model(spec: dict):
+    import paddle
+
+    paddle.seed(SEED)
+    if spec["kind"] == "ernie":
+        from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
+
+        cfg = ErnieConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                          num_attention_heads=spec["heads"], intermediate_size=spec["inter"],
+                          max_position_embeddings=max(128, spec["seq"]), num_labels=2)
+        return ErnieForSequenceClassification(cfg)
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
+                      num_attention_heads=spec["heads"], num_key_value_heads=spec["heads"],
+                      intermediate_size=spec["inter"], max_position_embeddings=max(128, spec["seq"]),
+                      use_flash_attention=False, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg)
+
+
+def build_dataset(spec: dict, n: int) -> list:
+    rng = np.random.RandomState(0)
+    ids = rng.randint(3, spec["vocab"], size=(n, spec["seq"] + 1)).astype("int64")
+    if spec["kind"] == "ernie":
+        labels = rng.randint(0, 2, size=(n,)).astype("int64")
+        return [{"input_ids": ids[i, :-1], "labels": labels[i]} for i in range(n)]
+    return [{"input_ids": ids[i, :-1], "labels": ids[i, 1:]} for i in range(n)]
+
+
+def _first(outputs):
+    if isinstance(outputs, dict):
+        return outputs["loss"]
+    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+
+
+# ------------------------------------------------------------------------------------ runners
+def run_bare(spec, dataset, steps, logging_steps, world_size=1):
+    """The tight loop; returns the per-step end timestamps."""
+    import paddle
+
+    model = build_model(spec)
+    if world_size > 1:
+        model = paddle.DataParallel(model)
+    sched = paddle.optimizer.lr.LambdaDecay(LR, lambda s: max(0.0, 1.0 - s / steps))
+    opt = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.0,
+                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP))
+    if world_size > 1:
+        sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True)
+        loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, return_list=True)
+    else:
+        loader = paddle.io.DataLoader(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True,
+                                      return_list=True)
+    model.train()
+    stamps, step, tr_loss = [], 0, paddle.zeros([], "float32")
+    while step < steps:
+        for batch in loader:
+            loss = _first(model(**batch))
+            loss.backward()
+            opt.step()
+            opt.clear_grad()
+            sched.step()
+            tr_loss += loss.detach()
+            step += 1
+            if step % logging_steps == 0:
+                if world_size > 1:
+                    paddle.distributed.all_reduce(tr_loss)
+                float(tr_loss)  # the log's one host read
+                tr_loss = paddle.zeros([], "float32")
+            stamps.append(time.perf_counter())
+            if step >= steps:
+                break
+    return stamps
+
+
+def _common_args(out_dir, spec, steps, logging_steps):
+    return dict(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=spec["batch"],
+                learning_rate=LR, weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear",
+                max_grad_norm=CLIP, logging_steps=logging_steps, save_strategy="no", disable_tqdm=True,
+                report_to="none", seed=SEED, dataloader_num_workers=0)
+
+
+def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1):
+    from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+
+    stamps = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no")
+        trainer = Trainer(model=build_model(spec), args=args, train_dataset=dataset, callbacks=[Stamp()])
+        trainer.train()
+    return stamps
+
+
+def run_paddlenlp(spec, dataset, steps, logging_steps, world_size=1):
+    from paddlenlp.trainer import Trainer, TrainerCallback, TrainingArguments
+
+    stamps = []
+
+    class Stamp(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no",
+                                 skip_profile_timer=True)
+        trainer = Trainer(model=build_model(spec), args=args, train_dataset=dataset, callbacks=[Stamp()])
+        trainer.train()
+    return stamps
+
+
+RUN = {"bare": run_bare, "paddletrainer": run_paddletrainer, "paddlenlp": run_paddlenlp}
+
+
+def one_run(runner, spec, dataset, steps, warmup, logging_steps, world_size=1) -> dict:
+    peak_rss_reset()
+    stamps = RUN[runner](spec, dataset, steps, logging_steps, world_size)
+    if len(stamps) != steps:
+        raise RuntimeError(f"{runner} ran {len(stamps)} steps, expected {steps}")
+    elapsed = stamps[-1] - stamps[warmup - 1]
+    return {"steps_per_s": (steps - warmup) / elapsed, "peak_rss": peak_rss_bytes()}
+
+
+def summarize(runs: dict, spec: dict, world_size: int) -> dict:
+    """runner -> median steps/s, samples/s, tokens/s, ratio to bare, peak RSS (MiB)."""
+    out = {}
+    bare = median(r["steps_per_s"] for r in runs["bare"]) if runs.get("bare") else float("nan")
+    for runner, rs in runs.items():
+        sps = median(r["steps_per_s"] for r in rs)
+        samples = sps * spec["batch"] * world_size
+        out[runner] = dict(steps_per_s=sps, samples_per_s=samples, tokens_per_s=samples * spec["seq"],
+                           ratio=sps / bare, peak_rss_mib=max(r["peak_rss"] for r in rs) / 2**20,
+                           reps=len(rs), spread=(min(r["steps_per_s"] for r in rs), max(r["steps_per_s"] for r in rs)))
+    return out
+
+
+def measure_single(specs, steps, warmup, reps, logging_steps, runners=RUNNERS) -> dict:
+    results = {}
+    for name, spec in specs.items():
+        dataset = build_dataset(spec, spec["batch"] * (steps + 2))
+        runs = {r: [] for r in runners}
+        for rep in range(reps):
+            order = list(runners) if rep % 2 == 0 else list(reversed(runners))  # alternate to cancel drift
+            for runner in order:
+                runs[runner].append(one_run(runner, spec, dataset, steps, warmup, logging_steps))
+        results[name] = summarize(runs, spec, 1)
+    return results
+
+
+# ------------------------------------------------------------------------------------ profile
+# The loop's parts, by the function that does them: (label, file fragment, function name).
+PROFILE_PARTS = [
+    ("Trainer.train total incl. setup (per step)", "paddletrainer/trainer.py", "train"),
+    ("data: _read_step (DataLoader + collate + on_load_data_end)", "paddletrainer/trainer.py", "_read_step"),
+    ("forward+backward: training_step", "paddletrainer/trainer.py", "training_step"),
+    ("  model.train() per micro-batch", "paddle/nn/layer/layers.py", "train"),
+    ("  _prepare_inputs", "paddletrainer/trainer.py", "_prepare_inputs"),
+    ("  compute_loss (forward)", "paddletrainer/trainer.py", "compute_loss"),
+    ("optimizer: _optimizer_step", "paddletrainer/trainer.py", "_optimizer_step"),
+    ("  clip_grad_norm (norm + clip)", "paddletrainer/parallel/collectives.py", "clip_grad_norm"),
+    ("    counted_gradients", "paddletrainer/parallel/optimizer.py", "counted_gradients"),
+    ("  ParallelOptimizer.step (AdamW update)", "paddletrainer/parallel/optimizer.py", "step"),
+    ("  clear_grad", "paddletrainer/parallel/optimizer.py", "clear_grad"),
+    ("  lr_scheduler.step", "paddle/optimizer/lr.py", "step"),
+    ("callbacks: CallbackHandler.call_event", "paddletrainer/callbacks.py", "call_event"),
+    ("throughput: ThroughputMeter.update", "paddletrainer/metrics/throughput.py", "update"),
+    ("log/save/eval check: _maybe_log_save_evaluate", "paddletrainer/trainer.py", "_maybe_log_save_evaluate"),
+]
+BARE_PARTS = [
+    ("bare: run_bare total incl. setup (per step)", "bench_overhead.py", "run_bare"),
+    ("bare: ClipGradByGlobalNorm", "paddle/nn/clip.py", "_dygraph_clip"),
+    ("bare: AdamW.step (incl. clip)", "paddle/optimizer/adamw.py", "step"),
+]
+
+
+def _cum_by(stats: pstats.Stats, fragment: str, func: str) -> float:
+    total = 0.0
+    for (filename, _line, name), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
+        if name == func and filename.replace(os.sep, "/").endswith(fragment) or (
+                name == func and fragment in filename.replace(os.sep, "/")):
+            total += ct
+    return total
+
+
+def profile(spec, steps, logging_steps) -> list:
+    """[(part, ms per step)] for paddletrainer's loop and the bare loop, under cProfile (inflates Python)."""
+    dataset = build_dataset(spec, spec["batch"] * (steps + 2))
+    rows = []
+    for runner, parts in (("paddletrainer", PROFILE_PARTS), ("bare", BARE_PARTS)):
+        RUN[runner](spec, dataset, max(2, steps // 5), logging_steps)  # warm caches outside the profile
+        prof = cProfile.Profile()
+        prof.enable()
+        RUN[runner](spec, dataset, steps, logging_steps)
+        prof.disable()
+        stats = pstats.Stats(prof, stream=io.StringIO())
+        for label, fragment, func in parts:
+            rows.append((label, 1000 * _cum_by(stats, fragment, func) / steps))
+    return rows
+
+
+def micro_costs(spec, repeat: int = 200) -> list:
+    """[(what, microseconds per call)]: the pieces of paddletrainer's step that the bare loop does not
+    have or does differently, timed directly (no profiler) on the workload's model and real gradients."""
+    import types
+
+    import paddle
+
+    from paddletrainer.parallel import clip_grad_norm
+    from paddletrainer.parallel.optimizer import LOCAL, ParallelOptimizer
+
+    model = build_model(spec)
+    batch = build_dataset(spec, spec["batch"])
+    inputs = {k: paddle.to_tensor(np.stack([b[k] for b in batch])) for k in batch[0]}
+    _first(model(**inputs)).backward()
+    params_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+    topo = types.SimpleNamespace(tp_rank=0, tp_group=None, pp_group=None, sharding_group=None, sharding_degree=1)
+    popt = ParallelOptimizer(paddle.optimizer.AdamW(parameters=model.parameters()), mode=LOCAL, topology=topo)
+    # max_norm so large that neither clips: clip_grad_norm scales in place, so an active clip would make
+    # every later call see an already-clipped gradient; this compares the norm computations alike.
+    big = 1e9
+    paddle_clip = paddle.nn.ClipGradByGlobalNorm(big)
+    norm = paddle.ones([], "float32")
+
+    def per_call(fn):
+        for _ in range(5):
+            fn()
+        ts = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return 1e6 * median(ts)
+
+    n = len(params_grads)
+    return [
+        (f"paddletrainer clip_grad_norm ({n} grads; norm, float(coef), no clip needed)", per_call(lambda: clip_grad_norm(model, popt, topo, big))),
+        ("paddle ClipGradByGlobalNorm, same grads (bare loop and PaddleNLP)", per_call(lambda: paddle_clip(params_grads))),
+        ("  counted_gradients() (called 1-2x per step)", per_call(popt.counted_gradients)),
+        ("  grad.astype('float32') on fp32 grads (a copy per grad)", per_call(lambda: [g.astype("float32") for _, g in params_grads])),
+        ("model.train() (every micro-batch in training_step)", per_call(model.train)),
+        ("float(norm) host read (2 per step: coef, grad_norm)", per_call(lambda: float(norm))),
+    ]
+
+
+def pyinstrument_text(spec, steps, logging_steps) -> str:
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return "(pyinstrument not installed)"
+    dataset = build_dataset(spec, spec["batch"] * (steps + 2))
+    p = Profiler(interval=0.0005)
+    p.start()
+    run_paddletrainer(spec, dataset, steps, logging_steps)
+    p.stop()
+    return p.output_text(unicode=False, color=False, show_all=False)
+
+
+# ------------------------------------------------------------------------------------ dp2
+def dp2_worker(a) -> None:
+    """Inside ``paddle.distributed.launch``: run one runner ``reps`` times; rank 0 writes the result."""
+    import paddle
+    import paddle.distributed as dist
+
+    runner = a.worker
+    world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    if runner == "bare":
+        dist.init_parallel_env()
+    spec = workloads(a.tiny)[a.workload]
+    dataset = build_dataset(spec, spec["batch"] * world * (a.steps + 2))
+    runs = []
+    for _ in range(a.reps):
+        runs.append(one_run(runner, spec, dataset, a.steps, a.warmup, a.logging_steps, world))
+    if dist.get_rank() == 0:
+        Path(a.result).write_text(json.dumps(runs))
+    del paddle
+
+
+def measure_dp2(a, specs) -> dict:
+    results = {}
+    for name, spec in specs.items():
+        runs = {}
+        for runner in RUNNERS:
+            with tempfile.TemporaryDirectory() as tmp:
+                res = os.path.join(tmp, "res.json")
+                try:
+                    launch(__file__, 2, ["--worker", runner, "--workload", name, "--steps", a.steps, "--warmup",
+                                         a.warmup, "--reps", min(a.reps, 3), "--logging-steps", a.logging_steps,
+                                         "--result", res] + (["--tiny"] if a.tiny else []),
+                           os.path.join(tmp, "logs"), timeout=600)
+                    runs[runner] = json.loads(Path(res).read_text())
+                except RuntimeError as e:
+                    print(f"dp2 {name}/{runner} failed:\n{str(e)[-3000:]}", file=sys.stderr)
+        if runs.get("bare"):
+            results[name] = summarize(runs, spec, 2)
+    return results
+
+
+# ------------------------------------------------------------------------------------ report
+HEADERS = ["workload", "layout", "runner", "steps/s", "samples/s", "tokens/s", "vs bare", "peak RSS MiB",
+           "reps (min..max steps/s)"]
+
+
+def table_rows(results: dict, layout: str) -> list:
+    rows = []
+    for name, by_runner in results.items():
+        for runner, r in by_runner.items():
+            rows.append([name, layout, runner, r["steps_per_s"], r["samples_per_s"], r["tokens_per_s"],
+                         f"{r['ratio']:.3f}x", r["peak_rss_mib"],
+                         f"{r['reps']} ({r['spread'][0]:.2f}..{r['spread'][1]:.2f})"])
+    return rows
+
+
+def targets(results_by_layout: dict) -> list:
+    rows = []
+    for layout, results in results_by_layout.items():
+        for name, r in results.items():
+            pt = r.get("paddletrainer")
+            nlp = r.get("paddlenlp")
+            if pt is None:
+                continue
+            rows.append([name, layout, "paddletrainer >= 0.99x bare", f"{pt['ratio']:.3f}x", met(pt["ratio"] >= 0.99)])
+            if nlp is not None:
+                rows.append([name, layout, "paddletrainer faster than paddlenlp",
+                             f"{pt['steps_per_s'] / nlp['steps_per_s']:.3f}x",
+                             met(pt["steps_per_s"] > nlp["steps_per_s"])])
+    return rows
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="small models and few steps (smoke test, < 60 s)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12 tiny, 60 full)")
+    p.add_argument("--warmup", type=int, default=None, help="excluded first steps (default 3 tiny, 10 full)")
+    p.add_argument("--reps", type=int, default=None, help="repetitions per runner (default 2 tiny, 5 full)")
+    p.add_argument("--logging-steps", type=int, default=10)
+    p.add_argument("--workloads", default="ernie-cls,llama-clm")
+    p.add_argument("--dp2", action="store_true", help="also run the comparison on 2 processes (3 launches)")
+    p.add_argument("--profile", action="store_true", help="cProfile paddletrainer's per-step path")
+    p.add_argument("--pyinstrument", action="store_true", help="also print a pyinstrument tree")
+    p.add_argument("--markdown", action="store_true", help="update docs/benchmarks.md")
+    # internal: dp2 worker mode
+    p.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    p.add_argument("--workload", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    a.steps = a.steps or (12 if a.tiny else 60)
+    a.warmup = a.warmup or (3 if a.tiny else 10)
+    a.reps = a.reps or (2 if a.tiny else 5)
+    logging.disable(logging.WARNING)  # the trainers' per-log INFO lines are not what we measure
+    os.environ.setdefault("GLOG_v", "0")
+    if a.worker:
+        return dp2_worker(a)
+
+    specs = {k: v for k, v in workloads(a.tiny).items() if k in a.workloads.split(",")}
+    print(machine_line())
+    print(f"steps={a.steps} warmup={a.warmup} reps={a.reps} logging_steps={a.logging_steps} tiny={a.tiny}")
+    with contextlib.redirect_stdout(io.StringIO()):  # the trainers' own printed logs
+        single = measure_single(specs, a.steps, a.warmup, a.reps, a.logging_steps)
+    by_layout = {"1 proc": single}
+    rows = table_rows(single, "1 proc")
+    if a.dp2:
+        dp2 = measure_dp2(a, specs)
+        by_layout["dp2"] = dp2
+        rows += table_rows(dp2, "dp2")
+    print_table("Training-loop overhead (median steps/s after warmup)", HEADERS, rows)
+    trows = targets(by_layout)
+    print_table("Targets", ["workload", "layout", "target", "value", "status"], trows)
+
+    prof_rows, micro_rows = [], []
+    if a.profile:
+        spec = specs[next(iter(specs))]
+        with contextlib.redirect_stdout(io.StringIO()):
+            prof_rows = profile(spec, a.steps, a.logging_steps)
+        print_table(f"Where a step goes (cProfile, {next(iter(specs))}, ms per step, inclusive)",
+                    ["part", "ms/step"], prof_rows)
+        micro_rows = micro_costs(spec)
+        print_table(f"Per-call cost of paddletrainer-only step pieces ({next(iter(specs))}, median us)",
+                    ["piece", "us/call"], micro_rows)
+    if a.pyinstrument:
+        spec = specs[next(iter(specs))]
+        with contextlib.redirect_stdout(io.StringIO()):
+            text = pyinstrument_text(spec, a.steps, a.logging_steps)
+        print(text)
+
+    if a.markdown:
+        body = [f"Machine: {machine_line()}.",
+                f"`python scripts/bench_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
+                f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps}, logging every {a.logging_steps}).", "",
+                markdown_table(HEADERS, rows), "", "Targets:", "", markdown_table(["workload", "layout", "target", "value", "status"], trows)]
+        if prof_rows:
+            body += ["", "Per-step breakdown of paddletrainer vs the bare loop (cProfile; inflates Python-heavy parts):", "",
+                     markdown_table(["part", "ms/step"], prof_rows), "",
+                     "Per-call cost of the step pieces that differ from the bare loop (timed directly, median):", "",
+                     markdown_table(["piece", "us/call"], micro_rows)]
+        update_markdown_section("Training-loop overhead (bench_overhead.py)", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()

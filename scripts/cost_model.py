@@ -1,0 +1,486 @@
+"""Per-rank memory and per-step communication of a Llama-style model under a dp × sharding × tp × pp layout.
+
+From formulas (below, with the arithmetic spelled out), for any config; then ``--measure`` checks them on
+real CPU launches of ``paddletrainer.Trainer`` (tiny Llama, 2 processes per layout): a counting shim wraps
+every method of Paddle's ``ProcessGroup`` (the object every Python collective ends in:
+``paddle.distributed.all_reduce`` → ``group.process_group.all_reduce``; the CPU backend's pipeline p2p calls
+``group.process_group.send/recv`` directly), and ``/proc/self/io`` ``wchar`` gives the bytes each process
+actually wrote to its sockets (it also sees the C++ DataParallel reducer, which no Python shim can).
+
+Two byte counts, per rank and optimizer step:
+
+* **payload** — the size of the tensors handed to the collectives: an all-reduce of S bytes counts S, an
+  all-gather counts its output, a send counts what it sends. The model predicts it exactly for a given
+  implementation (Paddle's), so measured/model ≈ 1 says the formula describes what the code does.
+* **wire** — bytes a rank sends, averaged over ranks. The *minimum* any implementation needs: ring
+  all-reduce 2(N-1)/N·S, reduce-scatter or all-gather (N-1)/N·S, p2p S. Measured/min says how close the
+  implementation is to optimal.
+
+    python scripts/cost_model.py --hidden 4096 --layers 32 --heads 32 --vocab 32000 --seq 4096 \\
+        --intermediate 11008 --global-batch 512 --dp 2 --sharding 8 --stage 1 --tp 4 --pp 4
+    python scripts/cost_model.py --tiny --measure --markdown
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import (  # noqa: E402
+    fmt_bytes, launch, machine_line, markdown_table, met, print_table, update_markdown_section,
+)
+
+TINY_LLAMA = Path(__file__).resolve().parents[1] / "llm_examples" / "llama" / "tiny_llama" / "config.json"
+
+
+# ------------------------------------------------------------------------------------ the model
+@dataclasses.dataclass
+class Config:
+    hidden: int
+    layers: int
+    heads: int
+    vocab: int
+    seq: int
+    intermediate: int
+    kv_heads: int = 0  # 0 = heads (no GQA)
+    tie: bool = False
+
+
+@dataclasses.dataclass
+class Layout:
+    dp: int = 1
+    sharding: int = 1
+    stage: int = 0
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    tp_output_gathered: bool = True  # tensor_parallel_output=False: logits all-gathered (what the Trainer demos use)
+    fused_qkv: bool = False  # PaddleNLP Llama's fuse_attention_qkv (default False: separate q, k, v projections)
+    fused_ffn: bool = False  # fuse_attention_ffn (default False: separate gate and up projections)
+
+    @property
+    def data_world(self) -> int:
+        return self.dp * self.sharding
+
+    @property
+    def grad_accum(self) -> int:
+        # global batch = micro batch × accumulation steps × data-parallel ranks (dp × sharding)
+        m, rem = divmod(self.global_batch, self.micro_batch * self.data_world)
+        if m < 1 or rem:
+            raise ValueError(f"global batch {self.global_batch} is not a multiple of micro batch {self.micro_batch} "
+                             f"× dp·sharding {self.data_world}")
+        return m
+
+
+def param_counts(c: Config, lay: Layout) -> dict:
+    """Parameters of the whole model and of the busiest rank (after tp and pp; before sharding)."""
+    h, I, V, L = c.hidden, c.intermediate, c.vocab, c.layers
+    kv = (c.kv_heads or c.heads) * (h // c.heads)  # width of K and V (smaller than h with GQA)
+    attn = h * h + 2 * h * kv + h * h  # q (h×h), k and v (h×kv), o (h×h)
+    mlp = 3 * h * I  # SwiGLU: gate and up (h×I), down (I×h)
+    norms = 2 * h  # input and post-attention RMSNorm weights
+    emb = V * h
+    head = 0 if c.tie else h * V
+    total = emb + L * (attn + mlp + norms) + h + head  # + the final norm
+    # tp splits every matmul weight and the vocab of embedding and head; norms stay whole on every tp rank.
+    t = lay.tp
+    layer_rank = (attn + mlp) // t + norms
+    # pp: layers split evenly (ceil on the busiest stage); embedding on the first stage, head + final norm on
+    # the last. The busiest rank is the larger of the two ends (with pp = 1 both are the same rank).
+    per_stage = math.ceil(L / lay.pp)
+    first = emb // t + per_stage * layer_rank
+    last = per_stage * layer_rank + h + head // t
+    busiest = first + last - per_stage * layer_rank if lay.pp == 1 else max(first, last)
+    return {"total": total, "rank": busiest, "layers_per_stage": per_stage}
+
+
+def memory(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
+    """Bytes per rank: params, grads, optimizer state (AdamW), activations of the busiest rank."""
+    n = param_counts(c, lay)["rank"]
+    S = lay.sharding
+    if dtype == "fp32":
+        p_b, g_b, o_b = 4, 4, 8  # fp32 weight, fp32 grad, AdamW moment1 + moment2 (4 + 4)
+    else:
+        p_b, g_b, o_b = 2, 2, 12  # bf16 weight and grad; fp32 master weight + two moments (4 + 4 + 4)
+    # ZeRO: stage ≥ 1 shards the optimizer state, ≥ 2 the gradients, 3 the parameters, over S ranks.
+    params = n * p_b / (S if lay.stage >= 3 else 1)
+    grads = n * g_b / (S if lay.stage >= 2 else 1)
+    optim = n * o_b / (S if lay.stage >= 1 else 1)
+    # Activations kept for backward, per layer and micro-batch (Korthikanti et al. 2022, "Reducing Activation
+    # Recomputation", no sequence parallel): s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes with 2-byte activations
+    # and 1-byte dropout masks. For fp32 we double it (the masks are a small part). A Llama MLP (SwiGLU, I ≈ 2.7h)
+    # keeps about as much as GPT's 4h GeLU MLP, so we keep the formula; it is an estimate (±30%).
+    s, b, h, a, t = c.seq, lay.micro_batch, c.hidden, c.heads, lay.tp
+    per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (2 if dtype == "fp32" else 1)
+    # 1F1B: stage 0 holds min(pp, m) micro-batches' activations at its peak; without pp, one.
+    inflight = min(lay.pp, lay.grad_accum) if lay.pp > 1 else 1
+    logits = s * b * c.vocab * 4 * 2 // (1 if lay.tp_output_gathered else t)  # fp32 logits + their softmax grad
+    act = param_counts(c, lay)["layers_per_stage"] * per_layer * inflight + logits
+    return {"params": params, "grads": grads, "optimizer": optim, "activations": act,
+            "total": params + grads + optim + act}
+
+
+def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
+    """Per rank and optimizer step: {axis: {"payload": bytes, "min_wire": bytes, "what": str}}.
+
+    Payload follows what Paddle does on this layout; min_wire is the least any algorithm needs.
+    """
+    m = lay.grad_accum
+    n = param_counts(c, lay)["rank"]
+    g_b = 4 if dtype == "fp32" else 2
+    G = n * g_b  # this rank's gradient bytes (after tp/pp split)
+    W = n * (4 if dtype == "fp32" else 2)  # this rank's parameter bytes
+    act = lay.micro_batch * c.seq * c.hidden * 4  # one [b, s, h] fp32 activation
+    out = {}
+    if lay.dp > 1:
+        D = lay.dp
+        # Once per step (no_sync on all micro-batches but the last): all-reduce of every gradient.
+        # Under stage ≥ 1 the dp all-reduce covers what this rank keeps (all grads for stage 1, its shard for 2/3).
+        Gd = G / (lay.sharding if lay.stage >= 2 else 1)
+        out["dp"] = {"payload": Gd, "min_wire": 2 * (D - 1) / D * Gd, "what": "all-reduce grads, once per step"}
+    if lay.sharding > 1:
+        S = lay.sharding
+        f = (S - 1) / S
+        if lay.stage <= 1:
+            # fleet's V1: reduce each grad to its owner (payload G), owners broadcast updated params (payload W).
+            # Minimum: reduce-scatter + all-gather = (S-1)/S·(G + W).
+            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
+                               "what": "reduce grads to owners + broadcast params, once per step"}
+        elif lay.stage == 2:
+            # GroupShardedStage2 reduces every gradient to its owner in the backward hook of EVERY micro-batch
+            # (m·G), then owners broadcast updated params once (W). Minimum: once per step, (S-1)/S·(G + W).
+            out["sharding"] = {"payload": m * G + W, "min_wire": f * (G + W),
+                               "what": f"reduce grads to owners each micro-batch (x{m}) + broadcast params"}
+        else:
+            # Stage 3: all-gather params before forward and again before backward of every micro-batch (2·W each),
+            # grads reduced into slices (G) each micro-batch. Minimum is the same algorithm: (S-1)/S·m·(2W + G).
+            out["sharding"] = {"payload": m * (2 * W + G), "min_wire": f * m * (2 * W + G),
+                               "what": f"all-gather params fwd+bwd, reduce grads, each micro-batch (x{m})"}
+    if lay.tp > 1:
+        t = lay.tp
+        L = param_counts(c, lay)["layers_per_stage"]
+        # Megatron TP per micro-batch and layer: forward all-reduces [b,s,h] after attention (o_proj) and after
+        # the MLP (down_proj): 2. Backward all-reduces the input grad of every column-parallel projection (its
+        # _c_identity): 1 for a fused qkv + 1 for a fused gate_up = 2 — the minimum; PaddleNLP's Llama by default
+        # has separate q, k, v (3) and gate, up (2) projections: 5. Plus the vocab-parallel embedding (forward)
+        # and the LM head's input (backward): 2 per micro-batch. Logits gathered (tensor_parallel_output=False):
+        # an all-gather of [b,s,V] fp32.
+        bwd = (1 if lay.fused_qkv else 3) + (1 if lay.fused_ffn else 2)
+        n_ar = (2 + bwd) * L + 2
+        n_min = 4 * L + 2
+        gather = lay.micro_batch * c.seq * c.vocab * 4 if lay.tp_output_gathered else 0
+        out["tp"] = {"payload": m * (n_ar * act + gather),
+                     "min_wire": m * (2 * (t - 1) / t * n_min * act + (t - 1) / t * gather),
+                     "what": f"{n_ar} all-reduces of [b,s,h] (min {n_min}, fused qkv/ffn) + logits all-gather, "
+                             f"per micro-batch (x{m})"}
+    if lay.pp > 1:
+        p = lay.pp
+        # Per micro-batch each stage boundary carries the activation forward and its gradient backward.
+        # Averaged over the p stages: (p-1) boundaries × 2 directions / p ranks sends of [b,s,h].
+        per_rank = m * act * 2 * (p - 1) / p
+        out["pp"] = {"payload": per_rank, "min_wire": per_rank,
+                     "what": f"send/recv [b,s,h] fwd+bwd per boundary, per micro-batch (x{m}), avg over stages"}
+    return out
+
+
+# ------------------------------------------------------------------------------------ printing
+def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
+    pc = param_counts(c, lay)
+    mem = memory(c, lay, dtype)
+    comm = communication(c, lay, dtype)
+    print(f"config: {dataclasses.asdict(c)}")
+    print(f"layout: dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) tp={lay.tp} pp={lay.pp}; micro batch "
+          f"{lay.micro_batch}, global batch {lay.global_batch}, accumulation {lay.grad_accum}; {dtype}")
+    print(f"parameters: {pc['total']:,} total, {pc['rank']:,} on the busiest rank before sharding")
+    mrows = [[k, fmt_bytes(v)] for k, v in mem.items()]
+    print_table("Per-rank memory (busiest rank)", ["what", "bytes"], mrows)
+    crows = [[axis, fmt_bytes(v["payload"]), fmt_bytes(v["min_wire"]), v["what"]] for axis, v in comm.items()]
+    print_table("Per-rank communication per optimizer step", ["axis", "payload", "min wire", "what"], crows)
+    return mrows, crows
+
+
+# ------------------------------------------------------------------------------------ --measure
+LAYOUTS = {  # name: (nproc, Layout kwargs)
+    "dp2": dict(dp=2),
+    "stage1x2": dict(sharding=2, stage=1),
+    "stage2x2": dict(sharding=2, stage=2),
+    "stage3x2": dict(sharding=2, stage=3),
+    "tp2": dict(tp=2),
+    "pp2": dict(pp=2),
+}
+MEASURE = dict(micro_batch=2, grad_accum=2, seq=32, warmup_steps=1, steps=2, stage3_segment=1024)
+
+
+def tiny_config() -> Config:
+    d = json.loads(TINY_LLAMA.read_text())
+    return Config(hidden=d["hidden_size"], layers=d["num_hidden_layers"], heads=d["num_attention_heads"],
+                  vocab=d["vocab_size"], seq=MEASURE["seq"], intermediate=d["intermediate_size"],
+                  kv_heads=d.get("num_key_value_heads", 0), tie=bool(d.get("tie_word_embeddings", False)))
+
+
+def _tensor_bytes(x) -> int:
+    import paddle
+
+    if isinstance(x, paddle.Tensor):
+        return int(x.numel()) * x.element_size() if x._is_initialized() else 0
+    if isinstance(x, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in x)
+    return 0
+
+
+class CommCounter:
+    """Wraps every collective/p2p method of Paddle's ProcessGroup; counts payload bytes while enabled."""
+
+    METHODS = ("all_gather", "all_gather_into_tensor", "all_gather_partial", "all_reduce", "allreduce",
+               "all_to_all", "all_to_all_single", "all_to_all_tensor", "alltoall", "alltoall_single", "broadcast",
+               "gather", "recv", "recv_partial", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+               "scatter_tensor", "send", "send_partial")
+
+    def __init__(self):
+        from paddle.base import core
+
+        self.enabled = False
+        self.calls = {}
+        cls = core.ProcessGroup
+        for base in self.METHODS:
+            for name in (base, base + "_on_calc_stream"):
+                orig = getattr(cls, name, None)
+                if orig is not None:
+                    setattr(cls, name, self._wrap(name.replace("_on_calc_stream", ""), orig))
+
+    def _wrap(self, api, orig):
+        counter = self
+
+        def wrapped(pg, *args, **kwargs):
+            if counter.enabled:
+                # the largest tensor argument: the full tensor of an all-reduce/broadcast/reduce/send/recv,
+                # the output of an all-gather, the input of a reduce-scatter
+                nbytes = max([_tensor_bytes(a) for a in list(args) + list(kwargs.values())] or [0])
+                key = (api, pg.size())
+                n, b = counter.calls.get(key, (0, 0))
+                counter.calls[key] = (n + 1, b + nbytes)
+            return orig(pg, *args, **kwargs)
+
+        return wrapped
+
+
+def _wchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("wchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+def measure_worker(a) -> None:
+    """One layout, inside paddle.distributed.launch: train, count the measured steps, write rank<r>.json."""
+    import functools
+    import logging
+
+    import numpy as np
+    import paddle
+
+    import paddletrainer.trainer as pt_trainer
+    from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+    from paddletrainer.checkpoint.local_state import model_tensors, topology_info, unwrap_optimizer
+    from paddletrainer.parallel import parallelize
+
+    logging.disable(logging.WARNING)
+    lay = LAYOUTS[a.layout]
+    counter = CommCounter()
+    # Trainer exposes no stage-3 segment size; the tiny model's matrices are below Paddle's 2**20 default,
+    # so without this nothing would be sliced under stage 3.
+    pt_trainer.parallelize = functools.partial(parallelize, stage3_segment_size=MEASURE["stage3_segment"])
+    total_steps = MEASURE["warmup_steps"] + MEASURE["steps"]
+    kw = dict(output_dir=tempfile.mkdtemp(), max_steps=total_steps, per_device_train_batch_size=MEASURE["micro_batch"],
+              gradient_accumulation_steps=MEASURE["grad_accum"], logging_steps=10_000, save_strategy="no",
+              disable_tqdm=True, report_to="none", max_grad_norm=1.0, learning_rate=1e-4, seed=3,
+              tensor_parallel_degree=lay.get("tp", 1), pipeline_parallel_degree=lay.get("pp", 1),
+              # a PipelineLayer's forward takes `input`, so the default column filter would drop input_ids
+              remove_unused_columns=False)
+    if lay.get("sharding", 1) > 1:
+        kw.update(sharding=f"stage{lay['stage']}", sharding_parallel_degree=lay["sharding"])
+    args = TrainingArguments(**kw)
+
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+
+    cfg = LlamaConfig.from_pretrained(str(TINY_LLAMA.parent))
+    cfg.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
+    cfg.tensor_parallel_rank = args.tensor_parallel_rank
+    cfg.tensor_parallel_output = False
+    paddle.seed(3)
+    model = (LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM)(cfg)
+    seq = MEASURE["seq"]
+    ids = np.random.RandomState(0).randint(3, cfg.vocab_size, size=(256, seq + 1)).astype("int64")
+    data = [{"input_ids": t[:-1], "labels": t[1:]} for t in ids]
+    marks = {}
+
+    class Window(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == MEASURE["warmup_steps"]:
+                counter.calls.clear()
+                counter.enabled = True
+                marks["wchar"] = _wchar()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == total_steps:
+                counter.enabled = False
+                marks["wchar"] = _wchar() - marks["wchar"]
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Window()])
+    trainer.train()
+    topo = topology_info(trainer.topology)
+    models, _ = model_tensors(trainer.model_wrapped, topo)
+    param_bytes = sum(lt.storage_numel * lt.tensor.element_size() for lt in models.values())
+    inner = unwrap_optimizer(trainer.optimizer)
+    optim_bytes = sum(int(t.numel()) * t.element_size() for accs in (inner._accumulators or {}).values()
+                      for t in accs.values() if t._is_initialized())
+    steps = MEASURE["steps"]
+    result = {
+        "rank": paddle.distributed.get_rank(),
+        "calls": {f"{api}@{size}": [n / steps, b / steps] for (api, size), (n, b) in counter.calls.items()},
+        "payload": sum(b for _, b in counter.calls.values()) / steps,
+        "wire": marks.get("wchar", 0) / steps,
+        "param_bytes": param_bytes,
+        "optim_bytes": optim_bytes,
+    }
+    Path(a.result_dir, f"rank{result['rank']}.json").write_text(json.dumps(result))
+
+
+def single_optim_bytes(c: Config) -> int:
+    # AdamW over every parameter: moment1 + moment2 (fp32) plus two fp32 scalars (beta1^t, beta2^t) per param
+    n_tensors = 2 + c.layers * 9 + 1 + (0 if c.tie else 1)  # emb, 9 per layer, final norm, head
+    return param_counts(c, Layout())["total"] * 8 + n_tensors * 2 * 4
+
+
+def run_measure(names) -> tuple:
+    c = tiny_config()
+    rows, srows, trows = [], [], []
+    for name in names:
+        kw = dict(LAYOUTS[name])
+        nproc = kw.get("dp", 1) * kw.get("sharding", 1) * kw.get("tp", 1) * kw.get("pp", 1)
+        lay = Layout(**kw, micro_batch=MEASURE["micro_batch"],
+                     global_batch=MEASURE["micro_batch"] * MEASURE["grad_accum"] * kw.get("dp", 1) * kw.get("sharding", 1))
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                launch(__file__, nproc, ["--measure-worker", name, "--result-dir", tmp],
+                       os.path.join(tmp, "logs"), timeout=600)
+            except RuntimeError as e:
+                print(f"{name}: launch failed\n{str(e)[-3000:]}", file=sys.stderr)
+                rows.append([name, "launch failed", "", "", "", "", "", ""])
+                continue
+            ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(nproc)]
+        comm = communication(c, lay)
+        model_payload = sum(v["payload"] for v in comm.values())
+        model_wire = sum(v["min_wire"] for v in comm.values())
+        payload = sum(r["payload"] for r in ranks) / nproc
+        wire = sum(r["wire"] for r in ranks) / nproc
+        apis = {}
+        for r in ranks:
+            for k, (n, b) in r["calls"].items():
+                apis[k] = apis.get(k, 0) + b / nproc
+        top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(apis.items(), key=lambda kv: -kv[1])[:3])
+        rows.append([name, fmt_bytes(model_payload), fmt_bytes(payload), f"{payload / model_payload:.2f}x",
+                     fmt_bytes(model_wire), fmt_bytes(wire), f"{wire / model_wire:.2f}x", top])
+        trows.append([name, "wire within 1.1x of the model minimum", f"{wire / model_wire:.2f}x", met(wire <= 1.1 * model_wire)])
+        if kw.get("sharding", 1) > 1:
+            total_opt = single_optim_bytes(c)
+            total_par = param_counts(c, Layout())["total"] * 4
+            for r in ranks:
+                srows.append([name, r["rank"], fmt_bytes(r["optim_bytes"]), f"{r['optim_bytes'] / (total_opt / nproc):.2f}",
+                              fmt_bytes(r["param_bytes"]), f"{r['param_bytes'] / (total_par / nproc):.2f}"])
+            worst = max(r["optim_bytes"] for r in ranks) / (total_opt / nproc)
+            trows.append([name, "optimizer state per rank within 1.1x of 1/N", f"{worst:.2f}x", met(worst <= 1.1)])
+    return rows, srows, trows
+
+
+# ------------------------------------------------------------------------------------ main
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tiny", action="store_true", help="the tiny Llama config (and, with --measure, few layouts)")
+    p.add_argument("--hidden", type=int, default=4096)
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=0)
+    p.add_argument("--vocab", type=int, default=32000)
+    p.add_argument("--seq", type=int, default=4096)
+    p.add_argument("--intermediate", type=int, default=11008)
+    p.add_argument("--tie", action="store_true", help="tied input/output embeddings")
+    p.add_argument("--global-batch", type=int, default=None)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--sharding", type=int, default=1)
+    p.add_argument("--stage", type=int, default=1, choices=(1, 2, 3))
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--fused-qkv", action="store_true", help="fused q/k/v projection (fuse_attention_qkv)")
+    p.add_argument("--fused-ffn", action="store_true", help="fused gate/up projection (fuse_attention_ffn)")
+    p.add_argument("--measure", action="store_true", help="measure the tiny Llama on CPU launches (2 procs each)")
+    p.add_argument("--layouts", default=None, help=f"comma list of {','.join(LAYOUTS)} (default all; tiny: dp2,stage1x2)")
+    p.add_argument("--markdown", action="store_true")
+    p.add_argument("--measure-worker", help=argparse.SUPPRESS)
+    p.add_argument("--result-dir", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.measure_worker:
+        a.layout = a.measure_worker
+        return measure_worker(a)
+
+    if a.tiny:
+        c = tiny_config()
+        lay = Layout(dp=2, sharding=2, stage=1, tp=2, pp=2, micro_batch=2, global_batch=16)
+    else:
+        c = Config(a.hidden, a.layers, a.heads, a.vocab, a.seq, a.intermediate, a.kv_heads, a.tie)
+        gb = a.global_batch or a.micro_batch * a.dp * a.sharding * max(a.pp, 1) * 2
+        lay = Layout(dp=a.dp, sharding=a.sharding, stage=a.stage if a.sharding > 1 else 0, tp=a.tp, pp=a.pp,
+                     micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn)
+    print(machine_line())
+    mrows, crows = print_model(c, lay, a.dtype)
+
+    rows = srows = trows = []
+    if a.measure:
+        names = (a.layouts or ("dp2,stage1x2" if a.tiny else ",".join(LAYOUTS))).split(",")
+        t0 = time.time()
+        rows, srows, trows = run_measure(names)
+        print(f"\nmeasured: tiny Llama {dataclasses.asdict(tiny_config())}, micro batch {MEASURE['micro_batch']}, "
+              f"accumulation {MEASURE['grad_accum']}, {MEASURE['steps']} steps after {MEASURE['warmup_steps']} "
+              f"warmup ({time.time() - t0:.0f} s)")
+        mh = ["layout", "model payload", "measured payload", "ratio", "model min wire", "measured wire (wchar)",
+              "ratio", "largest APIs (payload@group size)"]
+        print_table("Communication per rank per step: model vs measured", mh, rows)
+        if srows:
+            print_table("Sharded state per rank (ratio to 1/N of the single-process total)",
+                        ["layout", "rank", "optimizer state", "vs 1/N", "params held", "vs 1/N"], srows)
+        print_table("Targets", ["layout", "target", "value", "status"], trows)
+
+    if a.markdown:
+        body = [f"Machine: {machine_line()}.",
+                f"`python scripts/cost_model.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+                f"Model for {dataclasses.asdict(c)}, dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) "
+                f"tp={lay.tp} pp={lay.pp}, global batch {lay.global_batch}, {a.dtype}:", "",
+                markdown_table(["what", "bytes"], mrows), "",
+                markdown_table(["axis", "payload", "min wire", "what"], crows)]
+        if rows:
+            body += ["", f"Measured on CPU launches (tiny Llama, micro batch {MEASURE['micro_batch']}, accumulation "
+                     f"{MEASURE['grad_accum']}, per rank per step, averaged over ranks):", "",
+                     markdown_table(["layout", "model payload", "measured payload", "ratio", "model min wire",
+                                     "measured wire (wchar)", "ratio", "largest APIs"], rows)]
+        if srows:
+            body += ["", markdown_table(["layout", "rank", "optimizer state", "vs 1/N", "params held", "vs 1/N"], srows)]
+        if trows:
+            body += ["", "Targets:", "", markdown_table(["layout", "target", "value", "status"], trows)]
+        update_markdown_section("Cost model (cost_model.py)", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()

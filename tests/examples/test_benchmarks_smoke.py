@@ -1,0 +1,76 @@
+"""The benchmark scripts run in ``--tiny`` mode and print their tables (no timing is asserted).
+
+Each script runs as a subprocess, the way a user runs it. Multi-process parts: ``bench_pipeline.py`` is one
+4-process launch (its whole point); the optional launches of the other scripts (``--dp2``, ``--ranks4``,
+``--measure``) are left to the full runs, so this file stays well under three minutes.
+"""
+from __future__ import annotations
+
+import pytest
+
+from .helpers import REPO, run_script, trainer_ready
+
+SCRIPTS = REPO / "scripts"
+
+pytestmark = pytest.mark.skipif(not trainer_ready(), reason="paddletrainer.Trainer does not import")
+
+
+def _tables(stdout: str) -> list:
+    return [line[3:-3] for line in stdout.splitlines() if line.startswith("== ") and line.endswith(" ==")]
+
+
+def test_bench_overhead_tiny_prints_the_three_way_table_and_targets(tmp_path):
+    proc = run_script([SCRIPTS / "bench_overhead.py", "--tiny", "--reps", "1", "--workloads", "ernie-cls"], tmp_path,
+                      timeout=300)
+    out = proc.stdout
+    assert any(t.startswith("Training-loop overhead") for t in _tables(out)), out[-2000:]
+    for runner in ("bare", "paddletrainer", "paddlenlp"):
+        assert f" {runner} " in out, f"no row for {runner}:\n{out[-2000:]}"
+    assert "Targets" in _tables(out)
+    assert "paddletrainer >= 0.99x bare" in out
+
+
+def test_bench_checkpoint_tiny_prints_save_load_and_raw_disk_rows(tmp_path):
+    proc = run_script([SCRIPTS / "bench_checkpoint.py", "--tiny", "--dir", tmp_path], tmp_path, timeout=300)
+    out = proc.stdout
+    assert any(t.startswith("Checkpoint save/load") for t in _tables(out)), out[-2000:]
+    for row in ("raw disk write (fsync)", "save_checkpoint (sync)", "save_checkpoint async: call blocks",
+                "load_checkpoint"):
+        assert row in out, f"missing row {row!r}:\n{out[-2000:]}"
+    assert "async blocking <= 10% of sync save" in out
+
+
+def test_cost_model_tiny_prints_memory_and_communication_per_axis(tmp_path):
+    proc = run_script([SCRIPTS / "cost_model.py", "--tiny"], tmp_path, timeout=120)
+    out = proc.stdout
+    tables = _tables(out)
+    assert "Per-rank memory (busiest rank)" in tables, out
+    assert "Per-rank communication per optimizer step" in tables, out
+    for axis in ("dp", "sharding", "tp", "pp"):
+        assert any(line.startswith(axis + " ") for line in out.splitlines()), f"no {axis} row:\n{out}"
+
+
+def test_cost_model_formulas_for_a_7b_layout():
+    """The arithmetic itself (no subprocess): Llama-7B has ~6.7e9 parameters; ZeRO stages divide state."""
+    from .helpers import load_module
+
+    cm = load_module(SCRIPTS / "cost_model.py", "cost_model_under_test")
+    c = cm.Config(hidden=4096, layers=32, heads=32, vocab=32000, seq=4096, intermediate=11008)
+    assert cm.param_counts(c, cm.Layout())["total"] == pytest.approx(6.74e9, rel=0.01)
+    one = cm.memory(c, cm.Layout(global_batch=8, micro_batch=1, dp=8))
+    for stage, divided in ((1, {"optimizer"}), (2, {"optimizer", "grads"}), (3, {"optimizer", "grads", "params"})):
+        sharded = cm.memory(c, cm.Layout(global_batch=8, micro_batch=1, sharding=8, stage=stage))
+        for key in ("params", "grads", "optimizer"):
+            expected = one[key] / 8 if key in divided else one[key]
+            assert sharded[key] == pytest.approx(expected), (stage, key)
+    comm = cm.communication(c, cm.Layout(global_batch=8, micro_batch=1, dp=8))
+    assert comm["dp"]["min_wire"] == pytest.approx(2 * 7 / 8 * comm["dp"]["payload"])
+
+
+def test_bench_pipeline_tiny_prints_idle_per_stage_and_the_bubble(tmp_path):
+    proc = run_script([SCRIPTS / "bench_pipeline.py", "--tiny"], tmp_path, timeout=400)
+    out = proc.stdout
+    assert "Pipeline idle time per stage (1F1B)" in _tables(out), out[-2000:]
+    assert "(p-1)/(m+p-1)" in out
+    rows = [line for line in out.splitlines() if line.startswith("4  ")]
+    assert len(rows) >= 4, out[-2000:]  # m=4: one row per stage

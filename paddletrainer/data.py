@@ -212,7 +212,12 @@ class DataCollatorWithPadding:
 
 
 def forward_argument_names(model: paddle.nn.Layer) -> Optional[set]:
-    """Names the model's ``forward`` accepts, or None when it takes ``**kwargs`` (then nothing is removed)."""
+    """Names the model's ``forward`` accepts, or None when unknown (``**kwargs``, or a ``PipelineLayer``, whose
+    ``forward(input, chunk_id)`` is not the batch's signature) — then nothing is removed."""
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+    if isinstance(model, PipelineLayer):
+        return None
     sig = inspect.signature(model.forward)
     if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
         return None

@@ -732,9 +732,15 @@ class Trainer:
         return loss, logits, labels
 
     def _pipeline_prediction_step(self, inputs, prediction_loss_only):
-        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)], compute_logits=not prediction_loss_only)
-        labels = inputs.get(self.label_names[0])
-        return loss, (None if prediction_loss_only else logits), (None if prediction_loss_only else labels)
+        """Under pipeline parallel: the loss of one batch (broadcast from the last stage).
+
+        Logits live only on the last stage, one micro-batch at a time, and are not gathered yet, so
+        ``compute_metrics`` sees no predictions under pipeline parallel (PaddleNLP gives loss only too).
+        """
+        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)])
+        if logits is None or prediction_loss_only:
+            return loss, None, None
+        return loss, logits, inputs.get(self.label_names[0])
 
     def evaluation_loop(
         self,

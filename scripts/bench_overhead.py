@@ -434,7 +434,8 @@ def main(argv=None):
         single = measure_single(specs, a.steps, a.warmup, a.reps, a.logging_steps)
     by_layout = {"1 proc": single}
     rows = table_rows(single, "1 proc")
-    if a.dp2:
+    if a.dp2:  # print the single-process table now: the launches can wait a while for the machine's lock
+        print_table("Training-loop overhead, 1 process (median steps/s after warmup)", HEADERS, rows)
         dp2 = measure_dp2(a, specs)
         by_layout["dp2"] = dp2
         rows += table_rows(dp2, "dp2")

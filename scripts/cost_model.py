@@ -187,8 +187,9 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
         p = lay.pp
         # Per micro-batch each stage boundary carries the activation forward and its gradient backward.
         # Averaged over the p stages: (p-1) boundaries × 2 directions / p ranks sends of [b,s,h].
+        # Payload counts both ends of a p2p transfer (the send and the recv each hand over a tensor): 2x.
         per_rank = m * act * 2 * (p - 1) / p
-        out["pp"] = {"payload": per_rank, "min_wire": per_rank,
+        out["pp"] = {"payload": 2 * per_rank, "min_wire": per_rank,
                      "what": f"send/recv [b,s,h] fwd+bwd per boundary, per micro-batch (x{m}), avg over stages"}
     return out
 

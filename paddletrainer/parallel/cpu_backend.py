@@ -90,6 +90,8 @@ def _group_store(global_ranks, group_rank: int, group_size: int, group_id: int):
 
     key = f"paddletrainer/gloo_group_store/{group_id}"
     default_store = collective._default_store
+    if default_store is None:
+        raise RuntimeError("gloo subgroups need the default store: call init_topology (fleet.init) first")
     port = store_port_for_group(group_id)
     if group_rank == 0:
         endpoints = os.environ.get("PADDLE_TRAINER_ENDPOINTS", "").split(",")

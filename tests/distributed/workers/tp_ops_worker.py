@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import layout_args, write_json  # noqa: E402
+from common import exit_cleanly, layout_args, write_json  # noqa: E402
 
 
 def err(a, b):
@@ -93,7 +93,8 @@ def main(out):
     res["softmax_ce_bwd"] = err(local.grad, full.grad.numpy()[..., chunk])
     res["softmax_ce_shape"] = float(list(loss.shape) == [2, 5, 1])
     write_json(os.path.join(out, f"rank{topo.rank}.json"), res)
+    return topo
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    exit_cleanly(main(sys.argv[1]))

@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import layout_args, micro_batches, regression_data, token_data, write_json  # noqa: E402
+from common import (exit_cleanly, layout_args, micro_batches, regression_data, token_data,  # noqa: E402
+                    write_json)
 
 
 def parse():
@@ -156,8 +157,9 @@ def main():
         "opt_state_bytes": opt_state_bytes(optimizer), "param_bytes": param_bytes(model),
         "seconds": time.time() - started,
     })
+    return topo
 
 
 if __name__ == "__main__":
     np.set_printoptions(precision=6)
-    main()
+    exit_cleanly(main())

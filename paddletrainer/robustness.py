@@ -35,8 +35,9 @@ What this module gives the Trainer (and scripts), each small and independent:
 
 Input checks (each raises one ``ValueError`` naming the option, the value and what would be valid):
 ``check_model_for_layout`` (TP/PP asked of a model not built for it — before any process group exists),
-``check_pipeline_split``, ``check_batch_keys`` / ``KeyCheckingCollator`` (``remove_unused_columns=False`` with
-keys the forward does not take), ``check_dataset`` (empty data set), ``check_output_dir`` (a previous run's
+``check_pipeline_split``, ``check_batch_keys`` (``remove_unused_columns=False`` with keys the forward does not
+take; the callback runs it on the first training batch, in the main thread — not in the collator, because Paddle's
+single-process DataLoader collates in a helper thread and an exception there leaves the loop waiting forever), ``check_dataset`` (empty data set), ``check_output_dir`` (a previous run's
 checkpoints would be mixed with this run's).
 
 ``friendly_errors`` / ``main_guard``
@@ -72,7 +73,6 @@ __all__ = [
     "GracefulStop",
     "CollectiveWatchdog",
     "RobustnessCallback",
-    "KeyCheckingCollator",
     "check_batch_keys",
     "check_dataset",
     "check_model_for_layout",
@@ -364,10 +364,16 @@ class RobustnessCallback(TrainerCallback):
         topology: the Trainer's ``Topology`` (``world_size`` and ``rank`` are read).
         collective_timeout_seconds: ``args.collective_timeout_seconds`` (None: no watchdog).
         handle_signals: install the SIGTERM/SIGINT handlers during ``train()`` (default True).
+        popped_keys: batch keys the trainer removes before calling the model (its ``label_names`` when a
+            ``criterion`` is used); with ``remove_unused_columns=False`` the first training batch's other keys must
+            be ``forward`` parameters (:func:`check_batch_keys`).
     """
 
-    def __init__(self, topology=None, collective_timeout_seconds: Optional[float] = None, handle_signals: bool = True):
+    def __init__(self, topology=None, collective_timeout_seconds: Optional[float] = None, handle_signals: bool = True,
+                 popped_keys: Sequence[str] = ()):
         self.topology = topology
+        self.popped_keys = tuple(popped_keys)
+        self._keys_checked = False
         rank = int(getattr(topology, "rank", 0) or 0)
         self.stopper = GracefulStop() if handle_signals else None
         self.watchdog = CollectiveWatchdog(collective_timeout_seconds, rank)
@@ -395,6 +401,12 @@ class RobustnessCallback(TrainerCallback):
             self.stopper.signum = 0
             self.stopper.install()
         self.watchdog.enter("data", self._next_step(state))
+
+    def on_load_data_end(self, args, state, control, inputs=None, model=None, **kwargs):
+        if not self._keys_checked and not getattr(args, "remove_unused_columns", True) and isinstance(inputs, dict) \
+                and model is not None:
+            check_batch_keys(model, inputs.keys(), self.popped_keys)
+        self._keys_checked = True
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.watchdog.enter("forward_backward", self._next_step(state))
@@ -552,23 +564,6 @@ def allowed_in_order(model) -> list:
 
     return [n for n, p in inspect.signature(model.forward).parameters.items()
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-
-class KeyCheckingCollator:
-    """Wrap a collator: the first dict batch is checked with :func:`check_batch_keys`, later ones pass as is."""
-
-    def __init__(self, collator: Callable, model, popped: Sequence[str] = ()):
-        self.collator = collator
-        self.model = model
-        self.popped = tuple(popped)
-        self._checked = False
-
-    def __call__(self, features):
-        batch = self.collator(features)
-        if not self._checked and isinstance(batch, dict):
-            check_batch_keys(self.model, batch.keys(), self.popped)
-            self._checked = True
-        return batch
 
 
 def check_dataset(dataset, option: str = "train_dataset") -> None:

@@ -59,15 +59,16 @@ SEED = 1234
 
 # ------------------------------------------------------------------------------------ workloads
 def workloads(tiny: bool) -> dict:
-    """name -> shapes. Full mode is sized so one step is tens of ms on one CPU core."""
+    """name -> shapes. Full mode is sized so one step is a few tens of ms on one CPU core (the whole script
+    must stay under 10 minutes on a shared 2-core machine)."""
     if tiny:
         return {
             "ernie-cls": dict(kind="ernie", hidden=64, layers=2, heads=2, inter=128, vocab=305, seq=32, batch=8),
             "llama-clm": dict(kind="llama", hidden=64, layers=2, heads=4, inter=128, vocab=640, seq=32, batch=4),
         }
     return {
-        "ernie-cls": dict(kind="ernie", hidden=128, layers=4, heads=4, inter=512, vocab=3000, seq=128, batch=16),
-        "llama-clm": dict(kind="llama", hidden=128, layers=4, heads=4, inter=344, vocab=3200, seq=128, batch=8),
+        "ernie-cls": dict(kind="ernie", hidden=128, layers=2, heads=4, inter=512, vocab=3000, seq=64, batch=8),
+        "llama-clm": dict(kind="llama", hidden=128, layers=2, heads=4, inter=344, vocab=3200, seq=64, batch=4),
     }
 
 
@@ -405,11 +406,13 @@ def targets(results_by_layout: dict) -> list:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="small models and few steps (smoke test, < 60 s)")
-    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12 tiny, 60 full)")
-    p.add_argument("--warmup", type=int, default=None, help="excluded first steps (default 3 tiny, 10 full)")
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 12 tiny, 40 full)")
+    p.add_argument("--warmup", type=int, default=None, help="excluded first steps (default 3 tiny, 5 full)")
     p.add_argument("--reps", type=int, default=None, help="repetitions per runner (default 2 tiny, 5 full)")
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--workloads", default="ernie-cls,llama-clm")
+    p.add_argument("--runners", default=",".join(RUNNERS),
+                   help="which of bare,paddletrainer,paddlenlp to run in the single process (bare is required)")
     p.add_argument("--dp2", action="store_true", help="also run the comparison on 2 processes (3 launches)")
     p.add_argument("--profile", action="store_true", help="cProfile paddletrainer's per-step path")
     p.add_argument("--pyinstrument", action="store_true", help="also print a pyinstrument tree")
@@ -419,8 +422,8 @@ def main(argv=None):
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    a.steps = a.steps or (12 if a.tiny else 60)
-    a.warmup = a.warmup or (3 if a.tiny else 10)
+    a.steps = a.steps or (12 if a.tiny else 40)
+    a.warmup = a.warmup or (3 if a.tiny else 5)
     a.reps = a.reps or (2 if a.tiny else 5)
     logging.disable(logging.WARNING)  # the trainers' per-log INFO lines are not what we measure
     os.environ.setdefault("GLOG_v", "0")
@@ -431,7 +434,8 @@ def main(argv=None):
     print(machine_line())
     print(f"steps={a.steps} warmup={a.warmup} reps={a.reps} logging_steps={a.logging_steps} tiny={a.tiny}")
     with contextlib.redirect_stdout(io.StringIO()):  # the trainers' own printed logs
-        single = measure_single(specs, a.steps, a.warmup, a.reps, a.logging_steps)
+        runners = tuple(r for r in RUNNERS if r in a.runners.split(","))
+        single = measure_single(specs, a.steps, a.warmup, a.reps, a.logging_steps, runners=runners)
     by_layout = {"1 proc": single}
     rows = table_rows(single, "1 proc")
     if a.dp2:  # print the single-process table now: the launches can wait a while for the machine's lock

@@ -84,3 +84,59 @@ def test_resume_single_process_checkpoint_under_dp2_continues_the_same_loss_curv
         assert_close_lists(r["losses"][:2], ref["losses"][:2], rtol=0, what="restored loss history")
         assert_close_lists(r["losses"][2:], ref["losses"][2:], what="resumed loss")
         assert r["eval_loss"] == pytest.approx(ref["eval_loss"], rel=RTOL)
+
+
+# ------------------------------------------------------------------------------------------ tiny Llama
+def llama_args(out_dir, result_dir, weights, **options):
+    """Global batch 8 = per-device batch × 2 accumulation steps × data ranks."""
+    base = dict(model="llama", weights=weights, num_samples=48, per_device_train_batch_size=4,
+                gradient_accumulation_steps=2, learning_rate=0.01, max_grad_norm=0.8, report_to="none")
+    base.update(options)
+    return trainer_args(out_dir, result_dir, **base)
+
+
+@pytest.fixture(scope="module")
+def single_llama(tmp_path_factory, llama_weights):
+    work = tmp_path_factory.mktemp("trainer_single_llama")
+    run_single(WORKER, llama_args(work / "out", work / "res", llama_weights))
+    return work, read_results(work / "res", 1)[0]
+
+
+def assert_matches(ranks, ref, resumed_from=0):
+    for r in ranks:
+        assert_close_lists(r["losses"][resumed_from:], ref["losses"][resumed_from:], what="loss")
+        assert_close_lists(r["grad_norms"][resumed_from:], ref["grad_norms"][resumed_from:], what="grad_norm")
+        assert r["eval_loss"] == pytest.approx(ref["eval_loss"], rel=RTOL)
+
+
+def test_trainer_tp2_pp2_llama_matches_single_process_and_its_checkpoint_resumes_in_dp2_and_one_process(
+    tmp_path, single_llama, llama_weights
+):
+    _, ref = single_llama
+    tp_pp = tmp_path / "tp2pp2"
+    launch(WORKER, 4, llama_args(tp_pp / "out", tp_pp / "res", llama_weights,
+                                 tensor_parallel_degree=2, pipeline_parallel_degree=2), tp_pp)
+    assert_matches(read_results(tp_pp / "res", 4), ref)
+
+    ckpt = tp_pp / "out" / "checkpoint-2"
+    dp2 = tmp_path / "dp2"
+    launch(WORKER, 2, llama_args(dp2 / "out", dp2 / "res", llama_weights, per_device_train_batch_size=2,
+                                 resume_from_checkpoint=ckpt), dp2)
+    assert_matches(read_results(dp2 / "res", 2), ref, resumed_from=2)
+
+    one = tmp_path / "one"
+    run_single(WORKER, llama_args(one / "out", one / "res", llama_weights, resume_from_checkpoint=ckpt))
+    assert_matches(read_results(one / "res", 1), ref, resumed_from=2)
+
+
+def test_trainer_sharding_stage2_llama_matches_single_process_and_resumes_under_pp2(tmp_path, single_llama, llama_weights):
+    _, ref = single_llama
+    st2 = tmp_path / "stage2"
+    launch(WORKER, 2, llama_args(st2 / "out", st2 / "res", llama_weights, per_device_train_batch_size=2,
+                                 sharding="stage2", sharding_parallel_degree=2), st2)
+    assert_matches(read_results(st2 / "res", 2), ref)
+
+    pp2 = tmp_path / "pp2"
+    launch(WORKER, 2, llama_args(pp2 / "out", pp2 / "res", llama_weights, pipeline_parallel_degree=2,
+                                 resume_from_checkpoint=st2 / "out" / "checkpoint-2"), pp2)
+    assert_matches(read_results(pp2 / "res", 2), ref, resumed_from=2)

@@ -268,8 +268,8 @@ def test_fp16_on_a_device_without_fp16_kernels_is_refused(tmp_path):
 
 
 def test_batch_keys_the_model_does_not_accept_are_named_with_the_forward_parameters(tmp_path):
-    # NEEDS TRAINER CHANGE: with remove_unused_columns=False the model raises a raw TypeError today;
-    # Trainer._collator_for must wrap the collator in robustness.KeyCheckingCollator.
+    # NEEDS TRAINER CHANGE: with remove_unused_columns=False the model raises a raw TypeError today; the
+    # Trainer's default RobustnessCallback (popped_keys=label_names when a criterion is given) checks the first batch.
     trainer = Trainer(model=Plain(), args=args_for(tmp_path, remove_unused_columns=False),
                       train_dataset=data(extra={"note": np.float32(0)}))
     with pytest.raises(ValueError) as info:

@@ -284,3 +284,34 @@ def test_friendly_errors_reports_an_interruption_with_its_exit_code(capsys):
         main()
     assert info.value.code == 143
     assert capsys.readouterr().err.startswith("interrupted: training interrupted by SIGTERM at step 5")
+
+
+# ------------------------------------------------------------------------------------------- NaN / inf policy
+class PoisonAt(TrainerCallback):
+    """Makes the weight NaN right before the forward of step ``step`` (a numerical fault in the middle of a run)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step + 1 == self.step:
+            model.linear.weight.set_value(paddle.full_like(model.linear.weight, float("nan")))
+
+
+def test_nan_inf_policy_error_stops_with_the_step_and_skip_drops_only_the_bad_update(tmp_path):
+    from paddletrainer.trainer import NonFiniteLossError
+
+    trainer = make_trainer(tmp_path / "error", [PoisonAt(2)])
+    with pytest.raises(NonFiniteLossError, match=r"step 2: gradient norm is nan .*nan_inf_policy='skip'"):
+        trainer.train()
+    assert trainer.state.global_step == 1
+
+    class HealAfter(TrainerCallback):  # the fault is transient: the next step starts from finite weights again
+        def on_optimizer_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step + 1 == 2:
+                model.linear.weight.set_value(paddle.full_like(model.linear.weight, 0.5))
+
+    trainer = make_trainer(tmp_path / "skip", [PoisonAt(2), HealAfter()], nan_inf_policy="skip")
+    out = trainer.train()
+    assert out.global_step == 6 and trainer.state.skipped_steps == 1
+    assert np.isfinite(trainer.model.linear.weight.numpy()).all()

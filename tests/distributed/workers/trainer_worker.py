@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import SEQ, VOCAB, write_json  # noqa: E402
+from common import SEQ, VOCAB, exit_cleanly, write_json  # noqa: E402
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
 
 
@@ -93,6 +93,7 @@ def main():
             "consumed_samples": trainer.state.consumed_samples,
         },
     )
+    exit_cleanly(trainer.topology)  # see common.exit_cleanly: gloo teardown at exit is not ordered
 
 
 if __name__ == "__main__":

@@ -126,10 +126,16 @@ class GracefulStop:
 
     Use as a context manager (or ``install()`` / ``uninstall()``). Handlers can only be installed from the
     main thread; elsewhere ``install()`` logs a warning and the flag can still be set with :meth:`request`.
+
+    ``scope``: a code object (e.g. ``Trainer.train``'s). When a signal arrives while that code is no longer on
+    the main thread's stack — ``train()`` left by an exception, so nobody will ever check the flag — the handler
+    uninstalls itself and passes the signal to the previous handler, so Ctrl-C is never swallowed by a stale
+    handler.
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)):
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), scope=None):
         self.signals = tuple(signals)
+        self.scope = scope
         self.signum: int = 0  # the (first) signal received; 0 = none
         self._previous: dict = {}
         self._installed = False
@@ -166,8 +172,18 @@ class GracefulStop:
     def installed(self) -> bool:
         return self._installed
 
+    def _in_scope(self, frame) -> bool:
+        if self.scope is None:
+            return True
+        while frame is not None:
+            if frame.f_code is self.scope:
+                return True
+            frame = frame.f_back
+        return False
+
     def _handle(self, signum, frame) -> None:
-        if self.signum:  # second signal: the user insists; behave as before we were installed
+        if self.signum or not self._in_scope(frame):
+            # a second signal (the user insists), or a stale handler: behave as before we were installed
             previous = self._previous.get(signum, signal.SIG_DFL)
             self.uninstall()
             if callable(previous):
@@ -398,7 +414,9 @@ class RobustnessCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self._training, self._stopping = True, False
         if self.stopper is not None:
+            self.stopper.uninstall()  # a previous train() of this trainer that ended in an exception
             self.stopper.signum = 0
+            self.stopper.scope = _calling_train_code()
             self.stopper.install()
         self.watchdog.enter("data", self._next_step(state))
 
@@ -467,6 +485,16 @@ class RobustnessCallback(TrainerCallback):
         self.watchdog.disarm()
         if self.stopper is not None:
             self.stopper.uninstall()
+
+
+def _calling_train_code():
+    """The code object of the ``train`` method up the stack (the Trainer's loop), or None."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "train" and hasattr(frame.f_locals.get("self"), "callback_handler"):
+            return frame.f_code
+        frame = frame.f_back
+    return None
 
 
 # ===================================================================================== input checks

@@ -29,6 +29,7 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
+from . import robustness
 from .amp import AmpConfig
 from .callbacks import (
     CallbackHandler,
@@ -132,8 +133,11 @@ class Trainer:
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
-        self.topology = init_topology(args)  # the one place groups are created (idempotent)
+        # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.from_args(args)  # raises on CPU for fp16/bf16 unless a dry run was asked for
+        if model is not None:
+            robustness.check_model_for_layout(model, args.parallel_degrees)
+        self.topology = init_topology(args)  # the one place groups are created (idempotent)
         set_seed(args.seed)
         if model is None:
             if model_init is None:
@@ -163,7 +167,12 @@ class Trainer:
             is_world_process_zero=self.topology.rank == 0,
         )
         self.control = TrainerControl()
-        default = [DefaultFlowCallback, MetricsCallback]
+        popped = self.label_names if criterion is not None else ()
+        default = [
+            DefaultFlowCallback,
+            MetricsCallback,
+            robustness.RobustnessCallback(self.topology, args.collective_timeout_seconds, popped_keys=popped),
+        ]
         default.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
         self.callback_handler = CallbackHandler(
             default + list(callbacks or []), self.model, self.tokenizer, self.optimizer, self.lr_scheduler
@@ -207,6 +216,7 @@ class Trainer:
         """Batches in the layout-free global order (see ``paddletrainer.data``), this rank's share of each."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train needs a train_dataset")
+        robustness.check_dataset(self.train_dataset, "train_dataset")
         args, topo = self.args, self.topology
         if not has_length(self.train_dataset):
             if args.max_steps <= 0:
@@ -242,6 +252,7 @@ class Trainer:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("Trainer.evaluate needs an eval_dataset")
+        robustness.check_dataset(dataset, "eval_dataset")
         return self._eval_loader(dataset)
 
     def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
@@ -418,6 +429,7 @@ class Trainer:
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
         args = self.args
+        robustness.check_output_dir(args, resume_from_checkpoint)
         resume = self._resolve_resume(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
         ga = args.gradient_accumulation_steps
@@ -439,6 +451,7 @@ class Trainer:
         self.state.num_train_epochs = num_epochs
         if resume is not None:
             self._load_checkpoint(resume)
+        steps_at_start = self.state.global_step
         global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
         step_fn = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
         flops_per_token = self._flops_per_token()
@@ -497,7 +510,7 @@ class Trainer:
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
             ckpt.load_checkpoint(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
-        steps = max(self.state.global_step, 1)
+        steps = max(self.state.global_step - steps_at_start, 1)  # the steps trained in this call
         train_loss = self._total_loss / steps
         metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
         metrics["train_loss"] = train_loss

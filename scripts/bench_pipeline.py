@@ -98,7 +98,8 @@ def worker(a) -> None:
     logging.disable(logging.WARNING)
     sh = shapes(a.tiny)
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), pipeline_parallel_degree=a.pp,
-                             gradient_accumulation_steps=sh["ms"][0], per_device_train_batch_size=sh["micro_batch"],
+                             # the largest m: PipelineParallel sizes its per-micro-batch hook slots at construction
+                             gradient_accumulation_steps=max(sh["ms"]), per_device_train_batch_size=sh["micro_batch"],
                              report_to="none", disable_tqdm=True, seed=5)
     topo = init_topology(args)
     pairs = _pair_groups(a.pp) if a.pp > 2 and not a.no_p2p_fix else {}

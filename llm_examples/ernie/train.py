@@ -31,6 +31,7 @@ from paddletrainer import (
     get_last_checkpoint,
     set_seed,
 )
+from paddletrainer.robustness import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -141,4 +142,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)  # bad input → "error: <one line>", exit 2; SIGTERM → checkpoint, exit 143

@@ -42,6 +42,7 @@ from paddletrainer import (
     set_seed,
 )
 from paddletrainer.datasets import PretrainTokenDataset
+from paddletrainer.robustness import check_pipeline_split, main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -94,6 +95,8 @@ def build_model(model_args, data_args, training_args):
     if getattr(training_args, "fp16_opt_level", "O1") == "O2":
         dtype = "bfloat16" if training_args.bf16 else "float16" if training_args.fp16 else dtype
 
+    # Paddle's own check is an assertion deep inside PipelineLayer; say it in one line first.
+    check_pipeline_split(config.num_hidden_layers, training_args.pipeline_parallel_degree)
     model_class = LlamaForCausalLMPipe if training_args.pipeline_parallel_degree > 1 else LlamaForCausalLM
     path = model_args.model_name_or_path
     if any(name.endswith((".pdparams", ".safetensors")) for name in os.listdir(path)):
@@ -156,4 +159,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main_guard(main)  # bad input → "error: <one line>", exit 2; SIGTERM → checkpoint, exit 143

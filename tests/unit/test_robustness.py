@@ -63,6 +63,7 @@ def test_sigterm_only_sets_the_flag_and_uninstall_restores_the_previous_handler(
 
 
 def test_context_manager_restores_sigint_and_a_second_signal_falls_back_to_the_previous_handler():
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
     with GracefulStop() as stop:
         assert signal.getsignal(signal.SIGINT) == stop._handle
@@ -74,6 +75,26 @@ def test_context_manager_restores_sigint_and_a_second_signal_falls_back_to_the_p
             time.sleep(0.5)
         assert not stop.installed
     assert signal.getsignal(signal.SIGINT) is before
+    signal.signal(signal.SIGINT, original)
+
+
+def test_a_handler_left_behind_by_a_failed_train_does_not_swallow_ctrl_c(tmp_path):
+    original = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        class Boom(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                raise RuntimeError("a bug in the middle of training")
+
+        trainer = make_trainer(tmp_path / "run", [Boom()], robust=True)
+        with pytest.raises(RuntimeError, match="a bug"):
+            trainer.train()
+        # train() is gone: Ctrl-C must act at once, as it did before train()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, original)
 
 
 def test_training_interrupted_is_a_clean_systemexit_with_128_plus_signal():

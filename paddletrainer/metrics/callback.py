@@ -1,6 +1,7 @@
 """``MetricsCallback``: sends the Trainer's logs to the writers named by ``args.report_to``."""
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -74,6 +75,7 @@ class MetricsCallback(TrainerCallback):
             self.logging_dir = (self.logging_dir or getattr(args, "logging_dir", None)
                                 or default_logging_dir(getattr(args, "output_dir", ".")))
             self.writers = build_writers(report_to, self.logging_dir)
+            atexit.register(self.close)
         if not self._run_info_logged:
             self._run_info_logged = True
             self._log_run_info(args, model)
@@ -111,10 +113,16 @@ class MetricsCallback(TrainerCallback):
             writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
+        # Flush, not close: evaluate()/predict() after train() belong to the same run and the same file
+        # (reopening would start a second VisualDL record file). The writers close at process exit.
+        for writer in self.writers or []:
+            writer.flush()
+
+    def close(self) -> None:
+        """Close the writers (registered with ``atexit`` when they open)."""
         for writer in self.writers or []:
             writer.close()
         self.writers = None
-        self._run_info_logged = False
 
 
 class VisualDLCallback(MetricsCallback):

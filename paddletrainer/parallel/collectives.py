@@ -62,7 +62,8 @@ def global_grad_norm(optimizer, topology):
     square_sum = paddle.zeros([], dtype="float32")
     for grad, counted in optimizer.counted_gradients():
         if counted:
-            square_sum = square_sum + paddle.sum(paddle.square(grad.astype("float32")))
+            g = grad if grad.dtype == paddle.float32 else grad.astype("float32")  # no copy for fp32 grads
+            square_sum = square_sum + paddle.sum(paddle.square(g))
     for group in _norm_groups(topology):
         dist.all_reduce(square_sum, group=group)
     return paddle.sqrt(square_sum)
@@ -83,7 +84,8 @@ def clip_grad_norm(model, optimizer, topology, max_norm: float | None):
         return norm
     limit = paddle.full([], float(max_norm), dtype="float32")
     coef = limit / paddle.maximum(norm, limit)
-    if float(coef) < 1.0:
-        for grad, _ in optimizer.counted_gradients():
-            grad.multiply_(coef.astype(grad.dtype))
+    # Multiply unconditionally (by exactly 1.0 when under the limit) rather than test `coef < 1` on the
+    # host: reading it would stall the device every step.
+    for grad, _ in optimizer.counted_gradients():
+        grad.multiply_(coef.astype(grad.dtype))
     return norm

@@ -193,6 +193,17 @@ def _install_broadcast_input_data():
 # --------------------------------------------------------------------------------------------------
 # Fill 4: pipeline parallel (device id, p2p)
 # --------------------------------------------------------------------------------------------------
+# Neighbour-pair groups of the pipeline, {frozenset((me, peer)): group}; filled only when pp > 2.
+_PAIR_GROUPS: dict = {}
+
+
+def _p2p_group(group, peer: int):
+    """The 2-rank group shared with ``peer`` when one exists (pp > 2), else ``group``."""
+    if not _PAIR_GROUPS:
+        return group
+    return _PAIR_GROUPS.get(frozenset((dist.get_rank(), peer)), group)
+
+
 def _send_on_calc_stream(tensor, group, dst, nranks=1, rank_id=0):
     """Replaces p2p_communication._send_on_calc_stream.
 
@@ -200,12 +211,54 @@ def _send_on_calc_stream(tensor, group, dst, nranks=1, rank_id=0):
     its plain blocking ``send`` does the same job. Partial send (a 1/mp slice) is never used: the
     strategy turns ``enable_partial_send_recv`` off on CPU because gloo lacks ``all_gather_partial``.
     """
+    group = _p2p_group(group, dst)
     return group.process_group.send(tensor, group.get_group_rank(dst), True)
 
 
 def _recv_on_calc_stream(tensor, group, src, nranks=1, rank_id=0):
     """Replaces p2p_communication._recv_on_calc_stream (see :func:`_send_on_calc_stream`)."""
+    group = _p2p_group(group, src)
     return group.process_group.recv(tensor, group.get_group_rank(src), True)
+
+
+def install_pipeline_pair_groups(hcg) -> None:
+    """Fill 4b: with more than 2 stages, carry pipeline p2p on one 2-rank group per neighbour pair.
+
+    Paddle sends the first step's shape metadata (``SendRecvMeta.send_meta/recv_meta`` →
+    ``paddle.distributed.send/recv``) and the activations over the whole pipe group. On gloo, with 4
+    stages in one group, the first step hangs (TIMEOUT in stage 0's send_meta while stage 2 waits in
+    recv_meta); pp2 — a group that is already a pair — works. So every pipe's neighbours (i, i+1 mod pp)
+    get their own group and both paths use it. Called once after ``fleet.init``; ``new_group`` is
+    collective, so every rank creates every pair in the same order.
+    """
+    from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication
+
+    if hcg.get_pipe_parallel_world_size() <= 2 or _PAIR_GROUPS:
+        return
+    me = dist.get_rank()
+    for ranks in hcg.topology().get_comm_list("pipe"):
+        for i in range(len(ranks)):
+            pair = sorted({ranks[i], ranks[(i + 1) % len(ranks)]})
+            group = dist.new_group(pair)
+            if me in pair:
+                _PAIR_GROUPS[frozenset(pair)] = group
+
+    meta_cls = p2p_communication.SendRecvMeta
+    send_meta, recv_meta = meta_cls.send_meta, meta_cls.recv_meta
+
+    def send_meta_over_pair(self, tensor, group, reverse=False, broadcast=False):
+        if not broadcast:
+            peer = hcg._get_p2p_prev_rank() if reverse else hcg._get_p2p_next_rank()
+            group = _p2p_group(group, peer)
+        return send_meta(self, tensor, group, reverse=reverse, broadcast=broadcast)
+
+    def recv_meta_over_pair(self, group, reverse=False, broadcast=False):
+        if not broadcast:
+            peer = hcg._get_p2p_next_rank() if reverse else hcg._get_p2p_prev_rank()
+            group = _p2p_group(group, peer)
+        return recv_meta(self, group, reverse=reverse, broadcast=broadcast)
+
+    meta_cls.send_meta, meta_cls.recv_meta = send_meta_over_pair, recv_meta_over_pair
 
 
 def _install_pipeline():

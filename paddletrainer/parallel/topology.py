@@ -264,6 +264,8 @@ def _build_topology(args) -> Topology:
 
     fleet.init(is_collective=True, strategy=build_strategy(args, on_cpu))
     hcg = fleet.get_hybrid_communicate_group()
+    if on_cpu:
+        cpu_backend.install_pipeline_pair_groups(hcg)  # pp > 2 only
     groups = {
         "dp": hcg.get_data_parallel_group() if degrees["dp"] > 1 else None,
         "sharding": hcg.get_sharding_parallel_group() if degrees["sharding"] > 1 else None,

@@ -13,6 +13,13 @@ def test_dp2_loss_and_grad_norm_match_single_process(launch_layout, single_proce
     assert [r["data_rank"] for r in results] == [0, 1]
 
 
+def test_dp4_loss_and_grad_norm_match_single_process(launch_layout, single_process):
+    # global micro-batch 4 over 4 data ranks: one sample per rank and micro-step
+    results = launch_layout("mlp", 4, dp=4, max_norm=MLP_MAX_NORM)
+    assert_matches_single_process(results, single_process("mlp", max_norm=MLP_MAX_NORM), MLP_MAX_NORM)
+    assert [r["data_rank"] for r in results] == [0, 1, 2, 3]
+
+
 def test_sharding_stage2_x2_with_dp2_matches_single_process(launch_layout, single_process):
     results = launch_layout("mlp", 4, sharding=2, dp=2, stage=2, max_norm=MLP_MAX_NORM)
     assert_matches_single_process(results, single_process("mlp", max_norm=MLP_MAX_NORM), MLP_MAX_NORM)

@@ -32,6 +32,13 @@ def test_pp2_loss_and_grad_norm_match_single_process(launch_layout, single_proce
     assert [r["pp_rank"] for r in results] == [0, 1]
 
 
+def test_pp4_loss_and_grad_norm_match_single_process(launch_layout, single_process):
+    # 4 stages (one Llama layer each) need >= 4 micro-batches; pp > 2 exercises the pair-group p2p fill
+    results = launch_layout("llama", 4, pp=4, ga=4, max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, single_process("llama", ga=4, max_norm=LLAMA_MAX_NORM), LLAMA_MAX_NORM)
+    assert [r["pp_rank"] for r in results] == [0, 1, 2, 3]
+
+
 def test_tp2_pp2_loss_matches_single_process(launch_layout, single_process):
     results = launch_layout("llama", 4, tp=2, pp=2, max_norm=LLAMA_MAX_NORM)
     assert_matches_single_process(results, single_process("llama", max_norm=LLAMA_MAX_NORM), LLAMA_MAX_NORM)

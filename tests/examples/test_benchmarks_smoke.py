@@ -52,9 +52,12 @@ def test_cost_model_tiny_prints_memory_and_communication_per_axis(tmp_path):
 
 def test_cost_model_formulas_for_a_7b_layout():
     """The arithmetic itself (no subprocess): Llama-7B has ~6.7e9 parameters; ZeRO stages divide state."""
-    from .helpers import load_module
+    import importlib
+    import sys
 
-    cm = load_module(SCRIPTS / "cost_model.py", "cost_model_under_test")
+    if str(SCRIPTS) not in sys.path:  # a plain import: its dataclasses need the module in sys.modules
+        sys.path.insert(0, str(SCRIPTS))
+    cm = importlib.import_module("cost_model")
     c = cm.Config(hidden=4096, layers=32, heads=32, vocab=32000, seq=4096, intermediate=11008)
     assert cm.param_counts(c, cm.Layout())["total"] == pytest.approx(6.74e9, rel=0.01)
     one = cm.memory(c, cm.Layout(global_batch=8, micro_batch=1, dp=8))

@@ -74,10 +74,10 @@ def test_llama_pretrain_loss_falls_and_the_saved_model_reloads(llama_tokens, tmp
     assert run_script(["-c", probe], cwd=REPO).stdout.split()[-2:] == ["4", "640"]
 
 
-def test_llama_pretrain_tp2_pp2_launch_on_cpu(llama_tokens, tmp_path):
-    """The docstring's CPU launch, shrunk to 4 processes (tp2 x pp2) and a few steps."""
+def test_llama_pretrain_dp2_tp2_pp2_launch_on_8_cpu_processes(llama_tokens, tmp_path):
+    """The docstring's CPU launch: 8 processes (dp2 x tp2 x pp2), a few steps, checkpoint and VisualDL logs."""
     out, logs = tmp_path / "out", tmp_path / "logs"
-    cmd = ["flock", LOCK, "timeout", "300", PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node", "4",
+    cmd = ["flock", LOCK, "timeout", "300", PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node", "8",
            "--log_dir", str(logs), str(LLAMA / "run_pretrain.py"), str(LLAMA / "quickstart.json"),
            "--input_dir", str(llama_tokens), "--output_dir", str(out), "--tensor_parallel_degree", "2",
            "--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", "--max_steps", "4",
@@ -88,8 +88,10 @@ def test_llama_pretrain_tp2_pp2_launch_on_cpu(llama_tokens, tmp_path):
         tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("workerlog.*")))
         pytest.fail(f"launch exited {proc.returncode}\n{tails}\n{proc.stderr[-2000:]}")
     assert read_json(out / "eval_results.json")["eval_loss"] < 6.6
-    assert (out / "checkpoint-4").is_dir()
-    # save_model() merged the 4 tp x pp shards into one plain LlamaForCausalLM checkpoint: every key present
+    assert (out / "checkpoint-4" / ".checkpoint_complete").is_file()
+    vdl = list((out / "runs").glob("**/vdlrecords.*.log"))
+    assert len(vdl) == 1, f"one VisualDL writer per run, found {vdl}"
+    # save_model() merged the tp x pp shards into one plain LlamaForCausalLM checkpoint: every key present
     probe = ("import safetensors.numpy as sn; from paddlenlp.transformers import LlamaForCausalLM;"
              f"saved = set(sn.load_file(r'{out / 'model.safetensors'}'));"
              f"model = set(LlamaForCausalLM.from_pretrained(r'{out}').state_dict());"

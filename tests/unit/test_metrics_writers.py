@@ -160,7 +160,10 @@ def test_metrics_callback_writes_train_and_eval_scalars_and_run_info_to_both_wri
     args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "vdl"), report_to=["visualdl", "jsonl"])
     callback = MetricsCallback()
     run_callback(callback, args, TrainerState())
-    assert callback.writers is None  # closed at train end
+    # train end flushes but keeps the writers: an evaluate() after train() goes to the same run file
+    assert callback.writers is not None
+    callback.close()
+    assert callback.writers is None
 
     reader = read_visualdl(str(tmp_path / "vdl"))
     tags = reader.get_tags()

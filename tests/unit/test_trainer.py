@@ -278,3 +278,25 @@ def test_export_model_writes_an_inference_model_that_predicts_the_same(tmp_path)
     out = loaded(x)
     out = out[0] if isinstance(out, (list, tuple)) else out  # a single output comes back bare
     np.testing.assert_allclose(out.numpy(), trainer.model(x)[0].numpy(), rtol=1e-6)
+
+
+def test_visualdl_log_holds_the_trainers_loss_the_lr_schedule_and_phase_timers(tmp_path):
+    import glob
+
+    from visualdl import LogReader
+
+    args = args_for(tmp_path, max_steps=6, per_device_train_batch_size=4, report_to="visualdl",
+                    logging_dir=str(tmp_path / "vdl"), lr_scheduler_type="linear", warmup_steps=2,
+                    learning_rate=0.1, log_phase_timers=True)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data())
+    trainer.train()
+    (path,) = glob.glob(str(tmp_path / "vdl" / "**" / "vdlrecords.*.log"), recursive=True)
+    reader = LogReader(file_path=path)
+    scalars = lambda tag: [r.value for r in reader.get_data("scalar", tag)]  # noqa: E731
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert scalars("train/loss") == pytest.approx([h["loss"] for h in logged], rel=1e-6)
+    # lr logged after step k (the schedule has advanced k times): warmup 2 steps, then linear decay over 4
+    expected_lr = [0.1 * min(k / 2, (6 - k) / 4) for k in range(1, 7)]
+    assert scalars("train/learning_rate") == pytest.approx(expected_lr, abs=1e-7)
+    tags = set(reader.get_tags()["scalar"])
+    assert {"train/grad_norm", "train/samples_per_second", "train/forward_backward_time", "train/optimizer_time"} <= tags

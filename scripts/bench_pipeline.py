@@ -42,49 +42,6 @@ def shapes(tiny: bool) -> dict:
                 warmup=1, steps=3)
 
 
-def _pair_groups(p: int) -> dict:
-    """A 2-rank group for every pair of neighbouring stages (every rank creates all, in the same order)."""
-    import paddle.distributed as dist
-
-    return {frozenset((i, i + 1)): dist.new_group([i, i + 1]) for i in range(p - 1)}
-
-
-def _route_p2p_over_pair_groups(p2p, pairs: dict) -> None:
-    """Workaround for pp > 2 on gloo: carry the pipeline's point-to-point traffic on 2-rank groups.
-
-    Paddle sends both the first step's shape metadata (``SendRecvMeta.send_meta/recv_meta`` →
-    ``paddle.distributed.send/recv``) and the activations (``_send_on_calc_stream``) over the whole pipe group.
-    With 4 ranks in that gloo group the first step hangs (gloo TIMEOUT in stage 0's ``send_meta`` while stage 2
-    waits in ``recv_meta``); with 2 ranks (pp2) it works. Giving every neighbour pair its own group makes pp4
-    run; ``--no-p2p-fix`` shows the hang. (pp rank = global rank here: the launch is pp only.)
-    """
-    import paddle.distributed as dist
-
-    me = dist.get_rank()
-    meta_cls = p2p.SendRecvMeta
-    send_meta, recv_meta = meta_cls.send_meta, meta_cls.recv_meta
-    hcg = p2p._hcg
-
-    def send_meta_pair(self, tensor, group, reverse=False, broadcast=False):
-        peer = hcg._get_p2p_prev_rank() if reverse else hcg._get_p2p_next_rank()
-        return send_meta(self, tensor, pairs[frozenset((me, peer))], reverse=reverse, broadcast=broadcast)
-
-    def recv_meta_pair(self, group, reverse=False, broadcast=False):
-        peer = hcg._get_p2p_next_rank() if reverse else hcg._get_p2p_prev_rank()
-        return recv_meta(self, pairs[frozenset((me, peer))], reverse=reverse, broadcast=broadcast)
-
-    def send(tensor, group, dst, nranks=1, rank_id=0):
-        pair = pairs[frozenset((me, dst))]
-        return pair.process_group.send(tensor, pair.get_group_rank(dst), True)
-
-    def recv(tensor, group, src, nranks=1, rank_id=0):
-        pair = pairs[frozenset((me, src))]
-        return pair.process_group.recv(tensor, pair.get_group_rank(src), True)
-
-    meta_cls.send_meta, meta_cls.recv_meta = send_meta_pair, recv_meta_pair
-    p2p._send_on_calc_stream, p2p._recv_on_calc_stream = send, recv
-
-
 def worker(a) -> None:
     import logging
 
@@ -102,7 +59,6 @@ def worker(a) -> None:
                              gradient_accumulation_steps=max(sh["ms"]), per_device_train_batch_size=sh["micro_batch"],
                              report_to="none", disable_tqdm=True, seed=5)
     topo = init_topology(args)
-    pairs = _pair_groups(a.pp) if a.pp > 2 and not a.no_p2p_fix else {}
 
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLMPipe
 
@@ -127,8 +83,6 @@ def worker(a) -> None:
                 idle[0] += time.perf_counter() - t0
         return run
 
-    if a.pp > 2 and not a.no_p2p_fix:
-        _route_p2p_over_pair_groups(p2p, pairs)
     p2p._send_on_calc_stream = timed(p2p._send_on_calc_stream)
     p2p._recv_on_calc_stream = timed(p2p._recv_on_calc_stream)
 
@@ -162,7 +116,6 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="m=4 only, tiny shapes (smoke test)")
     p.add_argument("--pp", type=int, default=DEFAULT_PP, help="pipeline degree = processes (default 4)")
-    p.add_argument("--no-p2p-fix", action="store_true", help="keep Paddle's p2p over the whole pipe group (hangs for pp>2)")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result-dir", help=argparse.SUPPRESS)
@@ -174,8 +127,7 @@ def main(argv=None):
     P = a.pp
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
-        launch(__file__, P, ["--worker", "--result-dir", tmp, "--pp", P] + (["--tiny"] if a.tiny else [])
-               + (["--no-p2p-fix"] if a.no_p2p_fix else []),
+        launch(__file__, P, ["--worker", "--result-dir", tmp, "--pp", P] + (["--tiny"] if a.tiny else []),
                os.path.join(tmp, "logs"), timeout=600, env_extra={"OMP_NUM_THREADS": "1"})
         per_rank = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(P)]
     rows, summary = [], []

@@ -346,7 +346,8 @@ class Trainer:
 
     def training_step(self, model, inputs: Dict[str, Any]) -> paddle.Tensor:
         """Forward + backward of one micro-batch; returns the detached loss divided by accumulation steps."""
-        model.train()
+        if not model.training:  # Layer.train() walks every sublayer: do it only after an evaluation
+            model.train()
         inputs = self._prepare_inputs(inputs)
         with self.autocast_smart_context_manager():
             loss = self.compute_loss(model, inputs)

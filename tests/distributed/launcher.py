@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from hang_retry import hung, report_hang
+
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
 LOCK = "/tmp/paddletrainer-mp.lock"
@@ -43,13 +45,21 @@ def _log_tails(log_dir: Path, lines: int = 40) -> str:
 
 
 def launch(worker: str, nproc: int, worker_args: list, work_dir: Path, timeout: int = 300) -> float:
-    """Launch ``workers/<worker>`` on ``nproc`` processes; return the wall time in seconds."""
-    log_dir = Path(work_dir) / "logs"
-    cmd = ["flock", LOCK, "timeout", str(timeout), PYTHON, "-m", "paddle.distributed.launch",
-           "--nproc_per_node", str(nproc), "--log_dir", str(log_dir), str(WORKERS / worker), *map(str, worker_args)]
-    started = time.time()
-    proc = subprocess.run(cmd, cwd=str(WORKERS), env=_env(timeout), capture_output=True, text=True)
-    elapsed = time.time() - started
+    """Launch ``workers/<worker>`` on ``nproc`` processes; return the wall time in seconds.
+
+    A launch that hung (see ``hang_retry``) is retried once in a fresh log directory.
+    """
+    for attempt in (1, 2):
+        log_dir = Path(work_dir) / ("logs" if attempt == 1 else "logs_retry")
+        cmd = ["flock", LOCK, "timeout", str(timeout), PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node",
+               str(nproc), "--log_dir", str(log_dir), str(WORKERS / worker), *map(str, worker_args)]
+        started = time.time()
+        proc = subprocess.run(cmd, cwd=str(WORKERS), env=_env(timeout), capture_output=True, text=True)
+        elapsed = time.time() - started
+        if attempt == 1 and proc.returncode != 0 and hung(proc.returncode, log_dir):
+            report_hang(f"{worker} on {nproc} processes", log_dir)
+            continue
+        break
     if proc.returncode != 0:
         raise LaunchError(f"{' '.join(cmd)}\nexit {proc.returncode} after {elapsed:.0f}s\n{_log_tails(log_dir)}\n"
                           f"--- launcher ---\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")

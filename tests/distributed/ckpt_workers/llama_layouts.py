@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -97,6 +98,8 @@ def train_step(model, optimizer, topo, step):
 
 
 def main():
+    # A hang dumps every thread's stack into the worker log (and exits) shortly before the launch's timeout.
+    faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["weights", "save", "load"])
     for axis in ("dp", "sharding", "tp", "pp", "stage"):

@@ -172,20 +172,7 @@ def test_watchdog_rejects_a_non_positive_timeout():
 import paddle  # noqa: E402
 
 
-class RegressionModel(paddle.nn.Layer):
-    def __init__(self):
-        super().__init__()
-        self.linear = paddle.nn.Linear(1, 1)
-
-    def forward(self, x, labels=None):
-        pred = self.linear(x).squeeze(-1)
-        return paddle.nn.functional.mse_loss(pred, labels), pred
-
-
-def regression_data(n=64):
-    rng = np.random.RandomState(0)
-    x = rng.uniform(-1, 1, size=(n, 1)).astype("float32")
-    return [{"x": x[i], "labels": np.float32(2 * x[i, 0] - 1)} for i in range(n)]
+from toy_models import RegressionModel, regression_data  # noqa: E402
 
 
 def make_trainer(out, callbacks=(), robust=False, **kw):

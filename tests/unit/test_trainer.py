@@ -13,26 +13,7 @@ from paddletrainer import (
     TrainerCallback,
     TrainingArguments,
 )
-
-
-class RegressionModel(paddle.nn.Layer):
-    """y = a·x + b; returns (loss, prediction) with labels, prediction alone without."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = paddle.nn.Linear(1, 1)
-
-    def forward(self, x, labels=None):
-        pred = self.linear(x).squeeze(-1)
-        if labels is None:
-            return (pred,)
-        return paddle.nn.functional.mse_loss(pred, labels), pred
-
-
-def regression_data(n=64, a=2.0, b=-1.0, seed=0):
-    rng = np.random.RandomState(seed)
-    x = rng.uniform(-1, 1, size=(n, 1)).astype("float32")
-    return [{"x": x[i], "labels": np.float32(a * x[i, 0] + b)} for i in range(n)]
+from toy_models import RegressionModel, regression_data
 
 
 def args_for(tmp_path, **kw):

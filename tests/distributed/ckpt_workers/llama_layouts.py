@@ -99,6 +99,7 @@ def train_step(model, optimizer, topo, step):
 
 def main():
     # A hang dumps every thread's stack into the worker log (and exits) shortly before the launch's timeout.
+    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
     p = argparse.ArgumentParser()
     p.add_argument("mode", choices=["weights", "save", "load"])

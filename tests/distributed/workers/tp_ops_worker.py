@@ -31,6 +31,7 @@ def leaf(array):
 
 
 def main(out):
+    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "120")), exit=True)
     from paddle.distributed import collective
     from paddle.distributed.fleet.layers.mpu import mp_ops

@@ -106,6 +106,7 @@ def pipeline_inputs(micro):
 def main():
     a = parse()
     # A hung collective would otherwise be a silent timeout: dump every thread's stack and exit instead.
+    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "240")), exit=True)
     from paddletrainer.parallel import (clip_grad_norm, init_topology, mean_over_data_group, no_sync,
                                         parallelize, pipeline)

@@ -74,6 +74,7 @@ def build_model(work: WorkerArguments, args: TrainingArguments):
 
 
 def main():
+    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
     work, args = PdArgumentParser((WorkerArguments, TrainingArguments)).parse_args_into_dataclasses()
     model = build_model(work, args)

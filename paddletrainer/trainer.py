@@ -56,8 +56,8 @@ from .optimization import create_optimizer, get_scheduler
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
 from .trainer_utils import (
     EvalLoopOutput,
+    PREFIX_CHECKPOINT_DIR,
     EvalPrediction,
-    IntervalStrategy,
     PredictionOutput,
     TrainOutput,
     get_last_checkpoint,
@@ -68,9 +68,6 @@ from .trainer_utils import (
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
-
-PREFIX_CHECKPOINT_DIR = "checkpoint"
-
 
 class NonFiniteLossError(RuntimeError):
     """Raised (on every rank alike) when the loss or gradient norm is NaN/inf under ``nan_inf_policy=error``."""

@@ -11,7 +11,7 @@ import re
 import socket
 import time
 from enum import Enum
-from typing import Any, Dict, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -29,6 +29,7 @@ __all__ = [
     "CHECKPOINT_COMPLETE_MARKER",
     "set_seed",
     "get_last_checkpoint",
+    "sorted_checkpoints",
     "speed_metrics",
     "default_logdir",
     "has_length",
@@ -147,26 +148,28 @@ def set_seed(seed: int = 42) -> None:
     paddle.seed(seed)
 
 
-def get_last_checkpoint(folder: str) -> Optional[str]:
-    """Return the path of the completed ``checkpoint-N`` directory with the highest N in ``folder``, or None.
+def sorted_checkpoints(folder: str) -> List[str]:
+    """The completed ``checkpoint-N`` directories in ``folder``, oldest (lowest N) first.
 
     Directories without the :data:`CHECKPOINT_COMPLETE_MARKER` file are skipped: they are interrupted or
-    in-flight saves, and resuming from one would load partial state.
+    in-flight saves, and resuming from one would load partial state. Temporary ``checkpoint-N.tmp-*``
+    directories never match the name pattern.
     """
     if not os.path.isdir(folder):
-        return None
-    best_step, best_path = -1, None
+        return []
+    found = []
     for name in os.listdir(folder):
         match = _CHECKPOINT_DIR_RE.match(name)
         path = os.path.join(folder, name)
-        if match is None or not os.path.isdir(path):
-            continue
-        if not os.path.exists(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
-            continue
-        step = int(match.group(1))
-        if step > best_step:
-            best_step, best_path = step, path
-    return best_path
+        if match is not None and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
+
+
+def get_last_checkpoint(folder: str) -> Optional[str]:
+    """Return the path of the completed ``checkpoint-N`` directory with the highest N in ``folder``, or None."""
+    checkpoints = sorted_checkpoints(folder)
+    return checkpoints[-1] if checkpoints else None
 
 
 def speed_metrics(

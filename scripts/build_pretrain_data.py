@@ -19,7 +19,6 @@ Example:
 import argparse
 import json
 import os
-import re
 import tempfile
 from pathlib import Path
 

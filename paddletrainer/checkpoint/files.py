@@ -14,6 +14,7 @@ import numpy as np
 import paddle
 from safetensors.numpy import save_file as st_save_file
 
+from ..trainer_utils import get_last_checkpoint, sorted_checkpoints
 from . import layout as L
 from .local_state import unwrap_model
 from .reshard import file_crc32, verify_files
@@ -111,22 +112,9 @@ def is_complete_checkpoint(path: str) -> bool:
     return os.path.isfile(os.path.join(path, L.CHECKPOINT_COMPLETE_MARKER))
 
 
-def list_complete_checkpoints(output_dir: str) -> List[str]:
-    """Published, complete ``checkpoint-N`` dirs, oldest first (tmp dirs and marker-less dirs ignored)."""
-    if not os.path.isdir(output_dir):
-        return []
-    found = []
-    for name in os.listdir(output_dir):
-        step = L.parse_checkpoint_step(name)
-        path = os.path.join(output_dir, name)
-        if step is not None and is_complete_checkpoint(path):
-            found.append((step, path))
-    return [p for _, p in sorted(found)]
-
-
-def get_last_complete_checkpoint(output_dir: str) -> Optional[str]:
-    ckpts = list_complete_checkpoints(output_dir)
-    return ckpts[-1] if ckpts else None
+# Discovery of published checkpoints lives in trainer_utils (the Trainer's get_last_checkpoint uses it too).
+list_complete_checkpoints = sorted_checkpoints
+get_last_complete_checkpoint = get_last_checkpoint
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:

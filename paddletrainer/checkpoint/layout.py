@@ -23,15 +23,12 @@ import math
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-try:  # one constant shared with get_last_checkpoint in trainer_utils (owned by another module)
-    from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER
-except Exception:  # trainer_utils not present yet, or does not define it: same string
-    CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
+# Directory naming and the completion marker are shared with trainer_utils.get_last_checkpoint.
+from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, PREFIX_CHECKPOINT_DIR  # noqa: F401 (re-exported as L.*)
 
 FORMAT_NAME = "paddletrainer-checkpoint"
 FORMAT_VERSION = 1
 INDEX_NAME = "checkpoint_index.json"
-PREFIX_CHECKPOINT_DIR = "checkpoint"
 TMP_INFIX = ".tmp-"
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"

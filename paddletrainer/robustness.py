@@ -616,8 +616,10 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
     """
     if not getattr(args, "do_train", False) or getattr(args, "overwrite_output_dir", False):
         return
+    from .trainer_utils import requested_resume
+
     resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(args, "resume_from_checkpoint", None)
-    if resume not in (None, False, "", "False", "false"):
+    if requested_resume(resume) is not None:
         return
     out = getattr(args, "output_dir", None)
     if not out or not os.path.isdir(out):

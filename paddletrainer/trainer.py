@@ -62,6 +62,7 @@ from .trainer_utils import (
     TrainOutput,
     get_last_checkpoint,
     has_length,
+    requested_resume,
     set_seed,
     speed_metrics,
 )
@@ -406,10 +407,12 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------- train
     def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
-        resume = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
-        if resume in (None, False, "", "False", "false"):
+        resume = requested_resume(
+            resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
+        )
+        if resume is None:
             return None
-        if resume is True or resume in ("True", "true"):
+        if resume is True:
             path = get_last_checkpoint(self.args.output_dir)
             if path is None:
                 raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint")

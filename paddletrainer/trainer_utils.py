@@ -30,6 +30,7 @@ __all__ = [
     "set_seed",
     "get_last_checkpoint",
     "sorted_checkpoints",
+    "requested_resume",
     "speed_metrics",
     "default_logdir",
     "has_length",
@@ -170,6 +171,18 @@ def get_last_checkpoint(folder: str) -> Optional[str]:
     """Return the path of the completed ``checkpoint-N`` directory with the highest N in ``folder``, or None."""
     checkpoints = sorted_checkpoints(folder)
     return checkpoints[-1] if checkpoints else None
+
+
+def requested_resume(value: Any) -> Union[None, bool, str]:
+    """Normalise a ``resume_from_checkpoint`` value: None (no resume), True (the newest checkpoint) or a path.
+
+    Config files and command lines carry booleans as strings, so "True"/"true" and "False"/"false"/"" count too.
+    """
+    if value in (None, False, "", "False", "false"):
+        return None
+    if value is True or value in ("True", "true"):
+        return True
+    return str(value)
 
 
 def speed_metrics(

@@ -433,6 +433,9 @@ class TrainingArguments:
         "Peak FLOP/s of one device, to report MFU (None: MFU is not logged)."))
     amp_on_cpu: Literal["error", "fp32_dry_run"] = field(default="error", metadata=_help(
         "What fp16/bf16 does on a CPU-only Paddle: error, or fp32_dry_run (run in float32 with a loud warning)."))
+    sharding_stage3_segment_size: int = field(default=2**20, metadata=_help(
+        "Sharding stage3: parameters with more elements than this are sliced across the sharding group; "
+        "smaller ones stay whole on every rank (Paddle's default 2**20; lower it to slice a small model)."))
 
     # ================================================================ construction
     def __post_init__(self):
@@ -508,6 +511,7 @@ class TrainingArguments:
         _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
         _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
         _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
+        _positive(self.sharding_stage3_segment_size, "sharding_stage3_segment_size")
         if self.dataloader_num_workers < 0:
             raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
 
@@ -599,8 +603,14 @@ class TrainingArguments:
                 and not self.amp_master_grad:
             raise ValueError(
                 "pipeline_parallel_config=enable_sharding_comm_overlap needs amp_master_grad=True (and fp16 or bf16)")
-        if self.sharding_offload and d.use_hybrid:
-            logger.warning("sharding offload is experimental with hybrid parallel")
+        if self.sharding_offload and self.sharding_stage == 2:
+            # Paddle's stage-2 offload keeps fp32 masters of half-precision weights and has no dp path.
+            if d.dp > 1:
+                raise ValueError(f"sharding='stage2 offload' cannot be combined with data parallel (dp degree {d.dp}): "
+                                 "use 'stage3 offload', or stage2 without offload")
+            if not ((self.fp16 or self.bf16) and self.fp16_opt_level == "O2"):
+                raise ValueError("sharding='stage2 offload' needs fp16 or bf16 with fp16_opt_level=O2: "
+                                 "use 'stage3 offload' for fp32 training")
         if self.distributed_dataloader and d.tp <= 1 and d.pp <= 1:
             logger.warning("distributed_dataloader needs tensor or pipeline parallel: turning it off")
             self.distributed_dataloader = False

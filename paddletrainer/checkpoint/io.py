@@ -47,7 +47,8 @@ from .files import (
     write_file,
     write_safetensors,
 )
-from .local_state import dtype_name, layout_dict, model_tensors, optimizer_tensors, topology_info
+from .local_state import (dtype_name, layout_dict, model_tensors, offload_master_weights, optimizer_tensors,
+                          topology_info)
 
 _writer = AsyncWriter()
 _pending: Optional[dict] = None  # what finish_pending_save needs to publish the in-flight save
@@ -118,6 +119,8 @@ def save_checkpoint(
     try:
         models, by_param = model_tensors(model, topo)
         optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
+        if optimizer is not None:
+            optims.update({k: master for k, (master, _) in offload_master_weights(model, by_param).items()})
         local = {**models, **optims}
         mine = [
             L.PieceEntry(k, dtype_name(lt.tensor), lt.placement, topo.rank,

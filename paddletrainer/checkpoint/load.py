@@ -10,7 +10,8 @@ from typing import List, Optional
 from . import layout as L
 from . import rng as rng_mod
 from .files import from_json, read_index, read_small
-from .local_state import dtype_name, ensure_accumulators, layout_dict, model_tensors, optimizer_tensors, topology_info
+from .local_state import (dtype_name, ensure_accumulators, layout_dict, model_tensors, offload_master_weights,
+                          optimizer_tensors, topology_info)
 from .reshard import PieceReader, read_placement, verify_files
 
 
@@ -51,11 +52,15 @@ def load_checkpoint(
         index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
         complete_model=topo.pp_degree == 1,
     )
+    # Sharding offload trains host master weights; one the checkpoint lacks (saved without offload, or
+    # without optimizer state) starts from the loaded weight, as Paddle's offload starts from the model.
+    masters = offload_master_weights(model, by_param)
     optimizer_restored = False
     if optimizer is not None:
         if any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
             ensure_accumulators(optimizer)
             optims = optimizer_tensors(optimizer, by_param)
+            optims.update({k: m for k, (m, _) in masters.items() if k in index["tensors"]})
             problems += L.compare_to_index(
                 index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()},
                 complete_model=False, prefix=L.OPTIM_PREFIX,
@@ -75,6 +80,9 @@ def load_checkpoint(
             lt.assign(read_placement(index, key, lt.placement, reader), index["tensors"][key]["dtype"])
     finally:
         reader.close()
+    for key, (master, mastered) in masters.items():
+        if key not in targets:
+            master.tensor.set_value(mastered.tensor.astype(master.tensor.dtype))
 
     if lr_scheduler is not None:
         raw = read_small(ckpt_dir, index, L.SCHEDULER_NAME)

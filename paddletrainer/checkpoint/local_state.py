@@ -11,6 +11,8 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
 * optimizer: unwrap ``_optimizer`` / ``_inner_opt`` / ``_optim`` to the Paddle optimizer, whose ``_accumulators`` hold
   exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
+* sharding offload: the fp32 master weights live on the parameters (``param.master_weight``), not in the
+  optimizer; they are saved as the parameters' ``master_weight`` states (:func:`offload_master_weights`).
 """
 
 from __future__ import annotations
@@ -153,6 +155,22 @@ def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, LocalT
     return out, by_param
 
 
+def offload_master_weights(model, by_param) -> Dict[str, Tuple[LocalTensor, LocalTensor]]:
+    """Sharding offload's fp32 master weights: ``{optim/<param>/master_weight: (master, what it masters)}``.
+
+    Paddle's stage 3 offload keeps them as ``param.master_weight`` (a slice's master for a sliced parameter)
+    and trains them, copying them into the parameters after each step; the second element is the
+    parameter's (or slice's) LocalTensor, which has the same element count and placement.
+    """
+    out: Dict[str, Tuple[LocalTensor, LocalTensor]] = {}
+    for param in unwrap_model(model).parameters():
+        master = getattr(param, "master_weight", None)
+        if isinstance(master, paddle.Tensor) and master._is_initialized() and param.name in by_param:
+            gname, plt = by_param[param.name]
+            out[optim_key(gname, MASTER_WEIGHT)] = (LocalTensor(master, plt.placement), plt)
+    return out
+
+
 # ------------------------------------------------------------------------------------ optimizer
 def unwrap_optimizer(optimizer):
     """The Paddle optimizer that owns ``_accumulators`` (under HybridParallelOptimizer/sharding wrappers)."""
@@ -169,12 +187,29 @@ def unwrap_optimizer(optimizer):
 
 
 def ensure_accumulators(optimizer) -> None:
-    """Create the accumulators of a fresh optimizer (they are lazy) so loading can fill them in place."""
+    """Create the accumulators of a fresh optimizer (they are lazy) so loading can fill them in place.
+
+    Under sharding stage 3 the optimizer updates a parameter's slice, a stand-in named ``slice@<name>``
+    that GroupShardedStage3 builds at every step; its accumulators are keyed and shaped by that slice, so
+    they are created here from ``fw_storage`` (the step then finds and reuses them by name).
+    """
     inner = unwrap_optimizer(optimizer)
-    params = [p for p in (inner._parameter_list or []) if not p.stop_gradient]
+    params = [_optimized_tensor(p) for p in (inner._parameter_list or []) if not p.stop_gradient]
     if params and hasattr(inner, "_create_accumulators"):
         block = paddle.static.default_main_program().global_block()
         inner._create_accumulators(block, params)
+
+
+def _optimized_tensor(param):
+    slice_ = getattr(param, "fw_storage", None)
+    if not isinstance(slice_, paddle.Tensor) or slice_.name == param.name:
+        return param
+    from paddle.base.framework import EagerParamBase
+
+    stand_in = EagerParamBase(shape=slice_.shape, dtype=slice_.dtype, name=slice_.name)
+    stand_in.optimize_attr = dict(param.optimize_attr)
+    stand_in.regularizer = param.regularizer
+    return stand_in
 
 
 def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -> Dict[str, LocalTensor]:

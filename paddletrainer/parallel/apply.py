@@ -19,6 +19,8 @@ interface: ``clip_grad_norm`` then ``optimizer.step()``.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from .data_parallel import apply_data_parallel
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
@@ -37,11 +39,12 @@ def _check_optimizer(optimizer) -> None:
         )
 
 
-def parallelize(model, optimizer, topology, args, *, stage3_segment_size: int = STAGE3_DEFAULT_SEGMENT_SIZE):
+def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Optional[int] = None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
-    ``args`` supplies ``sharding_stage`` (0..3) and ``sharding_offload``. ``stage3_segment_size``: under
-    sharding stage 3, parameters with more elements than this are sliced across the sharding group. The model must already be built
+    ``args`` supplies ``sharding_stage`` (0..3), ``sharding_offload`` and ``sharding_stage3_segment_size``
+    (under sharding stage 3, parameters with more elements than this are sliced across the sharding group;
+    the keyword ``stage3_segment_size`` overrides it). The model must already be built
     for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their config), a
     ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
     """
@@ -58,6 +61,8 @@ def parallelize(model, optimizer, topology, args, *, stage3_segment_size: int = 
     if topology.sharding_degree > 1 and stage == 0:
         stage = 1  # a sharding degree without a stage: PaddleNLP's default is stage1
     offload = bool(getattr(args, "sharding_offload", False))
+    if stage3_segment_size is None:
+        stage3_segment_size = getattr(args, "sharding_stage3_segment_size", STAGE3_DEFAULT_SEGMENT_SIZE)
 
     if topology.pp_degree > 1:
         if stage > 1:

@@ -16,7 +16,9 @@ The fills:
 3. ``hybrid_parallel_util.broadcast_input_data`` is a no-op,
 4. ``ParallelEnv.device_id`` defaults to 0 and pipeline p2p uses plain blocking send/recv,
 5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
-6. sequence parallel is rejected (:func:`reject_sequence_parallel`).
+6. sequence parallel is rejected (:func:`reject_sequence_parallel`),
+7. sharding stage 3 offload: host<->device moves that copy instead of aliasing (``group_sharded_stage3``'s
+   ``_device2cpu``/``_cpu2device`` and the unsliced-parameter part of ``_clear_gradients``).
 """
 from __future__ import annotations
 
@@ -289,7 +291,7 @@ def group_sharded_construction():
     * ``ParamStorage.add_rank_params(convert_gpu=False)``: with True it calls ``param.cpu()``, which on
       CPU aliases the parameter, then clears it, destroying the weights ("Tensor not initialized yet").
 
-    Training afterwards needs none of these (no offload: Paddle's offload paths call ``.cuda``).
+    Training afterwards needs none of these; stage 3 offload needs fill 7 (installed with the others).
     Gradient clipping is done by :func:`paddletrainer.parallel.collectives.clip_grad_norm`, so Paddle's
     GroupShardedClipGrad (which calls ``.cuda``) is never installed.
     """
@@ -312,6 +314,78 @@ def group_sharded_construction():
         core.is_compiled_with_cuda = saved_cuda
         paddle.get_device = saved_get_device
         group_sharded_storage.ParamStorage.add_rank_params = saved_add
+
+
+# --------------------------------------------------------------------------------------------------
+# Fill 7: sharding stage 3 offload
+# --------------------------------------------------------------------------------------------------
+# GroupShardedStage3(offload=True) keeps each rank's fp32 master slice in host memory and moves the working
+# copy between host and device around every forward/backward. Its move helpers assume two memories: on a
+# CPU build ``tensor.cpu()`` returns the *same* tensor, so "copy to host, then free the device tensor"
+# frees the only copy ("Tensor not initialized yet"), and ``tensor.to("cpu:0")`` is not a valid place.
+# The fills keep Paddle's offload control flow (master weights, fp32 host gradients, the optimizer step
+# under ``device_guard``) and only make each move a real copy, so the offload path runs on CPU exactly as
+# it would with an accelerator, with host and "device" being the same memory.
+def _offload_to_host(tensor, convert_dtype=False):
+    """Replaces ``group_sharded_stage3._device2cpu``: a host copy of ``tensor``; frees ``tensor`` unless converting.
+
+    Paddle frees only the temporary fp32 cast when ``convert_dtype`` is set (the caller still owns the
+    original gradient), and the tensor itself otherwise; the fill frees the same one.
+    """
+    if convert_dtype:
+        return paddle.cast(tensor, "float32")  # a new tensor even for float32 input
+    host = tensor.detach().clone()
+    tensor._clear_data()
+    return host
+
+
+def _offload_to_device(param):
+    """Replaces ``group_sharded_stage3._cpu2device``: a working copy of ``param.fw_storage`` in the training dtype."""
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3
+
+    copy = param.fw_storage.detach().clone()
+    dtype = gs3.param2dtype.get(param.name, copy.dtype)
+    return copy if copy.dtype == dtype else paddle.cast(copy, dtype)
+
+
+def _install_stage3_offload():
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3
+
+    for name, fill in (("_device2cpu", _offload_to_host), ("_cpu2device", _offload_to_device)):
+        if getattr(gs3, name) is not fill:
+            fill.__wrapped_paddle__ = getattr(gs3, name)
+            setattr(gs3, name, fill)
+    original_clear = gs3.GroupShardedStage3._clear_gradients
+    if getattr(original_clear, "__paddletrainer_fill__", False):
+        return
+
+    @paddle.autograd.no_grad()
+    def clear_gradients(self):
+        if not self._offload:
+            return original_clear(self)
+        # Paddle's offload branch copies each unsliced parameter back from its host master with
+        # ``param.to(device + ":" + id)``, which has no CPU form. Do that branch here (clear the gradient,
+        # give the parameter its own copy in the training dtype, rebuild the released gradient buffers),
+        # then run Paddle's method as without offload: its sliced-parameter part does not depend on the
+        # flag, and its non-offload unsliced part only zeroes the freshly rebuilt (already zero) buffers.
+        for param in list(self._unslice_params):
+            if self.use_main_grad:
+                param.main_grad = None
+            else:
+                param.clear_gradient(False)
+            paddle.cast(param, gs3.param2dtype.get(param.name, param.dtype))._share_buffer_to(param)
+        for grad_storage in self._grad_storages.values():
+            grad_storage.manual_release()
+            grad_storage.rebuild()
+        self._offload = False
+        try:
+            return original_clear(self)
+        finally:
+            self._offload = True
+
+    clear_gradients.__paddletrainer_fill__ = True
+    clear_gradients.__wrapped_paddle__ = original_clear
+    gs3.GroupShardedStage3._clear_gradients = clear_gradients
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,6 +424,7 @@ def install() -> None:
         _install_tensor_parallel_ops()
         _install_broadcast_input_data()
         _install_pipeline()
+        _install_stage3_offload()
         _INSTALLED = True
 
 
@@ -437,6 +512,18 @@ def check_paddle_assumptions() -> None:
            "ParamStorage.add_rank_params lost its convert_gpu argument")
     expect(lambda: "update_scaler" in inspect.getsource(gs3.GroupShardedStage3._redefine_opt_step),
            "GroupShardedStage3's optimizer step no longer honours update_scaler")
+    # 7. sharding stage 3 offload
+    expect(lambda: _params_of(gs3._device2cpu)[:2] == ["trans_param", "convert_dtype"],
+           "group_sharded_stage3._device2cpu(trans_param, convert_dtype) signature changed")
+    expect(lambda: _params_of(gs3._cpu2device)[:1] == ["param"], "group_sharded_stage3._cpu2device(param) changed")
+    expect(lambda: ".cpu()" in _source_of(gs3._device2cpu) and "_clear_data()" in _source_of(gs3._device2cpu),
+           "group_sharded_stage3._device2cpu no longer copies with .cpu() then frees (drop fill 7?)")
+    expect(lambda: "global param2dtype" in inspect.getsource(gs3.GroupShardedStage3.__init__),
+           "GroupShardedStage3 no longer records parameter dtypes in the module global param2dtype")
+    expect(lambda: all(part in _source_of(gs3.GroupShardedStage3._clear_gradients)
+                       for part in ("self._offload", "self._unslice_params", "manual_release", "rebuild",
+                                    'self._default_device + ":"')),
+           "GroupShardedStage3._clear_gradients' offload branch changed (review fill 7)")
     if problems:
         raise RuntimeError("paddletrainer's CPU backend no longer matches this Paddle version:\n  - "
                            + "\n  - ".join(problems))

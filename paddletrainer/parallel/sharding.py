@@ -18,7 +18,7 @@ import contextlib
 
 import paddle
 
-__all__ = ["apply_sharding", "STAGE3_DEFAULT_SEGMENT_SIZE"]
+__all__ = ["apply_sharding", "check_stage2_offload", "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 # Parameters with more elements than this are sliced across the sharding group under stage 3; smaller
 # ones stay whole (replicated) on every rank. Paddle's default is 2**20; on CPU every slice is padded to a
@@ -34,6 +34,21 @@ def _construction_scope():
     return cpu_backend.group_sharded_construction()
 
 
+def check_stage2_offload(dp_degree: int, *, fp16_parameters: bool) -> None:
+    """Raise unless Paddle's stage-2 offload can run: it keeps fp32 masters of *half-precision* parameters
+    on the host (it asserts AMP O2 fp16/bf16 weights) and refuses a dp group next to the sharding group."""
+    if dp_degree > 1:
+        raise ValueError(f"sharding 'stage2 offload' cannot be combined with data parallel (dp degree {dp_degree}); "
+                         "use 'stage3 offload', or stage2 without offload")
+    if not fp16_parameters:
+        raise ValueError("sharding 'stage2 offload' needs fp16/bf16 parameters (--fp16/--bf16 with --fp16_opt_level O2), "
+                         "which a CPU-only Paddle cannot train; use 'stage3 offload', or stage2 without offload")
+
+
+def _has_half_parameters(model) -> bool:
+    return any(p.dtype in (paddle.float16, paddle.bfloat16) for p in model.parameters())
+
+
 def _device() -> str:
     return paddle.get_device().split(":")[0]
 
@@ -44,8 +59,10 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
 
     Args:
         stage: 1, 2 or 3.
-        offload: stage 2/3 optimizer-state offload to host memory (rejected on CPU, where everything
-            already lives in host memory and Paddle's offload path requires fp16 parameters).
+        offload: keep the sharded fp32 master weights and optimizer state in host memory (Paddle's
+            offload path). Stage 3 runs it on every device (on CPU through ``cpu_backend`` fill 7, with
+            host and device the same memory); stage 2 needs fp16/bf16 parameters and no dp, see
+            :func:`check_stage2_offload`.
         segment_size: stage 3 slicing threshold in elements (see ``STAGE3_DEFAULT_SEGMENT_SIZE``).
         wrap_model: stage 1 only: also wrap the model with ``fleet.distributed_model`` (``ShardingParallel``,
             which broadcasts the initial parameters). False when another axis already wrapped it.
@@ -68,12 +85,8 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
         raise ValueError(f"sharding stage{stage} cannot be combined with pipeline parallel (use stage1)")
     if stage == 3 and topology.tp_degree > 1:
         raise ValueError("sharding stage3 cannot be combined with tensor parallel (use stage1 or stage2)")
-    if offload and not (paddle.is_compiled_with_cuda() or paddle.device.get_all_custom_device_type()):
-        raise NotImplementedError(
-            "sharding offload moves optimizer state from accelerator to host memory; on CPU the state is already "
-            "in host memory, and Paddle's offload path needs fp16/bf16 parameters and .cuda() copies. "
-            "Drop 'offload' from --sharding on CPU."
-        )
+    if offload and stage == 2:
+        check_stage2_offload(topology.dp_degree, fp16_parameters=_has_half_parameters(model))
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
         GroupShardedOptimizerStage2,
     )

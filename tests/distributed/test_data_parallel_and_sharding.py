@@ -59,6 +59,20 @@ def test_sharding_stage3_x2_matches_single_process_and_halves_parameters_and_sta
         assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage3 rank {r['rank']} state")
 
 
+def test_sharding_stage3_offload_x2_matches_single_process_and_halves_state(launch_layout, single_process):
+    # Paddle's offload path (fp32 host masters, host gradients, step under device_guard) through
+    # cpu_backend fill 7; on CPU "host" and "device" are the same memory, so only the sharding halves.
+    reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
+    results = launch_layout("llama", 2, sharding=2, stage=3, offload=True, segment_size=STAGE3_SEGMENT,
+                            max_norm=LLAMA_MAX_NORM)
+    assert_matches_single_process(results, reference, LLAMA_MAX_NORM)
+    for r in results:
+        assert r["offload_master_bytes"] > 0, "offload kept no host master weights"
+        assert_about_half(r["opt_state_bytes"], reference["opt_state_bytes"], f"stage3 offload rank {r['rank']} state")
+        assert_about_half(r["offload_master_bytes"], reference["param_bytes"],
+                          f"stage3 offload rank {r['rank']} master weights")
+
+
 def test_sharding_stage2_x2_with_tp2_matches_single_process(launch_layout, single_process):
     # PaddleNLP's stage2 + tp layout: TensorParallel inside GroupShardedStage2
     results = launch_layout("llama", 4, sharding=2, stage=2, tp=2, max_norm=LLAMA_MAX_NORM)

@@ -140,3 +140,27 @@ def test_trainer_sharding_stage2_llama_matches_single_process_and_resumes_under_
     launch(WORKER, 2, llama_args(pp2 / "out", pp2 / "res", llama_weights, pipeline_parallel_degree=2,
                                  resume_from_checkpoint=st2 / "out" / "checkpoint-2"), pp2)
     assert_matches(read_results(pp2 / "res", 2), ref, resumed_from=2)
+
+
+def test_trainer_stage3_offload_llama_matches_single_process_and_checkpoints_resume_both_ways(
+    tmp_path, single_llama, llama_weights
+):
+    # weight matrices sliced (segment 1000 elements), norms whole: both kinds of offload master weight
+    work, ref = single_llama
+    stage3 = dict(per_device_train_batch_size=2, sharding="stage3 offload", sharding_parallel_degree=2,
+                  sharding_stage3_segment_size=1000)
+    offload = tmp_path / "offload"
+    launch(WORKER, 2, llama_args(offload / "out", offload / "res", llama_weights, **stage3), offload)
+    assert_matches(read_results(offload / "res", 2), ref)
+
+    # its checkpoint (slices + host master weights) continues in one process ...
+    one = tmp_path / "one"
+    run_single(WORKER, llama_args(one / "out", one / "res", llama_weights,
+                                  resume_from_checkpoint=offload / "out" / "checkpoint-2"))
+    assert_matches(read_results(one / "res", 1), ref, resumed_from=2)
+
+    # ... and a one-process checkpoint (no master weights) continues under stage3 offload
+    back = tmp_path / "back"
+    launch(WORKER, 2, llama_args(back / "out", back / "res", llama_weights, **stage3,
+                                 resume_from_checkpoint=work / "out" / "checkpoint-2"), back)
+    assert_matches(read_results(back / "res", 2), ref, resumed_from=2)

@@ -66,6 +66,11 @@ ARGS_CASES = [
     ("sharding_stage3_with_pp", 4, dict(sharding="stage3", sharding_parallel_degree=2, pipeline_parallel_degree=2,
                                         gradient_accumulation_steps=2),
      ["sharding='stage3'", "pipeline_parallel_degree=2", "stage1"]),
+    ("sharding_stage2_offload_in_fp32", 2, dict(sharding="stage2 offload"),
+     ["sharding='stage2 offload'", "fp16_opt_level=O2", "stage3 offload"]),
+    ("sharding_stage2_offload_with_dp", 4, dict(sharding="stage2 offload", sharding_parallel_degree=2),
+     ["sharding='stage2 offload'", "data parallel", "dp degree 2"]),
+    ("stage3_segment_size_zero", 1, dict(sharding_stage3_segment_size=0), ["sharding_stage3_segment_size=0", "positive number"]),
     ("split_param_without_master_grad", 2, dict(sharding="stage1", sharding_parallel_config="split_param"),
      ["split_param", "amp_master_grad=True"]),
     # pipeline

@@ -68,22 +68,60 @@ def test_sequence_parallel_is_rejected_on_cpu():
         cpu_backend.reject_sequence_parallel(True)
 
 
-def test_sharding_offload_is_rejected_on_cpu_before_any_communication():
+def _two_rank_sharding_topology(dp=1):
+    return Topology(world_size=2 * dp, rank=0, local_rank=0, dp_degree=dp, sharding_degree=2, tp_degree=1,
+                    pp_degree=1, dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+
+
+@pytest.mark.parametrize("dp, match", [(1, "needs fp16/bf16 parameters"), (2, "cannot be combined with data parallel")])
+def test_stage2_offload_without_half_parameters_or_with_dp_is_rejected_before_any_communication(dp, match):
     from paddletrainer.parallel.sharding import apply_sharding
 
-    topo = Topology(world_size=2, rank=0, local_rank=0, dp_degree=1, sharding_degree=2, tp_degree=1, pp_degree=1,
-                    dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
     model = paddle.nn.Linear(2, 2)
     opt = paddle.optimizer.AdamW(parameters=model.parameters())
-    for stage in (2, 3):
-        with pytest.raises(NotImplementedError, match="offload"):
-            apply_sharding(model, opt, topology=topo, stage=stage, offload=True)
+    with pytest.raises(ValueError, match=match):
+        apply_sharding(model, opt, topology=_two_rank_sharding_topology(dp), stage=2, offload=True)
+
+
+def test_paddles_own_offload_move_destroys_the_tensor_on_cpu_and_the_fill_copies():
+    # Why fill 7 exists: on CPU, .cpu() aliases, so Paddle's "copy to host, free the device tensor" frees both.
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3
+
+    original = getattr(gs3._device2cpu, "__wrapped_paddle__", gs3._device2cpu)
+    assert not original(paddle.arange(4, dtype="float32"))._is_initialized(), "Paddle's move copies now: drop fill 7?"
+
+    source = paddle.arange(4, dtype="float32")
+    host = cpu_backend._offload_to_host(source)
+    assert host.numpy().tolist() == [0, 1, 2, 3] and not source._is_initialized()
+
+    grad = paddle.arange(4, dtype="float32")  # converting: Paddle frees only its temporary cast
+    as_fp32 = cpu_backend._offload_to_host(grad, convert_dtype=True)
+    assert grad._is_initialized() and as_fp32.dtype == paddle.float32
+    as_fp32.add_(paddle.ones([4]))
+    assert grad.numpy().tolist() == [0, 1, 2, 3], "the host copy aliases the gradient"
+
+
+def test_offload_device_copy_is_a_separate_tensor_in_the_parameters_training_dtype():
+    from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3
+
+    param = SimpleNamespace(name="w", fw_storage=paddle.arange(4, dtype="float32"))
+    saved = dict(getattr(gs3, "param2dtype", {}) or {})
+    gs3.param2dtype = {"w": paddle.float32}
+    try:
+        copy = cpu_backend._offload_to_device(param)
+        copy.add_(paddle.ones([4]))
+        assert param.fw_storage.numpy().tolist() == [0, 1, 2, 3] and copy.dtype == paddle.float32
+        gs3.param2dtype = {"w": paddle.float16}
+        assert cpu_backend._offload_to_device(param).dtype == paddle.float16
+    finally:
+        gs3.param2dtype = saved
 
 
 def test_every_fill_documents_the_paddle_function_it_replaces():
     for fill in (cpu_backend._c_identity, cpu_backend._c_split, cpu_backend._c_concat, cpu_backend._mp_allreduce,
                  cpu_backend.parallel_softmax_cross_entropy, cpu_backend._broadcast_input_data,
-                 cpu_backend._send_on_calc_stream, cpu_backend._recv_on_calc_stream):
+                 cpu_backend._send_on_calc_stream, cpu_backend._recv_on_calc_stream,
+                 cpu_backend._offload_to_host, cpu_backend._offload_to_device):
         assert "Replaces" in inspect.getdoc(fill), fill.__name__
 
 

@@ -126,7 +126,7 @@ def test_the_paddlenlp_config_keeps_sharding_in_a_multi_process_run(tmp_path, mo
 # ---------------------------------------------------------------- derived values
 @pytest.mark.parametrize(
     "value, stage, offload",
-    [("stage1", 1, False), ("stage2 offload", 2, True), ("stage3,offload", 3, True), (["stage2"], 2, False),
+    [("stage1", 1, False), ("stage3 offload", 3, True), ("stage3,offload", 3, True), (["stage2"], 2, False),
      (True, 1, False), (False, 0, False), ("", 0, False)],
 )
 def test_sharding_accepts_strings_lists_and_bools(tmp_path, world, value, stage, offload):
@@ -134,6 +134,12 @@ def test_sharding_accepts_strings_lists_and_bools(tmp_path, world, value, stage,
     args = make(tmp_path, sharding=value)
     assert args.sharding_stage == stage and args.sharding_offload is offload
     assert all(isinstance(o, ShardingOption) for o in args.sharding)
+
+
+def test_stage2_offload_is_accepted_with_half_precision_o2_weights(tmp_path, world):
+    world(2)
+    args = make(tmp_path, sharding="stage2 offload", bf16=True, fp16_opt_level="O2", amp_on_cpu="fp32_dry_run")
+    assert args.sharding_stage == 2 and args.sharding_offload is True
 
 
 @pytest.mark.parametrize(
@@ -408,8 +414,8 @@ def test_single_process_ranks_are_zero_without_asking_the_topology(tmp_path, mon
 # ---------------------------------------------------------------- serialization
 def test_to_dict_turns_enums_into_values_and_masks_secrets(tmp_path, world):
     world(2)
-    d = make(tmp_path, sharding="stage2 offload", wandb_api_key="secret", evaluation_strategy="epoch").to_dict()
-    assert d["sharding"] == ["stage2", "offload"] and d["evaluation_strategy"] == "epoch"
+    d = make(tmp_path, sharding="stage3 offload", wandb_api_key="secret", evaluation_strategy="epoch").to_dict()
+    assert d["sharding"] == ["stage3", "offload"] and d["evaluation_strategy"] == "epoch"
     assert d["optim"] == "adamw" and d["wandb_api_key"] == "<WANDB_API_KEY>"
     json.dumps(d)  # JSON-serializable
 

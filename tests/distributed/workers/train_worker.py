@@ -90,6 +90,12 @@ def param_bytes(model):
     return int(total)
 
 
+def offload_master_bytes(model):
+    """Bytes of the fp32 master weights sharding offload keeps in host memory (0 without offload)."""
+    masters = [getattr(p, "master_weight", None) for p in model.parameters()]
+    return int(sum(m._numel() * m.element_size() for m in masters if m is not None and m._is_initialized()))
+
+
 def forward_loss(model, kind, batch):
     x, y = (paddle.to_tensor(a) for a in batch)
     if kind == "mlp":
@@ -156,6 +162,7 @@ def main():
         "sharding_rank": topo.sharding_rank, "dp_rank": topo.dp_rank,
         "losses": losses, "grad_norms": norms,
         "opt_state_bytes": opt_state_bytes(optimizer), "param_bytes": param_bytes(model),
+        "offload_master_bytes": offload_master_bytes(model),
         "seconds": time.time() - started,
     })
     return topo

@@ -719,11 +719,8 @@ class Trainer:
 
     def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
         """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only."""
-        has_labels = all(inputs.get(k) is not None for k in self.label_names)
-        labels = None
-        if has_labels:
-            labels = [inputs[k] for k in self.label_names]
-            labels = labels[0] if len(labels) == 1 else tuple(labels)
+        labels = self._labels_of(inputs)
+        has_labels = labels is not None
         inputs = self._prepare_inputs(inputs)
         with paddle.no_grad(), self.autocast_smart_context_manager():
             if has_labels:
@@ -745,16 +742,25 @@ class Trainer:
             logits = logits[0]
         return loss, logits, labels
 
-    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
-        """Under pipeline parallel: the loss of one batch (broadcast from the last stage).
+    def _labels_of(self, inputs: Dict[str, Any]):
+        """The batch's label tensor (a tuple for several ``label_names``), or None if any is missing."""
+        if not all(inputs.get(k) is not None for k in self.label_names):
+            return None
+        labels = [inputs[k] for k in self.label_names]
+        return labels[0] if len(labels) == 1 else tuple(labels)
 
-        Logits live only on the last stage, one micro-batch at a time, and are not gathered yet, so
-        ``compute_metrics`` sees no predictions under pipeline parallel (PaddleNLP gives loss only too).
+    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
+        """Under pipeline parallel: ``(loss, logits, labels)`` of one batch, the same on every pp rank.
+
+        The last stage computes logits and loss; both are broadcast over the pipeline group, so
+        ``compute_metrics`` sees predictions as without pipeline parallel.
         """
-        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)])
-        if logits is None or prediction_loss_only:
+        labels = self._labels_of(inputs)
+        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
+                                           return_logits=not prediction_loss_only)
+        if prediction_loss_only:
             return loss, None, None
-        return loss, logits, inputs.get(self.label_names[0])
+        return loss, logits, labels
 
     def evaluation_loop(
         self,

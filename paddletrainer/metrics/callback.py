@@ -1,11 +1,11 @@
 """``MetricsCallback``: sends the Trainer's logs to the writers named by ``args.report_to``."""
 from __future__ import annotations
 
-import atexit
 import datetime
 import logging
 import os
 import socket
+import weakref
 from typing import Dict, List, Optional
 
 from ..callbacks import TrainerCallback
@@ -42,6 +42,11 @@ def _unwrap(model):
     return model
 
 
+def _close_writers(writers: List[MetricsWriter]) -> None:
+    for writer in writers:
+        writer.close()
+
+
 class MetricsCallback(TrainerCallback):
     """Writes every numeric value of ``on_log`` to the writers of ``report_to``, on world rank 0 only.
 
@@ -65,6 +70,7 @@ class MetricsCallback(TrainerCallback):
         self.logging_dir = logging_dir
         self.writers: Optional[List[MetricsWriter]] = list(writers) if writers is not None else None
         self._run_info_logged = False
+        self._finalizer = None
 
     def _open(self, args, state, model=None) -> bool:
         """Build the writers if needed; return False on processes that must not write."""
@@ -75,7 +81,9 @@ class MetricsCallback(TrainerCallback):
             self.logging_dir = (self.logging_dir or getattr(args, "logging_dir", None)
                                 or default_logging_dir(getattr(args, "output_dir", ".")))
             self.writers = build_writers(report_to, self.logging_dir)
-            atexit.register(self.close)
+            # Closed by close(), or when this callback is garbage-collected, or at interpreter exit; the
+            # finalizer holds the writers, not the callback, so a finished Trainer can be collected.
+            self._finalizer = weakref.finalize(self, _close_writers, self.writers)
         if not self._run_info_logged:
             self._run_info_logged = True
             self._log_run_info(args, model)
@@ -119,9 +127,11 @@ class MetricsCallback(TrainerCallback):
             writer.flush()
 
     def close(self) -> None:
-        """Close the writers (registered with ``atexit`` when they open)."""
-        for writer in self.writers or []:
-            writer.close()
+        """Close the writers (also done when the callback is collected, or at interpreter exit)."""
+        if self._finalizer is not None:
+            self._finalizer()  # runs at most once
+        else:
+            _close_writers(self.writers or [])
         self.writers = None
 
 

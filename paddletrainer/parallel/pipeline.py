@@ -6,6 +6,7 @@ micro-batches and returns the loss; gradients are synchronised and applied by th
 """
 from __future__ import annotations
 
+import numpy as np
 import paddle
 
 __all__ = ["apply_pipeline", "train_batch", "eval_batch", "stack_micro_batches"]
@@ -90,16 +91,66 @@ def train_batch(model, micro_batches: list, scaler=None):
 
 
 @paddle.no_grad()
-def eval_batch(model, micro_batches: list):
-    """Forward only; returns ``(loss, None)`` with the mean loss over the micro-batches on every rank.
+def eval_batch(model, micro_batches: list, *, return_logits: bool = False):
+    """Forward only; returns ``(loss, logits)``, the same on every pp rank.
 
-    Logits are not returned: on a pipeline they exist only on the last stage, one micro-batch at a time.
+    ``loss`` is the mean of the micro-batches' losses (None when they carry no labels and logits were
+    asked for). ``logits`` (only with ``return_logits``) are the last stage's outputs of the micro-batches
+    concatenated along the batch axis, as float32, broadcast from the last stage to the whole pp group.
     """
     saved_steps = model.accumulate_steps
     model.accumulate_steps = len(micro_batches)  # eval batches need not match the training GA
     try:
-        data = _prepare(model, stack_micro_batches(micro_batches, model._layers), train=False)
-        loss = model.eval_batch(data, compute_loss=True)
+        pairs = [_as_pair(mb, model._layers) for mb in micro_batches]
+        data = _prepare(model, (_stack([p[0] for p in pairs]), _stack([p[1] for p in pairs])), train=False)
+        if not return_logits:
+            loss = model.eval_batch(data, compute_loss=True)
+            return loss.astype("float32").reshape([]), None
+        outputs = model.eval_batch(data, compute_loss=False)  # the last stage: one output per micro-batch
     finally:
         model.accumulate_steps = saved_steps
-    return loss.astype("float32").reshape([]), None
+
+    loss = logits = None
+    if model.is_pipeline_last_stage(ignore_virtual=True):
+        outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outputs]
+        if not all(isinstance(o, paddle.Tensor) for o in outs):
+            raise TypeError("pipeline evaluation with logits needs the last stage to output one tensor per micro-batch")
+        logits = paddle.concat([o.astype("float32") for o in outs], axis=0)
+        labels = [p[1] for p in pairs]
+        if all(_has_labels(lab) for lab in labels):
+            loss_fn = model._layers._loss_fn[0]
+            loss = paddle.add_n([loss_fn(o, lab).astype("float32").reshape([]) for o, lab in zip(outs, labels)])
+            loss = loss / len(outs)
+    group = model._hcg.get_pipe_parallel_group()
+    return _broadcast_from_last_stage(loss, group), _broadcast_from_last_stage(logits, group)
+
+
+def _has_labels(labels) -> bool:
+    if isinstance(labels, (tuple, list)):
+        return any(_has_labels(x) for x in labels)
+    return labels is not None
+
+
+_MAX_NDIM = 8
+
+
+def _broadcast_from_last_stage(tensor, group):
+    """``tensor`` (float32 or None) from the group's last rank to all: its shape first, then the data."""
+    import paddle.distributed as dist
+
+    src = group.ranks[-1]
+    header = np.full([_MAX_NDIM + 1], -1, dtype="int64")  # [ndim, dim_0, ..., dim_{ndim-1}, -1...]; ndim -1: None
+    if tensor is not None:
+        if tensor.ndim > _MAX_NDIM:
+            raise ValueError(f"pipeline outputs with more than {_MAX_NDIM} dimensions are not supported")
+        header[0] = tensor.ndim
+        header[1: 1 + tensor.ndim] = tensor.shape
+    meta = paddle.to_tensor(header)
+    dist.broadcast(meta, src=src, group=group)
+    ndim = int(meta[0])
+    if ndim < 0:
+        return None
+    shape = [int(v) for v in meta[1: 1 + ndim].tolist()]
+    buffer = tensor if tensor is not None else paddle.empty(shape, dtype="float32")
+    dist.broadcast(buffer, src=src, group=group)
+    return buffer

@@ -107,6 +107,13 @@ def assert_matches(ranks, ref, resumed_from=0):
         assert_close_lists(r["losses"][resumed_from:], ref["losses"][resumed_from:], what="loss")
         assert_close_lists(r["grad_norms"][resumed_from:], ref["grad_norms"][resumed_from:], what="grad_norm")
         assert r["eval_loss"] == pytest.approx(ref["eval_loss"], rel=RTOL)
+        # compute_metrics saw the same logits (under pipeline parallel too: broadcast from the last stage)
+        assert ref["eval_metrics"] and r["eval_metrics"].keys() == ref["eval_metrics"].keys()
+        for key, value in ref["eval_metrics"].items():
+            assert r["eval_metrics"][key] == pytest.approx(value, rel=RTOL), key
+        # predict() without labels: the logits of every sample, in dataset order (6 samples: padded batches)
+        assert r["predicted"]["shape"] == ref["predicted"]["shape"] == [6, 16, ref["predicted"]["shape"][2]]
+        assert_close_lists(r["predicted"]["row_mean_abs"], ref["predicted"]["row_mean_abs"], what="predicted logits")
 
 
 def test_trainer_tp2_pp2_llama_matches_single_process_and_its_checkpoint_resumes_in_dp2_and_one_process(

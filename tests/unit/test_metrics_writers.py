@@ -212,3 +212,34 @@ def test_visualdl_callback_takes_paddlenlp_arguments_and_uses_the_given_writer(t
     run_callback(callback, args, TrainerState())
     assert scalars(read_visualdl(str(tmp_path)), "train/loss") == [(1, 2.0), (2, 1.0)]
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_dropped_metrics_callback_is_collected_and_closes_its_writers(tmp_path):
+    # The writers must not keep a finished run's callback (and through it nothing else) alive until exit.
+    import gc
+    import weakref
+
+    args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "run"), report_to=["jsonl"])
+    callback = MetricsCallback()
+    run_callback(callback, args, TrainerState())
+    (writer,) = callback.writers
+    closed = []
+    original_close = writer.close
+    writer.close = lambda: (closed.append(True), original_close())
+    alive = weakref.ref(callback)
+    del callback
+    gc.collect()
+    assert alive() is None and closed == [True]
+
+
+def test_closing_a_metrics_callback_twice_closes_its_writers_once(tmp_path):
+    args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "run"), report_to=["jsonl"])
+    callback = MetricsCallback()
+    run_callback(callback, args, TrainerState())
+    (writer,) = callback.writers
+    closed = []
+    original_close = writer.close
+    writer.close = lambda: (closed.append(True), original_close())
+    callback.close()
+    callback.close()
+    assert closed == [True] and callback.writers is None

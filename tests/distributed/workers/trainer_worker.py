@@ -73,23 +73,37 @@ def build_model(work: WorkerArguments, args: TrainingArguments):
     return cls.from_pretrained(work.weights, config=config, dtype="float32")
 
 
+def token_metrics(prediction):
+    """Next-token accuracy and mean |logit|: a check that evaluation hands compute_metrics the real logits."""
+    logits, labels = prediction.predictions, prediction.label_ids
+    return {"accuracy": float((logits.argmax(-1) == labels).mean()), "mean_abs_logit": float(np.abs(logits).mean())}
+
+
 def main():
     faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
     work, args = PdArgumentParser((WorkerArguments, TrainingArguments)).parse_args_into_dataclasses()
     model = build_model(work, args)
     make = mlp_data if work.model == "mlp" else token_data
-    trainer = Trainer(model=model, args=args, train_dataset=make(work.num_samples, 0), eval_dataset=make(16, 1))
+    trainer = Trainer(model=model, args=args, train_dataset=make(work.num_samples, 0), eval_dataset=make(16, 1),
+                      compute_metrics=token_metrics if work.model == "llama" else None)
     out = trainer.train()
     eval_metrics = trainer.evaluate()
     history = trainer.state.log_history
+    predicted = None
+    if work.model == "llama":  # predict() on inputs without labels: logits only, in dataset order
+        unlabeled = [{"input_ids": sample["input_ids"]} for sample in token_data(6, 2)]
+        logits = trainer.predict(unlabeled).predictions
+        predicted = {"shape": list(logits.shape), "row_mean_abs": np.abs(logits).mean(axis=(1, 2)).tolist()}
     write_json(
         os.path.join(work.result_dir, f"rank{paddle.distributed.get_rank()}.json"),
         {
             "losses": [h["loss"] for h in history if "loss" in h],
             "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
             "eval_loss": eval_metrics["eval_loss"],
+            "eval_metrics": {k: v for k, v in eval_metrics.items() if k in ("eval_accuracy", "eval_mean_abs_logit")},
             "training_loss": out.training_loss,
+            "predicted": predicted,
             "global_step": trainer.state.global_step,
             "consumed_samples": trainer.state.consumed_samples,
         },

@@ -25,6 +25,9 @@ import paddle
 
 from .trainer_utils import OptimizerNames, SchedulerType
 
+# GroupShardedStage3's name for the stand-in parameter holding a sliced parameter's local slice.
+STAGE3_SLICE_PREFIX = "slice@"
+
 
 # --------------------------------------------------------------------------------------- schedules
 def _warmup(step: int, warmup_steps: int) -> Optional[float]:
@@ -197,10 +200,15 @@ def create_optimizer(
         kwargs.update(beta1=adam_beta1, beta2=adam_beta2, epsilon=adam_epsilon)
     if name in ("adamw", "adam", "momentum", "lamb", "sgd"):
         kwargs["multi_precision"] = multi_precision
+
+    def decays(pname: str) -> bool:
+        # sharding stage 3 hands the optimizer each sliced parameter's local slice as "slice@<name>"
+        return pname.removeprefix(STAGE3_SLICE_PREFIX) not in skip
+
     if name == "adamw":
-        kwargs.update(weight_decay=weight_decay, apply_decay_param_fun=lambda pname: pname not in skip)
+        kwargs.update(weight_decay=weight_decay, apply_decay_param_fun=decays)
     elif name == "lamb":
-        kwargs.update(lamb_weight_decay=weight_decay, exclude_from_weight_decay_fn=lambda p: p.name in skip)
+        kwargs.update(lamb_weight_decay=weight_decay, exclude_from_weight_decay_fn=lambda p: not decays(p.name))
     elif weight_decay > 0:
         # Classic optimizers only know a global L2 penalty; give the decayed and skipped params their own groups.
         decay = [p for p in params if p.name not in skip]

@@ -435,7 +435,8 @@ class TrainingArguments:
         "What fp16/bf16 does on a CPU-only Paddle: error, or fp32_dry_run (run in float32 with a loud warning)."))
     sharding_stage3_segment_size: int = field(default=2**20, metadata=_help(
         "Sharding stage3: parameters with more elements than this are sliced across the sharding group; "
-        "smaller ones stay whole on every rank (Paddle's default 2**20; lower it to slice a small model)."))
+        "smaller ones stay whole on every rank (Paddle's default 2**20; lower it to slice a small model, "
+        "0 slices every parameter)."))
 
     # ================================================================ construction
     def __post_init__(self):
@@ -511,7 +512,9 @@ class TrainingArguments:
         _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
         _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
         _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
-        _positive(self.sharding_stage3_segment_size, "sharding_stage3_segment_size")
+        if isinstance(self.sharding_stage3_segment_size, bool) or self.sharding_stage3_segment_size < 0:
+            raise ValueError(f"sharding_stage3_segment_size={self.sharding_stage3_segment_size!r} is invalid: "
+                             "must be >= 0 (0 slices every parameter)")
         if self.dataloader_num_workers < 0:
             raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
 

@@ -141,7 +141,7 @@ def save_checkpoint(
     # 4. host snapshot of what this rank writes
     blobs: Dict[str, Dict[str, np.ndarray]] = {}
     for e in assigned[topo.rank]:
-        blobs.setdefault(e.file, {})[e.key] = local[e.key].host_copy()
+        blobs.setdefault(e.file, {})[e.key] = local[e.key].host_array(copy=async_save)
     small: Dict[str, bytes] = {}
     if save_rng:
         coord_name = L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List
 
 import numpy as np
@@ -43,30 +44,31 @@ def file_crc32(path: str) -> int:
 
 
 def verify_files(ckpt_dir: str, index: dict, files: List[str]) -> None:
-    """Size and crc32 of each file against the index; raises naming every bad file."""
-    bad, details = [], []
-    for name in files:
+    """Size and crc32 of each file against the index; raises naming every bad file.
+
+    Files are checksummed two at a time (``zlib.crc32`` releases the GIL), which halves the wait when a
+    rank reads several files, e.g. when resharding.
+    """
+    def problem(name: str):
         meta = index["files"].get(name)
         path = os.path.join(ckpt_dir, name)
         if meta is None:
-            bad.append(name)
-            details.append(f"{name}: not in the index")
-            continue
+            return f"{name}: not in the index"
         if not os.path.isfile(path):
-            bad.append(name)
-            details.append(f"{name}: missing")
-            continue
+            return f"{name}: missing"
         size = os.path.getsize(path)
         if size != meta["size"]:
-            bad.append(name)
-            details.append(f"{name}: size {size} != {meta['size']}")
-            continue
+            return f"{name}: size {size} != {meta['size']}"
         crc = file_crc32(path)
         if crc != meta["crc32"]:
-            bad.append(name)
-            details.append(f"{name}: crc32 {crc:08x} != {meta['crc32']:08x}")
+            return f"{name}: crc32 {crc:08x} != {meta['crc32']:08x}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        found = list(pool.map(problem, files))
+    bad = [(name, detail) for name, detail in zip(files, found) if detail is not None]
     if bad:
-        raise CheckpointCorruptError(ckpt_dir, bad, details)
+        raise CheckpointCorruptError(ckpt_dir, [n for n, _ in bad], [d for _, d in bad])
 
 
 class PieceReader:
@@ -90,6 +92,9 @@ class PieceReader:
 def read_box(info: dict, key: str, offsets, shape, open_file: Callable[[str], object]) -> np.ndarray:
     """The global box (offsets, shape) of tensor ``key`` assembled from every overlapping piece."""
     offsets, shape = tuple(offsets), tuple(shape)
+    for p in info["pieces"]:  # the same layout as saved: one piece is exactly the box, read it as is
+        if not p.get("flat") and tuple(p["offsets"]) == offsets and tuple(p["shape"]) == shape:
+            return open_file(p["file"]).get_tensor(key).reshape(shape)
     out = None
     mask = np.zeros(shape, dtype=bool)
     for p in info["pieces"]:

@@ -110,19 +110,31 @@ def eval_batch(model, micro_batches: list, *, return_logits: bool = False):
     finally:
         model.accumulate_steps = saved_steps
 
-    loss = logits = None
+    loss = logits = error = None
     if model.is_pipeline_last_stage(ignore_virtual=True):
-        outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outputs]
-        if not all(isinstance(o, paddle.Tensor) for o in outs):
-            raise TypeError("pipeline evaluation with logits needs the last stage to output one tensor per micro-batch")
-        logits = paddle.concat([o.astype("float32") for o in outs], axis=0)
-        labels = [p[1] for p in pairs]
-        if all(_has_labels(lab) for lab in labels):
-            loss_fn = model._layers._loss_fn[0]
-            loss = paddle.add_n([loss_fn(o, lab).astype("float32").reshape([]) for o, lab in zip(outs, labels)])
-            loss = loss / len(outs)
+        try:
+            loss, logits = _last_stage_loss_and_logits(model, outputs, [p[1] for p in pairs])
+        except Exception as exc:  # noqa: BLE001 - every pp rank must learn of it, or the others wait forever
+            error = exc
     group = model._hcg.get_pipe_parallel_group()
-    return _broadcast_from_last_stage(loss, group), _broadcast_from_last_stage(logits, group)
+    loss = _broadcast_from_last_stage(loss, group, error)
+    return loss, _broadcast_from_last_stage(logits, group)
+
+
+def _last_stage_loss_and_logits(model, outputs, labels):
+    outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outputs]
+    if not all(isinstance(o, paddle.Tensor) for o in outs):
+        raise TypeError("pipeline prediction needs the last stage to output one tensor (the logits) per "
+                        "micro-batch; set prediction_loss_only=True to evaluate the loss only")
+    if outs[0].ndim > _MAX_NDIM:
+        raise ValueError(f"pipeline outputs with more than {_MAX_NDIM} dimensions are not supported")
+    logits = paddle.concat([o.astype("float32") for o in outs], axis=0)
+    loss = None
+    if all(_has_labels(lab) for lab in labels):
+        loss_fn = model._layers._loss_fn[0]
+        loss = paddle.add_n([loss_fn(o, lab).astype("float32").reshape([]) for o, lab in zip(outputs, labels)])
+        loss = loss / len(outs)
+    return loss, logits
 
 
 def _has_labels(labels) -> bool:
@@ -132,23 +144,29 @@ def _has_labels(labels) -> bool:
 
 
 _MAX_NDIM = 8
+_NONE, _FAILED = -1, -2  # header[0] codes besides ndim
 
 
-def _broadcast_from_last_stage(tensor, group):
-    """``tensor`` (float32 or None) from the group's last rank to all: its shape first, then the data."""
+def _broadcast_from_last_stage(tensor, group, error: Exception = None):
+    """``tensor`` (float32 or None) from the group's last rank to all: a header with its shape, then the
+    data. An ``error`` on the last rank is sent as a code in the header and raised on every rank."""
     import paddle.distributed as dist
 
     src = group.ranks[-1]
-    header = np.full([_MAX_NDIM + 1], -1, dtype="int64")  # [ndim, dim_0, ..., dim_{ndim-1}, -1...]; ndim -1: None
-    if tensor is not None:
-        if tensor.ndim > _MAX_NDIM:
-            raise ValueError(f"pipeline outputs with more than {_MAX_NDIM} dimensions are not supported")
+    header = np.full([_MAX_NDIM + 1], _NONE, dtype="int64")  # [ndim, dim_0, ..., dim_{ndim-1}, unused...]
+    if error is not None:
+        header[0] = _FAILED
+    elif tensor is not None:
         header[0] = tensor.ndim
         header[1: 1 + tensor.ndim] = tensor.shape
     meta = paddle.to_tensor(header)
     dist.broadcast(meta, src=src, group=group)
     ndim = int(meta[0])
-    if ndim < 0:
+    if ndim == _FAILED:
+        if error is not None:
+            raise error
+        raise RuntimeError(f"pipeline evaluation failed on the last stage (global rank {src}); see its log")
+    if ndim == _NONE:
         return None
     shape = [int(v) for v in meta[1: 1 + ndim].tolist()]
     buffer = tensor if tensor is not None else paddle.empty(shape, dtype="float32")

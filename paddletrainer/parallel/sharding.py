@@ -26,8 +26,12 @@ __all__ = ["apply_sharding", "check_stage2_offload", "STAGE3_DEFAULT_SEGMENT_SIZ
 STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 
+def _has_accelerator() -> bool:
+    return paddle.is_compiled_with_cuda() or bool(paddle.device.get_all_custom_device_type())
+
+
 def _construction_scope():
-    if paddle.is_compiled_with_cuda() or paddle.device.get_all_custom_device_type():
+    if _has_accelerator():
         return contextlib.nullcontext()
     from . import cpu_backend
 
@@ -87,6 +91,12 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
         raise ValueError("sharding stage3 cannot be combined with tensor parallel (use stage1 or stage2)")
     if offload and stage == 2:
         check_stage2_offload(topology.dp_degree, fp16_parameters=_has_half_parameters(model))
+    if offload and not _has_accelerator():
+        from . import cpu_backend
+
+        if not cpu_backend.is_installed():  # without fill 7 Paddle's offload moves free the only copy
+            raise RuntimeError("sharding offload on CPU needs paddletrainer's CPU backend: create the topology "
+                               "with paddletrainer.parallel.init_topology before apply_sharding")
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
         GroupShardedOptimizerStage2,
     )

@@ -70,7 +70,8 @@ ARGS_CASES = [
      ["sharding='stage2 offload'", "fp16_opt_level=O2", "stage3 offload"]),
     ("sharding_stage2_offload_with_dp", 4, dict(sharding="stage2 offload", sharding_parallel_degree=2),
      ["sharding='stage2 offload'", "data parallel", "dp degree 2"]),
-    ("stage3_segment_size_zero", 1, dict(sharding_stage3_segment_size=0), ["sharding_stage3_segment_size=0", "positive number"]),
+    ("stage3_segment_size_negative", 1, dict(sharding_stage3_segment_size=-1),
+     ["sharding_stage3_segment_size=-1", ">= 0"]),
     ("split_param_without_master_grad", 2, dict(sharding="stage1", sharding_parallel_config="split_param"),
      ["split_param", "amp_master_grad=True"]),
     # pipeline

@@ -238,3 +238,72 @@ def test_bfloat16_weights_round_trip_exactly_and_widen_exactly_into_float32(tmp_
     fp32 = paddle.nn.Linear(4, 3)
     load_checkpoint(ckpt, model=fp32)
     np.testing.assert_array_equal(fp32.weight.numpy(), bf16.weight.astype("float32").numpy())
+
+
+def test_write_safetensors_is_read_by_safetensors_and_its_crc_matches_the_file(tmp_path):
+    # Our writer streams arrays from their own memory and checksums them on the side: the file must be
+    # standard safetensors and the recorded crc32/size exactly those of the bytes on disk.
+    from safetensors import safe_open
+
+    from paddletrainer.checkpoint.files import write_safetensors
+    from paddletrainer.checkpoint.reshard import file_crc32
+
+    arrays = {"matrix": np.arange(12, dtype=np.float32).reshape(3, 4), "empty": np.zeros(0, np.float16),
+              "scalar": np.array(5, np.int64), "mask": np.array([True, False]),
+              "strided_bf16_bits": np.arange(6, dtype=np.uint16)[::2], "big_endian": np.arange(3, dtype=">f4")}
+    path = str(tmp_path / "shard.safetensors")
+    record = write_safetensors(path, arrays)
+    assert record == {"size": os.path.getsize(path), "crc32": file_crc32(path)}
+    with safe_open(path, framework="np") as f:
+        assert sorted(f.keys()) == sorted(arrays)
+        for name, expected in arrays.items():
+            got = f.get_tensor(name)
+            assert got.shape == expected.shape and np.array_equal(got, expected), name
+
+
+def test_sync_save_writes_from_tensor_memory_and_async_save_from_a_snapshot():
+    from paddletrainer.checkpoint.local_state import host_array
+
+    t = paddle.arange(4, dtype="float32")
+    view, snapshot = host_array(t, copy=False), host_array(t, copy=True)
+    t.add_(paddle.ones([4]))
+    assert view.tolist() == [1, 2, 3, 4] and snapshot.tolist() == [0, 1, 2, 3]
+    bf16 = paddle.ones([2], dtype="float32").astype("bfloat16")  # no NumPy dtype: uint16 bits, a copy
+    assert host_array(bf16, copy=False).dtype == np.uint16
+
+
+def test_ensure_accumulators_expands_param_groups():
+    # momentum with weight decay builds two param groups (decayed / not): resume must not choke on them
+    from paddletrainer.checkpoint.local_state import ensure_accumulators
+    from paddletrainer.optimization import create_optimizer
+
+    model = paddle.nn.Sequential(paddle.nn.Linear(3, 4), paddle.nn.LayerNorm(4))
+    opt = create_optimizer(model, 0.1, optim="momentum", weight_decay=0.1)
+    assert isinstance(opt._parameter_list[0], dict)
+    ensure_accumulators(opt)
+    assert {p.name for p in model.parameters()} <= set(opt._accumulators["velocity"])
+
+
+@pytest.mark.parametrize("offload", [False, True])
+def test_stage3_slice_accumulators_are_created_for_the_slice_and_reused_by_its_step(offload):
+    from paddle.base.framework import EagerParamBase
+
+    from paddletrainer.checkpoint.local_state import ensure_accumulators
+
+    param = paddle.create_parameter([4, 3], "float32")
+    param.fw_storage = paddle.zeros([8])  # this rank's slice of the 12 elements, padded to 8
+    param.fw_storage.name = "slice@" + param.name
+    param.master_weight = paddle.zeros([8], dtype="float32") if offload else None
+    opt = paddle.optimizer.AdamW(learning_rate=0.1, parameters=[param])
+    ensure_accumulators(opt)
+    moment = opt._accumulators["moment1"]["slice@" + param.name]
+    assert moment.shape == [8] and param.name not in opt._accumulators["moment1"]
+
+    # the step GroupShardedStage3 runs: a stand-in of the slice under the same name, with a gradient
+    stand_in = EagerParamBase(shape=[8], dtype="float32", name="slice@" + param.name)
+    paddle.ones([8])._share_buffer_to(stand_in)
+    stand_in._copy_gradient_from(paddle.full([8], 2.0))
+    opt._parameter_list = [stand_in]
+    opt.step()
+    assert opt._accumulators["moment1"]["slice@" + param.name] is moment
+    assert float(moment.abs().sum()) > 0, "the step did not update the pre-created accumulator"

@@ -83,6 +83,16 @@ def test_stage2_offload_without_half_parameters_or_with_dp_is_rejected_before_an
         apply_sharding(model, opt, topology=_two_rank_sharding_topology(dp), stage=2, offload=True)
 
 
+def test_stage3_offload_without_the_cpu_backend_is_refused_before_paddle_frees_anything(monkeypatch):
+    from paddletrainer.parallel.sharding import apply_sharding
+
+    monkeypatch.setattr(cpu_backend, "_INSTALLED", False)
+    model = paddle.nn.Linear(2, 2)
+    opt = paddle.optimizer.AdamW(parameters=model.parameters())
+    with pytest.raises(RuntimeError, match="init_topology"):
+        apply_sharding(model, opt, topology=_two_rank_sharding_topology(), stage=3, offload=True)
+
+
 def test_paddles_own_offload_move_destroys_the_tensor_on_cpu_and_the_fill_copies():
     # Why fill 7 exists: on CPU, .cpu() aliases, so Paddle's "copy to host, free the device tensor" frees both.
     from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3

@@ -1,5 +1,6 @@
 """LR schedules follow their formulas; the optimizer skips decay for biases and norm weights."""
 import math
+from types import SimpleNamespace
 
 import paddle
 import pytest
@@ -63,6 +64,11 @@ def test_weight_decay_skips_biases_and_norm_weights():
     # AdamW's decay hook decides per parameter name
     assert opt._apply_decay_param_fun(model.fc.weight.name) is True
     assert opt._apply_decay_param_fun(model.fc.bias.name) is False
+    # under sharding stage 3 the optimizer sees slices named "slice@<name>": same decision
+    assert opt._apply_decay_param_fun("slice@" + model.fc.weight.name) is True
+    assert opt._apply_decay_param_fun("slice@" + model.norm.weight.name) is False
+    lamb = create_optimizer(model, 0.1, optim="lamb", weight_decay=0.5)
+    assert lamb._exclude_from_weight_decay_fn(SimpleNamespace(name="slice@" + model.norm.weight.name)) is True
 
 
 @pytest.mark.parametrize("optim", ["adamw", "adam", "sgd", "momentum", "lamb"])

@@ -307,3 +307,39 @@ def test_stage3_slice_accumulators_are_created_for_the_slice_and_reused_by_its_s
     opt.step()
     assert opt._accumulators["moment1"]["slice@" + param.name] is moment
     assert float(moment.abs().sum()) > 0, "the step did not update the pre-created accumulator"
+
+
+def with_offload_masters(model, value=None):
+    """Give every parameter a host fp32 master, as sharding stage 3 offload does (``param.master_weight``)."""
+    for p in model.parameters():
+        p.master_weight = paddle.full(p.shape, value, "float32") if value is not None else p.detach().clone()
+    return model
+
+
+def test_offload_master_weights_are_saved_as_master_states_and_restored(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 2)
+    with_offload_masters(model)
+    model[0].weight.master_weight.add_(paddle.full(model[0].weight.shape, 1e-3))  # a master ahead of its weight
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt)
+    assert any(k.endswith("/master_weight") for k in read_index(ckpt)["tensors"])
+
+    model2, opt2, _ = make(seed=99)
+    with_offload_masters(model2, value=0.0)
+    load_checkpoint(ckpt, model=model2, optimizer=opt2)
+    for p, p2 in zip(model.parameters(), model2.parameters()):
+        assert np.array_equal(p2.master_weight.numpy(), p.master_weight.numpy())
+        assert np.array_equal(p2.numpy(), p.numpy())
+
+
+def test_offload_masters_missing_from_a_checkpoint_start_from_the_loaded_weights(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 2)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt)  # saved without offload
+
+    for optimizer in (None, "fresh"):  # weights only (e.g. the best model at the end) or a full resume
+        model2, opt2, _ = make(seed=99)
+        with_offload_masters(model2, value=0.0)
+        load_checkpoint(ckpt, model=model2, optimizer=opt2 if optimizer else None)
+        for p, p2 in zip(model.parameters(), model2.parameters()):
+            assert np.array_equal(p2.master_weight.numpy(), p.numpy())

@@ -214,11 +214,8 @@ def test_visualdl_callback_takes_paddlenlp_arguments_and_uses_the_given_writer(t
     assert not (tmp_path / "unused").exists()
 
 
-def test_a_dropped_metrics_callback_is_collected_and_closes_its_writers(tmp_path):
-    # The writers must not keep a finished run's callback (and through it nothing else) alive until exit.
-    import gc
-    import weakref
-
+def opened_callback_counting_closes(tmp_path):
+    """A MetricsCallback after a run with one JSONL writer, and the list its writer appends to on close."""
     args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "run"), report_to=["jsonl"])
     callback = MetricsCallback()
     run_callback(callback, args, TrainerState())
@@ -226,6 +223,15 @@ def test_a_dropped_metrics_callback_is_collected_and_closes_its_writers(tmp_path
     closed = []
     original_close = writer.close
     writer.close = lambda: (closed.append(True), original_close())
+    return callback, closed
+
+
+def test_a_dropped_metrics_callback_is_collected_and_closes_its_writers(tmp_path):
+    # The writers must not keep a finished run's callback (and through it nothing else) alive until exit.
+    import gc
+    import weakref
+
+    callback, closed = opened_callback_counting_closes(tmp_path)
     alive = weakref.ref(callback)
     del callback
     gc.collect()
@@ -233,13 +239,7 @@ def test_a_dropped_metrics_callback_is_collected_and_closes_its_writers(tmp_path
 
 
 def test_closing_a_metrics_callback_twice_closes_its_writers_once(tmp_path):
-    args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "run"), report_to=["jsonl"])
-    callback = MetricsCallback()
-    run_callback(callback, args, TrainerState())
-    (writer,) = callback.writers
-    closed = []
-    original_close = writer.close
-    writer.close = lambda: (closed.append(True), original_close())
+    callback, closed = opened_callback_counting_closes(tmp_path)
     callback.close()
     callback.close()
     assert closed == [True] and callback.writers is None

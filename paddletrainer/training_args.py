@@ -606,6 +606,9 @@ class TrainingArguments:
                 and not self.amp_master_grad:
             raise ValueError(
                 "pipeline_parallel_config=enable_sharding_comm_overlap needs amp_master_grad=True (and fp16 or bf16)")
+        if self.sharding_offload and self.sharding_stage == 1:
+            raise ValueError("sharding='stage1 offload': stage1 has no offload; use 'stage3 offload' "
+                             "(or 'stage2 offload' with fp16/bf16 O2)")
         if self.sharding_offload and self.sharding_stage == 2:
             # Paddle's stage-2 offload keeps fp32 masters of half-precision weights and has no dp path.
             if d.dp > 1:

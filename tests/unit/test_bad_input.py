@@ -66,6 +66,8 @@ ARGS_CASES = [
     ("sharding_stage3_with_pp", 4, dict(sharding="stage3", sharding_parallel_degree=2, pipeline_parallel_degree=2,
                                         gradient_accumulation_steps=2),
      ["sharding='stage3'", "pipeline_parallel_degree=2", "stage1"]),
+    ("sharding_stage1_offload", 2, dict(sharding="stage1 offload"),
+     ["sharding='stage1 offload'", "stage1 has no offload", "stage3 offload"]),
     ("sharding_stage2_offload_in_fp32", 2, dict(sharding="stage2 offload"),
      ["sharding='stage2 offload'", "fp16_opt_level=O2", "stage3 offload"]),
     ("sharding_stage2_offload_with_dp", 4, dict(sharding="stage2 offload", sharding_parallel_degree=2),

@@ -464,7 +464,8 @@ class Trainer:
         start_time = time.time()
         self.callback_handler.train_dataloader = train_dataloader
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        consumed = self.state.consumed_samples
+        # the data position: where the resumed run left off, or with ignore_data_skip the start of the data
+        consumed = 0 if resume is not None and args.ignore_data_skip else self.state.consumed_samples
 
         for epoch in range(num_epochs):
             if steps_per_epoch is not None:
@@ -607,11 +608,12 @@ class Trainer:
         """Write ``output_dir/checkpoint-<step>``: every rank its own shards, published atomically, then rotate."""
         checkpoint_dir = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         self._update_best(metrics, checkpoint_dir)
+        weights_only = bool(self.args.ignore_save_lr_and_optim)
         return ckpt.save_checkpoint(
             checkpoint_dir,
             model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
+            optimizer=None if weights_only else self.optimizer,
+            lr_scheduler=None if weights_only else self.lr_scheduler,
             scaler=self.scaler,
             trainer_state=dataclasses.asdict(self.state),
             args=self.args,
@@ -624,11 +626,12 @@ class Trainer:
 
     def _load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout)."""
+        weights_only = bool(self.args.ignore_load_lr_and_optim)
         loaded = ckpt.load_checkpoint(
             checkpoint_dir,
             model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
+            optimizer=None if weights_only else self.optimizer,
+            lr_scheduler=None if weights_only else self.lr_scheduler,
             scaler=self.scaler,
             topology=self.topology,
         )

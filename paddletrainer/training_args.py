@@ -20,6 +20,17 @@ Where we differ from PaddleNLP on purpose (each is an error with one clear line 
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
 * sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
+* Options whose PaddleNLP behaviour paddletrainer does not have are refused when set, never silently
+  ignored: ``skip_data_intervals``, ``fp16_full_eval``/``bf16_full_eval``, ``offload_optim`` (use sharding
+  ``stage3 offload``), ``minimum_eval_times``, ``metrics_output_path``.
+* ``use_async_save`` (PaddleNLP's async checkpoint) switches on ``checkpoint_async_save``.
+* Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
+  their own: the ``unified_checkpoint*``/``save_sharded_model``/``load_sharded_model``/``force_reshard_pp``
+  family (every checkpoint is sharded and loads into any layout), ``release_grads``, ``ordered_save_group_size``,
+  ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``skip_memory_metrics``, ``output_signal_dir``,
+  ``pdc_download_*``, ``wandb_*``, ``data_parallel_config``, ``sequence_parallel_config``,
+  ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
+  ``do_predict``.
 """
 
 import json
@@ -447,6 +458,7 @@ class TrainingArguments:
         self._check_best_model()
         self._check_precision()
         self._resolve_parallel()
+        self._refuse_options_without_behaviour()
         self._check_parallel_combinations()
         self._normalize_checkpoint_and_misc()
 
@@ -517,6 +529,23 @@ class TrainingArguments:
                              "must be >= 0 (0 slices every parameter)")
         if self.dataloader_num_workers < 0:
             raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
+
+    def _refuse_options_without_behaviour(self) -> None:
+        """PaddleNLP options paddletrainer cannot honour: an error when set, not a silent no-op."""
+        unsupported = {
+            "skip_data_intervals": (self.skip_data_intervals, "drop those samples from the dataset instead"),
+            "fp16_full_eval": (self.fp16_full_eval, "evaluation runs under the training autocast (--fp16/--bf16)"),
+            "bf16_full_eval": (self.bf16_full_eval, "evaluation runs under the training autocast (--fp16/--bf16)"),
+            "offload_optim": (self.offload_optim, "use --sharding 'stage3 offload'"),
+            "minimum_eval_times": (self.minimum_eval_times, "set eval_steps"),
+            "metrics_output_path": (self.metrics_output_path, "use report_to=jsonl and logging_dir"),
+        }
+        for option, (value, instead) in unsupported.items():
+            if value not in (None, False, [], ""):
+                raise ValueError(f"{option}={value!r} is not supported by paddletrainer: {instead}")
+        if self.use_async_save and not self.checkpoint_async_save:
+            logger.info("use_async_save=True: writing checkpoints in the background (checkpoint_async_save)")
+            self.checkpoint_async_save = True
 
     def _check_best_model(self) -> None:
         if self.load_best_model_at_end:

@@ -52,7 +52,8 @@ def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Option
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
-        model = apply_data_parallel(model, topology=topology)
+        model = apply_data_parallel(model, topology=topology,
+                                    find_unused_parameters=bool(getattr(args, "ddp_find_unused_parameters", False)))
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
 
     from paddle.distributed import fleet

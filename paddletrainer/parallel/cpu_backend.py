@@ -317,6 +317,23 @@ def group_sharded_construction():
 
 
 # --------------------------------------------------------------------------------------------------
+# Fill 6: sequence parallel
+# --------------------------------------------------------------------------------------------------
+def reject_sequence_parallel(enabled: bool) -> None:
+    """Raise when sequence parallel is requested on CPU.
+
+    Megatron-style sequence parallel needs reduce_scatter, which has no CPU kernel
+    ("Unimplemented cpu kernel for CReduceScatterOp"); emulating it with all_reduce would cost a full
+    all-reduce per layer and still be untested here, so we refuse it instead.
+    """
+    if enabled and not paddle.is_compiled_with_cuda():
+        raise NotImplementedError(
+            "sequence_parallel needs reduce_scatter, which Paddle's CPU (gloo) build does not have; "
+            "turn sequence_parallel off on CPU"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
 # Fill 7: sharding stage 3 offload
 # --------------------------------------------------------------------------------------------------
 # GroupShardedStage3(offload=True) keeps each rank's fp32 master slice in host memory and moves the working
@@ -386,23 +403,6 @@ def _install_stage3_offload():
     clear_gradients.__paddletrainer_fill__ = True
     clear_gradients.__wrapped_paddle__ = original_clear
     gs3.GroupShardedStage3._clear_gradients = clear_gradients
-
-
-# --------------------------------------------------------------------------------------------------
-# Fill 6: sequence parallel
-# --------------------------------------------------------------------------------------------------
-def reject_sequence_parallel(enabled: bool) -> None:
-    """Raise when sequence parallel is requested on CPU.
-
-    Megatron-style sequence parallel needs reduce_scatter, which has no CPU kernel
-    ("Unimplemented cpu kernel for CReduceScatterOp"); emulating it with all_reduce would cost a full
-    all-reduce per layer and still be untested here, so we refuse it instead.
-    """
-    if enabled and not paddle.is_compiled_with_cuda():
-        raise NotImplementedError(
-            "sequence_parallel needs reduce_scatter, which Paddle's CPU (gloo) build does not have; "
-            "turn sequence_parallel off on CPU"
-        )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -74,6 +74,12 @@ ARGS_CASES = [
      ["sharding='stage2 offload'", "data parallel", "dp degree 2"]),
     ("stage3_segment_size_negative", 1, dict(sharding_stage3_segment_size=-1),
      ["sharding_stage3_segment_size=-1", ">= 0"]),
+    ("skip_data_intervals_unsupported", 1, dict(skip_data_intervals=[[1, 2]]),
+     ["skip_data_intervals=[[1, 2]]", "not supported", "dataset"]),
+    ("fp16_full_eval_unsupported", 1, dict(fp16_full_eval=True), ["fp16_full_eval=True", "not supported"]),
+    ("offload_optim_unsupported", 1, dict(offload_optim=True), ["offload_optim=True", "stage3 offload"]),
+    ("minimum_eval_times_unsupported", 1, dict(minimum_eval_times=3), ["minimum_eval_times=3", "eval_steps"]),
+    ("metrics_output_path_unsupported", 1, dict(metrics_output_path="m.json"), ["metrics_output_path", "jsonl"]),
     ("split_param_without_master_grad", 2, dict(sharding="stage1", sharding_parallel_config="split_param"),
      ["split_param", "amp_master_grad=True"]),
     # pipeline

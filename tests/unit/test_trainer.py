@@ -313,3 +313,65 @@ def test_resume_on_the_same_layout_is_bit_exact(tmp_path):
     assert resumed == full  # exact: the restored history (steps 1-2) plus steps 3-4 trained again
     for a, b in zip(full_model.parameters(), resumed_model.parameters()):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+class RecordingDataset(paddle.io.Dataset):
+    """regression_data that records which indices the trainer reads."""
+
+    def __init__(self, n):
+        self.samples, self.read = regression_data(n), []
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, index):
+        self.read.append(int(index))
+        return self.samples[index]
+
+
+def checkpointed_run(tmp_path, name, resume=None, **options):
+    """4 steps of batch 4 with checkpoints at steps 2 and 4; returns (trainer, dataset, optimizer state at train begin)."""
+    seen = {}
+
+    class AtTrainBegin(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            seen["moments"] = sum(len(v) for v in trainer.optimizer._accumulators.values())
+            seen["lr_step"] = trainer.lr_scheduler.last_epoch
+
+    data = RecordingDataset(32)
+    args = args_for(tmp_path, output_dir=str(tmp_path / name), max_steps=4, per_device_train_batch_size=4,
+                    save_strategy="steps", save_steps=2, lr_scheduler_type="cosine", overwrite_output_dir=True,
+                    **options)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=data, callbacks=[AtTrainBegin()])
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, data, seen
+
+
+def test_ignore_save_lr_and_optim_writes_weights_only(tmp_path):
+    from paddletrainer.checkpoint import read_index
+
+    checkpointed_run(tmp_path, "weights_only", ignore_save_lr_and_optim=True)
+    index = read_index(str(tmp_path / "weights_only" / "checkpoint-2"))
+    assert index["tensors"] and not any(k.startswith("optim/") for k in index["tensors"])
+    checkpointed_run(tmp_path, "full")
+    assert any(k.startswith("optim/") for k in read_index(str(tmp_path / "full" / "checkpoint-2"))["tensors"])
+
+
+def test_ignore_load_lr_and_optim_resumes_weights_and_step_with_a_fresh_optimizer_and_schedule(tmp_path):
+    checkpointed_run(tmp_path, "first")
+    ckpt = str(tmp_path / "first" / "checkpoint-2")
+    trainer, _, seen = checkpointed_run(tmp_path, "full_resume", resume=ckpt)
+    assert seen["moments"] > 0 and seen["lr_step"] == 2
+    trainer, _, seen = checkpointed_run(tmp_path, "weights_resume", resume=ckpt, ignore_load_lr_and_optim=True)
+    assert seen["moments"] == 0 and seen["lr_step"] == 0
+    assert trainer.state.global_step == 4  # the step count is restored either way
+
+
+def test_ignore_data_skip_restarts_the_data_order_on_resume(tmp_path):
+    _, fresh, _ = checkpointed_run(tmp_path, "first")
+    ckpt = str(tmp_path / "first" / "checkpoint-2")
+    _, skipping, _ = checkpointed_run(tmp_path, "skip", resume=ckpt)
+    _, not_skipping, _ = checkpointed_run(tmp_path, "noskip", resume=ckpt, ignore_data_skip=True)
+    # the loader reads ahead, so compare the first 8 reads (steps 3-4)
+    assert skipping.read[:8] == fresh.read[8:16]  # what the uninterrupted run read at steps 3-4
+    assert not_skipping.read[:8] == fresh.read[:8]  # the data of steps 1-2 again

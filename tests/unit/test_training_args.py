@@ -424,7 +424,7 @@ def test_json_round_trip_gives_equal_arguments(tmp_path, world):
     world(8)
     args = make(tmp_path, sharding="stage1", tensor_parallel_degree=2, fp16=True, amp_master_grad=True,
                 sharding_parallel_config="split_param", evaluation_strategy="steps", eval_steps=5,
-                refined_recompute="flash_attn:-1", wandb_api_key="secret", skip_data_intervals=[[1, 3]])
+                refined_recompute="flash_attn:-1", wandb_api_key="secret", label_names=["labels", "mask"])
     path = tmp_path / "training_args.json"
     path.write_text(args.to_json_string())
     loaded = TrainingArguments.from_json_file(str(path))

@@ -446,6 +446,7 @@ class Trainer:
             max_steps = math.ceil(args.num_train_epochs * steps_per_epoch)
         if steps_per_epoch == 0:
             raise ValueError("the train dataset is smaller than one global batch with dataloader_drop_last=True")
+        self._apply_minimum_eval_times(max_steps)
         self.create_optimizer_and_scheduler(num_training_steps=max_steps)
         self._wrap_model_and_optimizer()
         self.state.max_steps = max_steps
@@ -464,8 +465,7 @@ class Trainer:
         start_time = time.time()
         self.callback_handler.train_dataloader = train_dataloader
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        # the data position: where the resumed run left off, or with ignore_data_skip the start of the data
-        consumed = 0 if resume is not None and args.ignore_data_skip else self.state.consumed_samples
+        consumed = self._data_start(resume, steps_per_epoch, global_batch)
 
         for epoch in range(num_epochs):
             if steps_per_epoch is not None:
@@ -614,7 +614,7 @@ class Trainer:
             model=self.model,
             optimizer=None if weights_only else self.optimizer,
             lr_scheduler=None if weights_only else self.lr_scheduler,
-            scaler=self.scaler,
+            scaler=None if weights_only else self.scaler,
             trainer_state=dataclasses.asdict(self.state),
             args=self.args,
             data_state={"consumed_samples": self.state.consumed_samples},
@@ -625,16 +625,27 @@ class Trainer:
         )
 
     def _load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout)."""
-        weights_only = bool(self.args.ignore_load_lr_and_optim)
+        """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout).
+
+        With ``ignore_load_lr_and_optim`` (PaddleNLP's warm start) only the weights are loaded: the step
+        count, data position, optimizer, schedule, scaler and RNG start fresh.
+        """
+        if self.args.ignore_load_lr_and_optim:
+            ckpt.load_checkpoint(checkpoint_dir, model=self.model, topology=self.topology, load_rng=False)
+            logger.info("Warm start from the weights of %s (ignore_load_lr_and_optim)", checkpoint_dir)
+            return
         loaded = ckpt.load_checkpoint(
             checkpoint_dir,
             model=self.model,
-            optimizer=None if weights_only else self.optimizer,
-            lr_scheduler=None if weights_only else self.lr_scheduler,
+            optimizer=self.optimizer,
+            lr_scheduler=self.lr_scheduler,
             scaler=self.scaler,
             topology=self.topology,
         )
+        if not loaded.optimizer_restored:
+            raise ckpt.CheckpointError(
+                f"{checkpoint_dir} holds no optimizer state (saved with ignore_save_lr_and_optim?): resume it with "
+                f"--ignore_load_lr_and_optim to start from its weights")
         for warning in loaded.warnings:
             logger.warning("%s: %s", checkpoint_dir, warning)
         restored = TrainerState.from_dict(loaded.trainer_state, source=checkpoint_dir)
@@ -644,6 +655,28 @@ class Trainer:
             restored.consumed_samples = int(loaded.data_state["consumed_samples"])
         self.state = restored
         logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
+
+    def _apply_minimum_eval_times(self, max_steps: int) -> None:
+        """PaddleNLP's ``minimum_eval_times``: lower ``eval_steps`` (to a multiple of 10, at least 10) so that a
+        run of ``max_steps`` evaluates at least that many times."""
+        args = self.args
+        if not args.minimum_eval_times or args.minimum_eval_times <= 0 or not args.eval_steps:
+            return
+        if max_steps // args.eval_steps < args.minimum_eval_times:
+            every = max_steps / args.minimum_eval_times
+            args.eval_steps = max(int(every - every % 10), 10)
+            logger.info("minimum_eval_times=%d: eval_steps set to %d", args.minimum_eval_times, args.eval_steps)
+
+    def _data_start(self, resume, steps_per_epoch: Optional[int], global_batch: int) -> int:
+        """Samples of the global order to skip: all consumed ones on resume; with ``ignore_data_skip`` only the
+        finished epochs (PaddleNLP: the current epoch restarts at its beginning, a stream from its start)."""
+        consumed = self.state.consumed_samples
+        if resume is None or not self.args.ignore_data_skip:
+            return consumed
+        if not steps_per_epoch:
+            return 0
+        samples_per_epoch = steps_per_epoch * global_batch
+        return consumed - consumed % samples_per_epoch
 
     def _finish_checkpoints(self) -> None:
         ckpt.finish_pending_save()  # an async save is on disk (and published) before train() returns

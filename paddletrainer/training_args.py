@@ -21,9 +21,13 @@ Where we differ from PaddleNLP on purpose (each is an error with one clear line 
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
 * sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
 * Options whose PaddleNLP behaviour paddletrainer does not have are refused when set, never silently
-  ignored: ``skip_data_intervals``, ``fp16_full_eval``/``bf16_full_eval``, ``offload_optim`` (use sharding
-  ``stage3 offload``), ``minimum_eval_times``, ``metrics_output_path``.
-* ``use_async_save`` (PaddleNLP's async checkpoint) switches on ``checkpoint_async_save``.
+  ignored: ``skip_data_intervals``, ``offload_optim``, ``metrics_output_path``.
+* ``use_async_save`` and ``unified_checkpoint_config=async_save`` (PaddleNLP's async checkpoints) switch on
+  ``checkpoint_async_save``. ``fp16_full_eval``/``bf16_full_eval`` warn that they have no effect (PaddleNLP
+  ignores them too).
+* ``distributed_dataloader``: PaddleNLP reads data on tp/pp rank 0 and broadcasts it; here every rank reads
+  its own share (the global order is layout-free and the token files are memory-mapped), so
+  ``should_load_dataset`` is true on every rank and scripts that build datasets only where it is true work.
 * Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
   their own: the ``unified_checkpoint*``/``save_sharded_model``/``load_sharded_model``/``force_reshard_pp``
   family (every checkpoint is sharded and loads into any layout), ``release_grads``, ``ordered_save_group_size``,
@@ -534,18 +538,24 @@ class TrainingArguments:
         """PaddleNLP options paddletrainer cannot honour: an error when set, not a silent no-op."""
         unsupported = {
             "skip_data_intervals": (self.skip_data_intervals, "drop those samples from the dataset instead"),
-            "fp16_full_eval": (self.fp16_full_eval, "evaluation runs under the training autocast (--fp16/--bf16)"),
-            "bf16_full_eval": (self.bf16_full_eval, "evaluation runs under the training autocast (--fp16/--bf16)"),
-            "offload_optim": (self.offload_optim, "use --sharding 'stage3 offload'"),
-            "minimum_eval_times": (self.minimum_eval_times, "set eval_steps"),
+            "offload_optim": (self.offload_optim, "sharding 'stage3 offload' keeps optimizer state in host memory"),
             "metrics_output_path": (self.metrics_output_path, "use report_to=jsonl and logging_dir"),
         }
         for option, (value, instead) in unsupported.items():
             if value not in (None, False, [], ""):
                 raise ValueError(f"{option}={value!r} is not supported by paddletrainer: {instead}")
-        if self.use_async_save and not self.checkpoint_async_save:
-            logger.info("use_async_save=True: writing checkpoints in the background (checkpoint_async_save)")
+        for option in ("fp16_full_eval", "bf16_full_eval"):
+            if getattr(self, option):  # PaddleNLP accepts and ignores them too
+                logger.warning("%s=True has no effect: evaluation runs under the training autocast (--fp16/--bf16)",
+                               option)
+        async_in_unified = self.unified_checkpoint and "async_save" in str(self.unified_checkpoint_config or "")
+        if (self.use_async_save or async_in_unified) and not self.checkpoint_async_save:
+            source = "use_async_save" if self.use_async_save else "unified_checkpoint_config=async_save"
+            logger.info("%s: writing checkpoints in the background (checkpoint_async_save)", source)
             self.checkpoint_async_save = True
+        if self.distributed_dataloader:
+            logger.warning("distributed_dataloader: every rank reads its own share of the data (memory-mapped); "
+                           "should_load_dataset is true on every rank and nothing is broadcast")
 
     def _check_best_model(self) -> None:
         if self.load_best_model_at_end:
@@ -807,11 +817,9 @@ class TrainingArguments:
 
     @property
     def should_load_dataset(self) -> bool:
-        """Whether this process reads data: all do, except that with ``distributed_dataloader`` only tensor and
-        pipeline rank 0 read and the others receive it."""
-        if not self.distributed_dataloader:
-            return True
-        return self.tensor_parallel_rank == 0 and self.pipeline_parallel_rank == 0
+        """Whether this process reads data: every process does, also with ``distributed_dataloader`` (see the
+        module docstring: each rank reads its own share, nothing is broadcast)."""
+        return True
 
     @contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work"):

@@ -39,6 +39,15 @@ def _check_optimizer(optimizer) -> None:
         )
 
 
+def _find_unused_parameters(model, args) -> bool:
+    """``args.ddp_find_unused_parameters``; unset, PaddleNLP's default: True unless a layer uses recompute
+    (searching for unused parameters breaks recomputed backward passes)."""
+    chosen = getattr(args, "ddp_find_unused_parameters", None)
+    if chosen is not None:
+        return bool(chosen)
+    return not any(getattr(layer, "enable_recompute", False) for layer in model.sublayers(include_self=True))
+
+
 def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Optional[int] = None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
@@ -52,8 +61,7 @@ def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Option
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
-        model = apply_data_parallel(model, topology=topology,
-                                    find_unused_parameters=bool(getattr(args, "ddp_find_unused_parameters", False)))
+        model = apply_data_parallel(model, topology=topology, find_unused_parameters=_find_unused_parameters(model, args))
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
 
     from paddle.distributed import fleet

@@ -329,49 +329,85 @@ class RecordingDataset(paddle.io.Dataset):
         return self.samples[index]
 
 
-def checkpointed_run(tmp_path, name, resume=None, **options):
-    """4 steps of batch 4 with checkpoints at steps 2 and 4; returns (trainer, dataset, optimizer state at train begin)."""
+def checkpointed_run(tmp_path, name, resume=None, max_steps=4, save_steps=2, **options):
+    """Batch 4 over 32 samples (8 steps per epoch), checkpoints every ``save_steps``; returns
+    (trainer, dataset, what the optimizer and schedule held at train begin)."""
     seen = {}
 
     class AtTrainBegin(TrainerCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             seen["moments"] = sum(len(v) for v in trainer.optimizer._accumulators.values())
             seen["lr_step"] = trainer.lr_scheduler.last_epoch
+            seen["global_step"] = state.global_step
 
     data = RecordingDataset(32)
-    args = args_for(tmp_path, output_dir=str(tmp_path / name), max_steps=4, per_device_train_batch_size=4,
-                    save_strategy="steps", save_steps=2, lr_scheduler_type="cosine", overwrite_output_dir=True,
-                    **options)
+    args = args_for(tmp_path, output_dir=str(tmp_path / name), max_steps=max_steps, per_device_train_batch_size=4,
+                    save_strategy="steps", save_steps=save_steps, lr_scheduler_type="cosine",
+                    overwrite_output_dir=True, **options)
     trainer = Trainer(model=RegressionModel(), args=args, train_dataset=data, callbacks=[AtTrainBegin()])
     trainer.train(resume_from_checkpoint=resume)
     return trainer, data, seen
 
 
-def test_ignore_save_lr_and_optim_writes_weights_only(tmp_path):
-    from paddletrainer.checkpoint import read_index
+def test_ignore_save_lr_and_optim_writes_weights_only_and_resuming_it_needs_ignore_load(tmp_path):
+    from paddletrainer.checkpoint import CheckpointError, read_index
 
     checkpointed_run(tmp_path, "weights_only", ignore_save_lr_and_optim=True)
-    index = read_index(str(tmp_path / "weights_only" / "checkpoint-2"))
+    ckpt = str(tmp_path / "weights_only" / "checkpoint-2")
+    index = read_index(ckpt)
     assert index["tensors"] and not any(k.startswith("optim/") for k in index["tensors"])
     checkpointed_run(tmp_path, "full")
     assert any(k.startswith("optim/") for k in read_index(str(tmp_path / "full" / "checkpoint-2"))["tensors"])
+    # a full resume from it would silently restart the optimizer and schedule: refused, as in PaddleNLP
+    with pytest.raises(CheckpointError, match="ignore_load_lr_and_optim"):
+        checkpointed_run(tmp_path, "resume_weights_only", resume=ckpt)
+    checkpointed_run(tmp_path, "warm", resume=ckpt, ignore_load_lr_and_optim=True)
 
 
-def test_ignore_load_lr_and_optim_resumes_weights_and_step_with_a_fresh_optimizer_and_schedule(tmp_path):
-    checkpointed_run(tmp_path, "first")
+def test_ignore_load_lr_and_optim_is_a_warm_start_from_the_weights(tmp_path):
+    def losses(trainer):
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    first, _, _ = checkpointed_run(tmp_path, "first")
     ckpt = str(tmp_path / "first" / "checkpoint-2")
-    trainer, _, seen = checkpointed_run(tmp_path, "full_resume", resume=ckpt)
-    assert seen["moments"] > 0 and seen["lr_step"] == 2
-    trainer, _, seen = checkpointed_run(tmp_path, "weights_resume", resume=ckpt, ignore_load_lr_and_optim=True)
-    assert seen["moments"] == 0 and seen["lr_step"] == 0
-    assert trainer.state.global_step == 4  # the step count is restored either way
+    _, _, seen = checkpointed_run(tmp_path, "full_resume", resume=ckpt)
+    assert seen["moments"] > 0 and seen["lr_step"] == 2 and seen["global_step"] == 2
+    warm, _, seen = checkpointed_run(tmp_path, "warm", resume=ckpt, ignore_load_lr_and_optim=True)
+    assert seen["moments"] == 0 and seen["lr_step"] == 0 and seen["global_step"] == 0  # PaddleNLP: fresh state
+    assert len(losses(warm)) == 4  # all 4 steps trained, on the data of steps 1-4
+    # the same first batch as the first run, but the trained weights of checkpoint-2: a lower loss
+    assert losses(warm)[0] < losses(first)[0]
 
 
-def test_ignore_data_skip_restarts_the_data_order_on_resume(tmp_path):
-    _, fresh, _ = checkpointed_run(tmp_path, "first")
-    ckpt = str(tmp_path / "first" / "checkpoint-2")
-    _, skipping, _ = checkpointed_run(tmp_path, "skip", resume=ckpt)
-    _, not_skipping, _ = checkpointed_run(tmp_path, "noskip", resume=ckpt, ignore_data_skip=True)
-    # the loader reads ahead, so compare the first 8 reads (steps 3-4)
-    assert skipping.read[:8] == fresh.read[8:16]  # what the uninterrupted run read at steps 3-4
-    assert not_skipping.read[:8] == fresh.read[:8]  # the data of steps 1-2 again
+def test_ignore_data_skip_restarts_the_current_epoch_and_keeps_finished_ones_skipped(tmp_path):
+    # 8 steps per epoch; checkpoint-10 is 2 steps into epoch 1. The loader reads ahead within an epoch, so
+    # compare the first 8 reads after the resume (its steps 11-12) with the uninterrupted run's epoch 1.
+    _, fresh, _ = checkpointed_run(tmp_path, "first", max_steps=12, save_steps=10)
+    epoch1 = fresh.read[32:]
+    ckpt = str(tmp_path / "first" / "checkpoint-10")
+    _, skipping, _ = checkpointed_run(tmp_path, "skip", resume=ckpt, max_steps=12, save_steps=10)
+    _, restarting, _ = checkpointed_run(tmp_path, "noskip", resume=ckpt, max_steps=12, save_steps=10,
+                                        ignore_data_skip=True)
+    assert skipping.read[:8] == epoch1[8:16]  # where the uninterrupted run was at steps 11-12
+    assert restarting.read[:8] == epoch1[:8]  # epoch 1 from its beginning, epoch 0 still skipped
+
+
+def test_minimum_eval_times_lowers_eval_steps_like_paddlenlp(tmp_path):
+    args = args_for(tmp_path, max_steps=40, per_device_train_batch_size=2, evaluation_strategy="steps",
+                    eval_steps=100, minimum_eval_times=2)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(), eval_dataset=regression_data(8))
+    trainer.train()
+    assert trainer.args.eval_steps == 20  # 40 / 2, rounded down to a multiple of 10 (at least 10)
+    assert [h["step"] for h in trainer.state.log_history if "eval_loss" in h] == [20, 40]
+
+
+def test_data_parallel_finds_unused_parameters_unless_recompute_is_on(tmp_path):
+    from types import SimpleNamespace
+
+    from paddletrainer.parallel.apply import _find_unused_parameters
+
+    model = RegressionModel()
+    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=None)) is True
+    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=False)) is False
+    model.enable_recompute = True
+    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=None)) is False

@@ -447,11 +447,19 @@ def test_str_is_one_option_per_line_with_the_resolved_layout(tmp_path):
     assert "  seed=7," in lines and repr(make(tmp_path)).count("\n") > 100
 
 
-def test_only_tensor_and_pipeline_rank_zero_load_data_with_distributed_dataloader(tmp_path, world, fake_topology):
+def test_every_rank_loads_data_also_with_distributed_dataloader(tmp_path, world, fake_topology):
+    # PaddleNLP scripts build datasets only where should_load_dataset is true; every rank reads its share here
     world(8)
     assert make(tmp_path, tensor_parallel_degree=2).should_load_dataset is True
     args = make(tmp_path, tensor_parallel_degree=2, distributed_dataloader=True)
-    assert args.distributed_dataloader is True and args.should_load_dataset is False  # fake tp_rank is 1
+    assert args.distributed_dataloader is True and args.should_load_dataset is True  # even with tp_rank 1
+
+
+def test_paddlenlp_async_save_switches_turn_on_checkpoint_async_save(tmp_path, world):
+    world(1)
+    assert make(tmp_path).checkpoint_async_save is False
+    assert make(tmp_path, use_async_save=True).checkpoint_async_save is True
+    assert make(tmp_path, unified_checkpoint=True, unified_checkpoint_config="async_save").checkpoint_async_save is True
 
 
 def test_distributed_dataloader_is_turned_off_without_tensor_or_pipeline_parallel(tmp_path, world):

@@ -39,6 +39,16 @@ def _check_optimizer(optimizer) -> None:
         )
 
 
+def _register_sequence_parallel_hooks(model, args) -> None:
+    """Sequence parallel: parameters replicated across tp ranks (norms) see only their rank's part of the
+    sequence, so their gradients are all-reduced over the tp group after the step's last micro-batch
+    (Paddle's hooks, as PaddleNLP registers them). On CPU sequence parallel is refused before this runs."""
+    from paddle.distributed.fleet.utils.sequence_parallel_utils import register_sequence_parallel_allreduce_hooks
+
+    register_sequence_parallel_allreduce_hooks(model, args.gradient_accumulation_steps,
+                                               bool(getattr(args, "fuse_sequence_parallel_allreduce", False)))
+
+
 def _find_unused_parameters(model, args) -> bool:
     """``args.ddp_find_unused_parameters``; unset, PaddleNLP's default: True unless a layer uses recompute
     (searching for unused parameters breaks recomputed backward passes)."""
@@ -58,6 +68,8 @@ def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Option
     ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
     """
     _check_optimizer(optimizer)
+    if topology.tp_degree > 1 and getattr(args, "sequence_parallel", False):
+        _register_sequence_parallel_hooks(model, args)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:

@@ -411,3 +411,35 @@ def test_data_parallel_finds_unused_parameters_unless_recompute_is_on(tmp_path):
     assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=False)) is False
     model.enable_recompute = True
     assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=None)) is False
+
+
+def test_sequence_parallel_registers_paddles_gradient_hooks_under_tensor_parallel(monkeypatch):
+    # Wiring only: sequence parallel itself needs reduce_scatter, which the CPU build lacks (refused there).
+    from types import SimpleNamespace
+
+    from paddle.distributed.fleet.utils import sequence_parallel_utils
+
+    from paddletrainer.parallel import apply
+
+    calls = []
+    monkeypatch.setattr(sequence_parallel_utils, "register_sequence_parallel_allreduce_hooks",
+                        lambda model, steps, fused: calls.append((model, steps, fused)))
+    from paddletrainer.parallel.topology import Topology
+
+    class Wrapped(Exception):
+        pass
+
+    def stop_at_tensor_parallel(model, topology):
+        raise Wrapped
+
+    monkeypatch.setattr(apply, "apply_tensor_parallel", stop_at_tensor_parallel)
+    model = RegressionModel()
+    tp2 = Topology(world_size=2, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=2, pp_degree=1,
+                   dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0, hcg=object())  # a stand-in: groups "exist"
+    optimizer = paddle.optimizer.AdamW(parameters=model.parameters())
+    for sequence_parallel, expected in ((False, []), (True, [(model, 4, True)])):
+        args = SimpleNamespace(sequence_parallel=sequence_parallel, gradient_accumulation_steps=4,
+                               fuse_sequence_parallel_allreduce=True, sharding_stage=0)
+        with pytest.raises(Wrapped):
+            apply.parallelize(model, optimizer, tp2, args)
+        assert calls == expected

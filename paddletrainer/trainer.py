@@ -48,9 +48,8 @@ from .data import (
     IterableDatasetShard,
     default_data_collator,
     forward_argument_names,
-    gather_in_dataset_order,
-    sum_over_data_ranks,
 )
+from .evaluation import EvalAccumulator, num_eval_samples
 from .metrics import MetricsCallback, PhaseTimers, ThroughputMeter, flops_per_token_from_config, peak_memory_bytes
 from .optimization import create_optimizer, get_scheduler
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
@@ -807,47 +806,29 @@ class Trainer:
         metric_key_prefix: str = "eval",
         max_eval_iters: int = -1,
     ) -> EvalLoopOutput:
-        """Run ``prediction_step`` over this rank's share, then gather predictions in dataset order.
-
-        Each data rank sees batch k of every global micro-batch; gathering interleaves them back
-        (k, rank 0), (k, rank 1), ... and trims the wrap-around padding, so the result is in dataset order.
-        """
+        """Run ``prediction_step`` over this rank's share, then combine the data ranks in dataset order
+        (see :mod:`paddletrainer.evaluation`)."""
         if prediction_loss_only is None:
             prediction_loss_only = self.args.prediction_loss_only
         model = self.model_wrapped
         model.eval()
-        loss_sum, loss_count = 0.0, 0
-        preds, labels = [], []
+        collected = EvalAccumulator()
         self.callback_handler.eval_dataloader = dataloader
-        for step, inputs in enumerate(dataloader):
+        for inputs in dataloader:
             bs = int(next(iter(inputs.values())).shape[0])
             if self._is_pipeline:
                 loss, logits, batch_labels = self._pipeline_prediction_step(inputs, prediction_loss_only)
             else:
                 loss, logits, batch_labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-            if loss is not None:
-                loss_sum += float(loss) * bs
-                loss_count += bs
-            if logits is not None:
-                if self.preprocess_logits_for_metrics is not None:
-                    logits = self.preprocess_logits_for_metrics(logits, batch_labels)
-                preds.append(_to_numpy(logits))
-            if batch_labels is not None:
-                labels.append(_to_numpy(batch_labels))
+            if logits is not None and self.preprocess_logits_for_metrics is not None:
+                logits = self.preprocess_logits_for_metrics(logits, batch_labels)
+            collected.add(loss, logits, batch_labels, bs)
             self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
-            if max_eval_iters is not None and max_eval_iters > 0 and step + 1 >= max_eval_iters:
+            if max_eval_iters is not None and 0 < max_eval_iters <= collected.batches:
                 break
-        num_samples = _num_samples(dataloader, len(preds) or step + 1, self.args.per_device_eval_batch_size, self.topology.data_world_size)
-        totals = sum_over_data_ranks([loss_sum, loss_count], self.topology)
-        all_preds = gather_in_dataset_order(preds, self.topology, num_samples) if preds else None
-        all_labels = gather_in_dataset_order(labels, self.topology, num_samples) if labels else None
-        metrics: Dict[str, float] = {}
-        if self.compute_metrics is not None and all_preds is not None and all_labels is not None:
-            metrics = dict(self.compute_metrics(EvalPrediction(predictions=all_preds, label_ids=all_labels)))
-        if totals[1] > 0:
-            metrics["loss"] = totals[0] / totals[1]
-        metrics = {(k if k.startswith(f"{metric_key_prefix}_") else f"{metric_key_prefix}_{k}"): v for k, v in metrics.items()}
-        return EvalLoopOutput(predictions=all_preds, label_ids=all_labels, metrics=metrics, num_samples=num_samples)
+        num_samples = num_eval_samples(dataloader, collected.batches, self.args.per_device_eval_batch_size,
+                                       self.topology.data_world_size)
+        return collected.finish(self.topology, num_samples, self.compute_metrics, metric_key_prefix)
 
     # ----------------------------------------------------------------------------------- logging & state
     def log(self, logs: Dict[str, float]) -> None:
@@ -899,17 +880,3 @@ class Trainer:
             os.makedirs(self.args.output_dir, exist_ok=True)
             self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
 
-
-def _to_numpy(value):
-    if isinstance(value, (tuple, list)):
-        return type(value)(_to_numpy(v) for v in value)
-    if isinstance(value, paddle.Tensor):
-        return value.numpy()
-    return np.asarray(value)
-
-
-def _num_samples(dataloader, num_batches: int, batch_size: int, data_world_size: int) -> int:
-    dataset = dataloader.dataset
-    if has_length(dataset) and not isinstance(dataset, IterableDatasetShard):
-        return len(dataset)
-    return num_batches * batch_size * data_world_size

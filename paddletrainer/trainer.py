@@ -48,6 +48,7 @@ from .data import (
     IterableDatasetShard,
     default_data_collator,
     forward_argument_names,
+    sum_over_data_ranks,
 )
 from .evaluation import EvalAccumulator, num_eval_samples
 from .metrics import MetricsCallback, PhaseTimers, ThroughputMeter, flops_per_token_from_config, peak_memory_bytes
@@ -461,6 +462,7 @@ class Trainer:
         self._loss_steps = 0
         self._total_loss = 0.0
         self._last_grad_norm = None
+        self._effective_tokens, self._all_tokens = paddle.zeros([], dtype="int64"), 0  # count_trained_tokens
         start_time = time.time()
         self.callback_handler.train_dataloader = train_dataloader
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -480,6 +482,8 @@ class Trainer:
                 micro_batches = self._read_step(batches, ga)
                 if micro_batches is None:
                     break  # end of the epoch (the sampler yields whole steps)
+                if args.count_trained_tokens:
+                    self._count_trained_tokens(micro_batches)
                 with self.timers("forward_backward"):
                     step_loss = step_fn(micro_batches)
                 self.control = self.callback_handler.on_optimizer_begin(
@@ -508,6 +512,7 @@ class Trainer:
         if self._loss_steps:  # fold the loss not yet logged into the total
             self._total_loss += self._reduce_loss()
         self._finish_checkpoints()
+        self.log_trained_tokens()
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
             ckpt.load_checkpoint(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
@@ -588,6 +593,7 @@ class Trainer:
             with self.timers("checkpoint_save"):
                 self._save_checkpoint(metrics)
             self.control = self.callback_handler.on_save(args, self.state, self.control)
+            self.log_trained_tokens()
 
     # ----------------------------------------------------------------------------------- checkpoints
     def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
@@ -654,6 +660,28 @@ class Trainer:
             restored.consumed_samples = int(loaded.data_state["consumed_samples"])
         self.state = restored
         logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
+
+    def _count_trained_tokens(self, micro_batches: List[Dict[str, Any]]) -> None:
+        """PaddleNLP's ``count_trained_tokens``: this rank's ``input_ids`` tokens, all and non-pad (the latter
+        summed on the device, read only when logged)."""
+        for batch in micro_batches:
+            ids = batch.get("input_ids") if isinstance(batch, dict) else None
+            if ids is None:
+                continue
+            ids = paddle.to_tensor(ids) if isinstance(ids, np.ndarray) else ids
+            self._effective_tokens = self._effective_tokens + (ids != self.args.pad_token_id).astype("int64").sum()
+            self._all_tokens += int(np.prod(ids.shape))
+
+    def log_trained_tokens(self) -> None:
+        """Log the tokens trained so far in this ``train()`` over all data ranks (at each save and at the end;
+        collective over the data group). Sets ``trained_effective_tokens`` and ``trained_tokens``."""
+        if not self.args.count_trained_tokens:
+            return
+        effective, total = sum_over_data_ranks([int(self._effective_tokens), self._all_tokens], self.topology)
+        self.trained_effective_tokens, self.trained_tokens = int(effective), int(total)
+        if self.args.should_log:
+            logger.info("Update to now, trained_effective_tokens: %d, trained_tokens: %d",
+                        self.trained_effective_tokens, self.trained_tokens)
 
     def _apply_minimum_eval_times(self, max_steps: int) -> None:
         """PaddleNLP's ``minimum_eval_times``: lower ``eval_steps`` (to a multiple of 10, at least 10) so that a

@@ -443,3 +443,27 @@ def test_sequence_parallel_registers_paddles_gradient_hooks_under_tensor_paralle
         with pytest.raises(Wrapped):
             apply.parallelize(model, optimizer, tp2, args)
         assert calls == expected
+
+
+class TokenRegression(paddle.nn.Layer):
+    """Mean embedding of input_ids → a scalar, trained towards ``labels``."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = paddle.nn.Embedding(10, 4)
+        self.head = paddle.nn.Linear(4, 1)
+
+    def forward(self, input_ids, labels=None):
+        pred = self.head(self.embed(input_ids).mean(axis=1)).squeeze(-1)
+        return (paddle.nn.functional.mse_loss(pred, labels), pred) if labels is not None else (pred,)
+
+
+def test_count_trained_tokens_counts_all_and_non_pad_tokens_like_paddlenlp(tmp_path):
+    # 12 samples of 5 ids with 2 pads each (pad_token_id=0): 60 tokens, 36 of them real, per epoch
+    data = [{"input_ids": np.array([i % 9 + 1, 3, 4, 0, 0], dtype="int64"), "labels": np.float32(i % 3)}
+            for i in range(12)]
+    args = args_for(tmp_path, per_device_train_batch_size=4, num_train_epochs=2, count_trained_tokens=True,
+                    pad_token_id=0, save_strategy="steps", save_steps=3, overwrite_output_dir=True)
+    trainer = Trainer(model=TokenRegression(), args=args, train_dataset=data)
+    trainer.train()
+    assert (trainer.trained_tokens, trainer.trained_effective_tokens) == (120, 72)

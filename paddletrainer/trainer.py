@@ -51,7 +51,8 @@ from .data import (
     sum_over_data_ranks,
 )
 from .evaluation import EvalAccumulator, num_eval_samples
-from .metrics import MetricsCallback, PhaseTimers, ThroughputMeter, flops_per_token_from_config, peak_memory_bytes
+from .metrics import (MetricsCallback, PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_from_config,
+                      peak_memory_bytes)
 from .optimization import create_optimizer, get_scheduler
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
 from .trainer_utils import (
@@ -462,7 +463,7 @@ class Trainer:
         self._loss_steps = 0
         self._total_loss = 0.0
         self._last_grad_norm = None
-        self._effective_tokens, self._all_tokens = paddle.zeros([], dtype="int64"), 0  # count_trained_tokens
+        self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
         self.callback_handler.train_dataloader = train_dataloader
         self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -483,7 +484,7 @@ class Trainer:
                 if micro_batches is None:
                     break  # end of the epoch (the sampler yields whole steps)
                 if args.count_trained_tokens:
-                    self._count_trained_tokens(micro_batches)
+                    self._token_counter.update(micro_batches)
                 with self.timers("forward_backward"):
                     step_loss = step_fn(micro_batches)
                 self.control = self.callback_handler.on_optimizer_begin(
@@ -661,23 +662,12 @@ class Trainer:
         self.state = restored
         logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
 
-    def _count_trained_tokens(self, micro_batches: List[Dict[str, Any]]) -> None:
-        """PaddleNLP's ``count_trained_tokens``: this rank's ``input_ids`` tokens, all and non-pad (the latter
-        summed on the device, read only when logged)."""
-        for batch in micro_batches:
-            ids = batch.get("input_ids") if isinstance(batch, dict) else None
-            if ids is None:
-                continue
-            ids = paddle.to_tensor(ids) if isinstance(ids, np.ndarray) else ids
-            self._effective_tokens = self._effective_tokens + (ids != self.args.pad_token_id).astype("int64").sum()
-            self._all_tokens += int(np.prod(ids.shape))
-
     def log_trained_tokens(self) -> None:
         """Log the tokens trained so far in this ``train()`` over all data ranks (at each save and at the end;
         collective over the data group). Sets ``trained_effective_tokens`` and ``trained_tokens``."""
         if not self.args.count_trained_tokens:
             return
-        effective, total = sum_over_data_ranks([int(self._effective_tokens), self._all_tokens], self.topology)
+        effective, total = sum_over_data_ranks(list(self._token_counter.totals()), self.topology)
         self.trained_effective_tokens, self.trained_tokens = int(effective), int(total)
         if self.args.should_log:
             logger.info("Update to now, trained_effective_tokens: %d, trained_tokens: %d",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-__all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter"]
+__all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter",
+           "TokenCounter"]
 
 
 def causal_lm_flops_per_token(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int,
@@ -177,3 +178,31 @@ class ThroughputMeter:
         if reset:
             self.reset()
         return out
+
+
+class TokenCounter:
+    """PaddleNLP's ``count_trained_tokens``: this rank's ``input_ids`` tokens, all and those that are not
+    ``pad_token_id``. The non-pad count is summed on the device and read only by :meth:`totals`."""
+
+    def __init__(self, pad_token_id: int) -> None:
+        import paddle
+
+        self.pad_token_id = pad_token_id
+        self._effective = paddle.zeros([], dtype="int64")
+        self._all = 0
+
+    def update(self, micro_batches: Sequence[Any]) -> None:
+        import numpy as np
+        import paddle
+
+        for batch in micro_batches:
+            ids = batch.get("input_ids") if isinstance(batch, dict) else None
+            if ids is None:
+                continue
+            ids = paddle.to_tensor(ids) if isinstance(ids, np.ndarray) else ids
+            self._effective = self._effective + (ids != self.pad_token_id).astype("int64").sum()
+            self._all += int(np.prod(ids.shape))
+
+    def totals(self) -> Tuple[int, int]:
+        """``(non-pad tokens, all tokens)`` counted so far on this rank (one device read)."""
+        return int(self._effective), self._all

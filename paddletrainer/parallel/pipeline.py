@@ -59,7 +59,10 @@ def stack_micro_batches(micro_batches, layers=None):
     ``inputs``/``labels`` may each be a Tensor or a tuple of Tensors (None entries allowed); the result
     holds, per field, the list of per-micro-batch tensors.
     """
-    pairs = [_as_pair(mb, layers) for mb in micro_batches]
+    return _stack_pairs([_as_pair(mb, layers) for mb in micro_batches])
+
+
+def _stack_pairs(pairs):
     return (_stack([p[0] for p in pairs]), _stack([p[1] for p in pairs]))
 
 
@@ -102,7 +105,7 @@ def eval_batch(model, micro_batches: list, *, return_logits: bool = False):
     model.accumulate_steps = len(micro_batches)  # eval batches need not match the training GA
     try:
         pairs = [_as_pair(mb, model._layers) for mb in micro_batches]
-        data = _prepare(model, (_stack([p[0] for p in pairs]), _stack([p[1] for p in pairs])), train=False)
+        data = _prepare(model, _stack_pairs(pairs), train=False)
         if not return_logits:
             loss = model.eval_batch(data, compute_loss=True)
             return loss.astype("float32").reshape([]), None

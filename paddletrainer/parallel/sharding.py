@@ -18,6 +18,8 @@ import contextlib
 
 import paddle
 
+from .topology import needs_cpu_backend
+
 __all__ = ["apply_sharding", "check_stage2_offload", "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 # Parameters with more elements than this are sliced across the sharding group under stage 3; smaller
@@ -26,12 +28,8 @@ __all__ = ["apply_sharding", "check_stage2_offload", "STAGE3_DEFAULT_SEGMENT_SIZ
 STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 
-def _has_accelerator() -> bool:
-    return paddle.is_compiled_with_cuda() or bool(paddle.device.get_all_custom_device_type())
-
-
 def _construction_scope():
-    if _has_accelerator():
+    if not needs_cpu_backend():
         return contextlib.nullcontext()
     from . import cpu_backend
 
@@ -91,7 +89,7 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
         raise ValueError("sharding stage3 cannot be combined with tensor parallel (use stage1 or stage2)")
     if offload and stage == 2:
         check_stage2_offload(topology.dp_degree, fp16_parameters=_has_half_parameters(model))
-    if offload and not _has_accelerator():
+    if offload and needs_cpu_backend():
         from . import cpu_backend
 
         if not cpu_backend.is_installed():  # without fill 7 Paddle's offload moves free the only copy

@@ -219,7 +219,8 @@ def check_cpu_options(args) -> None:
         raise NotImplementedError("tensor_parallel_config async/fused options need CUDA kernels; not on CPU")
 
 
-def _on_cpu() -> bool:
+def needs_cpu_backend() -> bool:
+    """True on a Paddle build without CUDA or a custom device: the gloo fills of ``cpu_backend`` apply."""
     import paddle
 
     return not paddle.is_compiled_with_cuda() and not paddle.device.get_all_custom_device_type()
@@ -245,7 +246,7 @@ def _build_topology(args) -> Topology:
     if world == 1:
         return Topology(dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0, **common)
 
-    on_cpu = _on_cpu()
+    on_cpu = needs_cpu_backend()
     if on_cpu:
         check_cpu_options(args)
         from . import cpu_backend

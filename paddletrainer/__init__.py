@@ -6,12 +6,17 @@ public names are resolved on first use (PEP 562), so ``import paddletrainer`` st
 can be imported on its own.
 """
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+# The package logger (PaddleNLP code patches ``paddlenlp.trainer.logger``); every module logs below it.
+logger = logging.getLogger(__name__)
 
 # public name -> submodule that defines it
 _EXPORTS = {
     "PdArgumentParser": "argparser",
+    "strtobool": "argparser",
     "TrainingArguments": "training_args",
     "Trainer": "trainer",
     "CallbackHandler": "callbacks",
@@ -25,6 +30,9 @@ _EXPORTS = {
     "DataCollatorWithPadding": "data",
     "GlobalBatchSampler": "data",
     "default_data_collator": "data",
+    "TensorBoardCallback": "integrations",
+    "VisualDLCallback": "integrations",
+    "WandbCallback": "integrations",
     "get_scheduler": "optimization",
     "EvalPrediction": "trainer_utils",
     "IntervalStrategy": "trainer_utils",
@@ -33,6 +41,7 @@ _EXPORTS = {
     "SchedulerType": "trainer_utils",
     "ShardingOption": "trainer_utils",
     "TrainOutput": "trainer_utils",
+    "find_batch_size": "trainer_utils",
     "get_last_checkpoint": "trainer_utils",
     "set_seed": "trainer_utils",
     "speed_metrics": "trainer_utils",

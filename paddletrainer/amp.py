@@ -9,6 +9,13 @@ float32, gives ``GradScaler`` no scale, and has no bf16 matmul kernel: AMP on CP
 fp32 while reporting fp16/bf16. So on CPU ``fp16``/``bf16`` is an error by default; ``amp_on_cpu=
 "fp32_dry_run"`` runs the same AMP wiring (auto_cast, decorate, scaler) and warns loudly that the math is
 fp32 — useful to dry-run a GPU config on a laptop.
+
+The loss scaler is live in the dry run. ``AmpScaler.__init__`` disables itself unless the dygraph tracer's
+expected place is a GPU/XPU/custom place; it reads that place through ``paddle.amp.grad_scaler._dygraph_tracer``
+only there. :meth:`AmpConfig.grad_scaler` builds the scaler while that one name returns a tracer whose expected
+place *reports* a GPU (:func:`_gpu_looking_tracer`); every tensor the scaler creates still goes to the real
+(CPU) place. The scaler then scales, unscales, detects inf/NaN, updates its scale and saves its state exactly
+as on a GPU; only the arithmetic is fp32.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import paddle
+from paddle.amp import grad_scaler as paddle_grad_scaler
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +109,58 @@ class AmpConfig:
         )
 
     def grad_scaler(self) -> Optional[paddle.amp.GradScaler]:
-        """A dynamic ``GradScaler`` for fp16, None otherwise."""
+        """A dynamic ``GradScaler`` for fp16 (live in the CPU dry run too), None otherwise.
+
+        Raises RuntimeError if Paddle hands back a disabled scaler: fp16 without loss scaling would train
+        silently wrong, so there is no fallback.
+        """
         if not (self.enabled and self.use_scaler):
             return None
-        return paddle.amp.GradScaler(init_loss_scaling=self.init_loss_scaling, use_dynamic_loss_scaling=True)
+        context = _gpu_looking_tracer() if self.dry_run else contextlib.nullcontext()
+        with context:
+            scaler = paddle.amp.GradScaler(init_loss_scaling=self.init_loss_scaling, use_dynamic_loss_scaling=True)
+        if not scaler.is_enable():
+            raise RuntimeError(
+                f"paddle.amp.GradScaler came back disabled on {paddle.get_device()}: fp16 needs a live loss scaler; "
+                "run on a GPU/XPU, or with --amp_on_cpu fp32_dry_run on CPU"
+            )
+        return scaler
+
+
+class _PlaceReportingGpu:
+    """A place that answers ``is_gpu_place()`` with True and forwards everything else to the real place."""
+
+    def __init__(self, place):
+        self._place = place
+
+    def is_gpu_place(self) -> bool:
+        return True
+
+    def __getattr__(self, name):
+        return getattr(self._place, name)
+
+
+class _TracerWithGpuPlace:
+    """The current tracer, with an expected place that reports a GPU (see :func:`_gpu_looking_tracer`)."""
+
+    def __init__(self, tracer):
+        self._tracer = tracer
+        self._expected_place = _PlaceReportingGpu(tracer._expected_place)
+
+    def __getattr__(self, name):
+        return getattr(self._tracer, name)
+
+
+@contextlib.contextmanager
+def _gpu_looking_tracer():
+    """While active, ``GradScaler`` construction sees a GPU as the expected place (CPU dry run only).
+
+    Only the name ``paddle.amp.grad_scaler`` looks up in its own module is replaced, and only for the
+    constructor call; tensors are still created on the real place.
+    """
+    real = paddle_grad_scaler._dygraph_tracer
+    paddle_grad_scaler._dygraph_tracer = lambda: _TracerWithGpuPlace(real())
+    try:
+        yield
+    finally:
+        paddle_grad_scaler._dygraph_tracer = real

@@ -9,6 +9,14 @@ All entry points (command line, dict, JSON, YAML and the file-plus-command-line 
   with the field name, the value and what was expected;
 * options given on the command line override the same keys of the file.
 
+Bad input from the command line or a config file (``parse_args_into_dataclasses``, ``parse_json_file``,
+``parse_yaml_file`` and the file-plus-command-line forms) ends like any argparse error: the usage line, then
+``<prog>: error: argument --<option>: <what is wrong and what is valid>`` on stderr and exit status 2 — no
+traceback. That covers unknown options, values of the wrong type and every ``ValueError`` a dataclass raises
+while it is built (e.g. ``TrainingArguments``' checks of degrees vs world size or of the resume path), on every
+rank of a launched job. ``parse_dict`` and direct construction (``TrainingArguments(...)``) raise ``ValueError``;
+so does a parser built with ``exit_on_error=False``.
+
 Differences from PaddleNLP, on purpose: unknown dict/file keys are errors (PaddleNLP drops them silently from
 ``parse_dict``), option prefixes are not abbreviated (``--learning`` is not ``--learning_rate``), and the
 PaddleCloud ``PDC_INIT_STEP`` resume rewriting of ``parse_dict`` is not done.
@@ -18,6 +26,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import re
 import sys
 from enum import Enum
 from inspect import isclass
@@ -43,6 +52,14 @@ def strtobool(value: Any) -> bool:
     if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
         return value.strip().lower() in _TRUE
     raise ValueError(f"expected a boolean (true/false, 1/0, yes/no), got {value!r}")
+
+
+class _OptionValueError(ValueError):
+    """A value that does not fit its field's type; ``option`` names the field."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
 
 
 @dataclasses.dataclass
@@ -252,8 +269,50 @@ class PdArgumentParser(argparse.ArgumentParser):
                 help=f"Set {spec.name} to False.",
             )
 
+    # ---------------------------------------------------------------- usage errors
+    def error(self, message: str):
+        """argparse's error path (usage, ``<prog>: error: <message>``, exit 2) with a one-line usage: the full one
+        lists every option of every dataclass (hundreds for ``TrainingArguments``) and would bury the error."""
+        if self.usage is not None or len(self._specs) <= 20:
+            super().error(message)
+        sys.stderr.write(f"usage: {self.prog} [-h] [--option VALUE ...]  ({self.prog} --help lists all "
+                         f"{len(self._specs)} options)\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _usage_error(self, message: str):
+        """End like argparse does for a bad option (usage, ``error: ...``, exit 2), or raise ``ValueError`` when
+        the parser was built with ``exit_on_error=False``."""
+        if not self.exit_on_error:
+            raise ValueError(message)
+        self.error(message)
+
+    def _as_usage_error(self, err: Exception, source: str, given) -> None:
+        """Turn a dataclass's ``ValueError`` into a usage error naming the option it is about.
+
+        The dataclasses' checks name the options they refuse (``warmup_ratio=2.0 is invalid: ...``,
+        ``tensor_parallel_degree=1 x pipeline_parallel_degree=4 = 4 does not divide ...``): the option named is the
+        first of those the user gave (``given``), else the first named at all.
+        """
+        message = str(err)
+        if isinstance(err, _OptionValueError):  # the message already says where the value came from
+            self._usage_error(f"argument --{err.option}: {message}")
+        named = [n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message) if n in self._specs]
+        option = next((n for n in named if n in given), named[0] if named else None)
+        where = "" if source == "command line" else f" (in {source})"
+        self._usage_error(f"argument --{option}: {message}{where}" if option else f"{message}{where}")
+
     # ---------------------------------------------------------------- the one place values become dataclasses
-    def _build(self, values: Dict[str, Any], source: str, allow_extra_keys: bool = False) -> List[Any]:
+    def _build(self, values: Dict[str, Any], source: str, allow_extra_keys: bool = False,
+               usage_errors: bool = False) -> List[Any]:
+        """Values → dataclass instances. ``usage_errors``: bad input ends as a usage error (see the module doc)."""
+        try:
+            return self._build_or_raise(values, source, allow_extra_keys)
+        except ValueError as err:
+            if not usage_errors:
+                raise
+            self._as_usage_error(err, source, values)
+
+    def _build_or_raise(self, values: Dict[str, Any], source: str, allow_extra_keys: bool) -> List[Any]:
         unknown = [k for k in values if k not in self._specs]
         if unknown and not allow_extra_keys:
             raise ValueError(f"{source}: {_unknown_message(unknown, self._specs)}")
@@ -268,8 +327,8 @@ class PdArgumentParser(argparse.ArgumentParser):
             try:
                 kwargs_by_type[spec.owner][name] = _coerce(spec, value)
             except ValueError:
-                raise ValueError(
-                    f"{source}: invalid value for {name}: {value!r} (expected {_expected(spec)})"
+                raise _OptionValueError(
+                    name, f"{source}: invalid value for {name}: {value!r} (expected {_expected(spec)})"
                 ) from None
         return [dtype(**kwargs_by_type[dtype]) for dtype in self.dataclass_types]
 
@@ -287,7 +346,7 @@ class PdArgumentParser(argparse.ArgumentParser):
         if return_remaining_strings:
             return (*outputs, remaining)
         if remaining:
-            raise ValueError(f"command line: {_unknown_message(remaining, self._specs, cli=True)}")
+            self._usage_error(f"command line: {_unknown_message(remaining, self._specs, cli=True)}")
         return tuple(outputs)
 
     # ---------------------------------------------------------------- public entry points
@@ -310,7 +369,7 @@ class PdArgumentParser(argparse.ArgumentParser):
                 file_args = args_file.read_text().split()
                 args = file_args + (list(args) if args is not None else sys.argv[1:])
         values, namespace, remaining = self._cli_values(args)
-        outputs = self._build(values, "command line")
+        outputs = self._build(values, "command line", usage_errors=True)
         return self._finish(outputs, namespace, remaining, return_remaining_strings)
 
     def parse_dict(self, args: Dict[str, Any], allow_extra_keys: bool = False) -> Tuple[Any, ...]:
@@ -325,16 +384,17 @@ class PdArgumentParser(argparse.ArgumentParser):
         As in PaddleNLP, ``return_remaining_strings=True`` returns unknown keys (as ``--key value`` strings)
         instead of raising.
         """
-        data = _load_file(json_file, "json")
+        data = self._load_file(json_file, "json")
         if return_remaining_strings:
             extra = {k: v for k, v in data.items() if k not in self._specs}
-            outputs = self._build(data, str(json_file), allow_extra_keys=True)
+            outputs = self._build(data, str(json_file), allow_extra_keys=True, usage_errors=True)
             return (*outputs, _as_cli_strings(extra))
-        return tuple(self._build(data, str(json_file), allow_extra_keys))
+        return tuple(self._build(data, str(json_file), allow_extra_keys, usage_errors=True))
 
     def parse_yaml_file(self, yaml_file: str, allow_extra_keys: bool = False) -> Tuple[Any, ...]:
         """Build the dataclasses from a YAML mapping file."""
-        return tuple(self._build(_load_file(yaml_file, "yaml"), str(yaml_file), allow_extra_keys))
+        return tuple(self._build(self._load_file(yaml_file, "yaml"), str(yaml_file), allow_extra_keys,
+                                 usage_errors=True))
 
     def parse_json_file_and_cmd_lines(self, return_remaining_strings: bool = False) -> Tuple[Any, ...]:
         """``python script.py config.json --opt value ...``: the JSON file, then command-line overrides."""
@@ -347,15 +407,21 @@ class PdArgumentParser(argparse.ArgumentParser):
     def _parse_file_and_cmd_lines(self, fmt, suffixes, return_remaining_strings):
         if len(sys.argv) < 2 or not sys.argv[1].endswith(suffixes):
             got = sys.argv[1] if len(sys.argv) > 1 else "nothing"
-            raise ValueError(f"the first command-line argument must be a {'/'.join(suffixes)} file, got {got}")
+            self._usage_error(f"the first command-line argument must be a {'/'.join(suffixes)} file, got {got}")
         path = sys.argv[1]
-        file_values = _load_file(path, fmt)
+        file_values = self._load_file(path, fmt)
         unknown = [k for k in file_values if k not in self._specs]
         if unknown:
-            raise ValueError(f"{path}: {_unknown_message(unknown, self._specs)}")
+            self._usage_error(f"{path}: {_unknown_message(unknown, self._specs)}")
         cli_values, namespace, remaining = self._cli_values(sys.argv[2:])
-        outputs = self._build({**file_values, **cli_values}, f"{path} + command line")
+        outputs = self._build({**file_values, **cli_values}, f"{path} + command line", usage_errors=True)
         return self._finish(outputs, namespace, remaining, return_remaining_strings)
+
+    def _load_file(self, path, fmt: str) -> Dict[str, Any]:
+        try:
+            return _load_file(path, fmt)
+        except (OSError, ValueError) as err:  # a missing or malformed config file is bad input too
+            self._usage_error(f"{path}: {err.strerror if isinstance(err, OSError) and err.strerror else err}")
 
 
 def _cli_bool(text: str) -> bool:
@@ -372,7 +438,10 @@ def _load_file(path, fmt: str) -> Dict[str, Any]:
     else:
         import yaml  # only needed for YAML configs
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as err:
+            raise ValueError(f"not valid YAML: {err}".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: the top level must be a mapping of option names to values")
     return data

@@ -18,11 +18,16 @@ sample when the layout (and even the global batch size) changed.
 from __future__ import annotations
 
 import inspect
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import paddle
+
+from .trainer_utils import has_length
+
+logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------- ordering
@@ -50,7 +55,20 @@ def padded_epoch_order(num_samples: int, batch_span: int, seed: int, epoch: int,
     return np.concatenate([order, np.resize(order, pad)])
 
 
-class GlobalBatchSampler(paddle.io.BatchSampler):
+class _RankBatchSampler(paddle.io.BatchSampler):
+    """What every sampler here shares: a non-empty dataset of ``num_samples``, the per-device ``batch_size`` and
+    this rank's place ``data_rank`` among ``data_world_size`` data ranks."""
+
+    def __init__(self, num_samples: int, batch_size: int, data_rank: int = 0, data_world_size: int = 1):
+        if num_samples <= 0:
+            raise ValueError("the dataset is empty: a sampler needs at least one sample")
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.data_rank = data_rank
+        self.data_world_size = data_world_size
+
+
+class GlobalBatchSampler(_RankBatchSampler):
     """Yields this data rank's indices for each micro-batch, in the layout-free global order.
 
     Args:
@@ -73,12 +91,7 @@ class GlobalBatchSampler(paddle.io.BatchSampler):
         drop_last: bool = False,
         step_span: Optional[int] = None,
     ):
-        if num_samples <= 0:
-            raise ValueError("the dataset is empty: a sampler needs at least one sample")
-        self.num_samples = num_samples
-        self.batch_size = batch_size
-        self.data_rank = data_rank
-        self.data_world_size = data_world_size
+        super().__init__(num_samples, batch_size, data_rank, data_world_size)
         self.seed = seed
         self.shuffle = shuffle
         self.drop_last = drop_last
@@ -109,36 +122,77 @@ class GlobalBatchSampler(paddle.io.BatchSampler):
             yield order[start + lo : start + lo + self.batch_size].tolist()
 
 
-class EvalBatchSampler(GlobalBatchSampler):
-    """Sequential order for evaluation/prediction; the tail is padded by wrap-around and trimmed after gather."""
+class EvalBatchSampler(_RankBatchSampler):
+    """Sequential evaluation/prediction batches: every sample exactly once, in dataset order after gathering.
+
+    Block k holds samples ``[k·B·W, (k+1)·B·W)`` and data rank r takes ``[r·B, (r+1)·B)`` of it, so the last
+    block may give a rank a short batch or nothing. Every rank must run the same number of forward passes
+    (sharding stage 3 gathers parameters in each one), so a rank with nothing left gets one *padding* batch
+    (the dataset's first sample); it is always the rank's last batch and ``num_real_batches`` excludes it,
+    so its outputs are never counted.
+    """
 
     def __init__(self, num_samples: int, batch_size: int, data_rank: int = 0, data_world_size: int = 1):
-        super().__init__(num_samples, batch_size, data_rank, data_world_size, shuffle=False, drop_last=False)
+        super().__init__(num_samples, batch_size, data_rank, data_world_size)
+        self._span = batch_size * data_world_size
+        blocks = -(-num_samples // self._span)
+        last_start = (blocks - 1) * self._span + data_rank * batch_size
+        self._num_blocks = blocks
+        self.num_real_batches = blocks if last_start < num_samples else blocks - 1
+
+    def __len__(self) -> int:
+        return self._num_blocks
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for k in range(self._num_blocks):
+            lo = k * self._span + self.data_rank * self.batch_size
+            yield list(range(lo, min(lo + self.batch_size, self.num_samples))) if k < self.num_real_batches else [0]
 
 
 class IterableDatasetShard(paddle.io.IterableDataset):
     """Splits a stream the same way: each block of B × W consecutive items is one global micro-batch and data
-    rank r keeps items ``[r·B, (r+1)·B)`` of it. An incomplete final block is dropped (a stream has no
-    epoch start to wrap to). The number of items already consumed is skipped on resume."""
+    rank r keeps items ``[r·B, (r+1)·B)`` of it. For training an incomplete final block is dropped (a stream
+    has no epoch start to wrap to). With ``keep_last`` (evaluation) each rank keeps its share of it, so every
+    item is evaluated once; a rank whose share is empty then yields one *padding* item (the pass's first item)
+    as a batch of its own, so that, as with :class:`EvalBatchSampler`, every rank runs the same number of
+    forward passes (sharding stage 3 gathers parameters in each one). ``num_real_batches`` — None until the
+    stream has ended, then this pass's batch count without the padding one — tells the evaluation loop what
+    to count. The number of items already consumed is skipped on resume."""
 
-    def __init__(self, dataset, batch_size: int, data_rank: int = 0, data_world_size: int = 1, skip_items: int = 0):
+    def __init__(self, dataset, batch_size: int, data_rank: int = 0, data_world_size: int = 1, skip_items: int = 0,
+                 keep_last: bool = False):
         self.dataset = dataset
         self.batch_size = batch_size
         self.data_rank = data_rank
         self.data_world_size = data_world_size
         self.skip_items = skip_items
+        self.keep_last = keep_last
+        self.num_real_batches: Optional[int] = None
 
     def __iter__(self):
+        self.num_real_batches = None
         span = self.batch_size * self.data_world_size
         lo, hi = self.data_rank * self.batch_size, (self.data_rank + 1) * self.batch_size
         block: List[Any] = []
+        first, full_blocks = None, 0
         for i, item in enumerate(self.dataset):
             if i < self.skip_items:
                 continue
+            if first is None:
+                first = item
             block.append(item)
             if len(block) == span:
                 yield from block[lo:hi]
+                full_blocks += 1
                 block = []
+        if not self.keep_last:
+            self.num_real_batches = full_blocks
+            return
+        # Every rank got exactly B items per full block, so what follows starts a batch of its own.
+        self.num_real_batches = full_blocks + (1 if block[lo:hi] else 0)
+        yield from block[lo:hi]
+        if block and not block[lo:hi]:
+            yield first
 
 
 # --------------------------------------------------------------------------------------- collation
@@ -225,9 +279,11 @@ def forward_argument_names(model: paddle.nn.Layer) -> Optional[set]:
 
 
 class ColumnFilter:
-    """Wraps a collator so the batch only keeps keys the model's forward accepts (``remove_unused_columns``).
+    """Wraps a collator so the *batch* only keeps keys the model's forward accepts (``remove_unused_columns``).
 
-    Label keys are kept even if the forward does not take them: the criterion needs them.
+    The collator itself sees the dataset's samples untouched (PaddleNLP's contract: a collator may read raw
+    fields such as ``text`` that the model never takes); what it returns is filtered. Label keys are kept even
+    if the forward does not take them: a criterion needs them.
     """
 
     def __init__(self, collator: Callable, allowed: set, keep: Sequence[str]):
@@ -235,9 +291,111 @@ class ColumnFilter:
         self.allowed = set(allowed) | set(keep) | {"label", "label_ids"}
 
     def __call__(self, features):
-        if isinstance(features[0], dict):
-            features = [{k: v for k, v in f.items() if k in self.allowed} for f in features]
-        return self.collator(features)
+        batch = self.collator(features)
+        if isinstance(batch, dict):
+            return {k: v for k, v in batch.items() if k in self.allowed}
+        return batch
+
+
+def remove_unused_columns(dataset, allowed: Optional[set], keep: Sequence[str], description: str = "training"):
+    """PaddleNLP's column removal: a Hugging Face ``datasets.Dataset`` loses the columns the model's forward
+    does not take (labels kept); any other dataset is returned as is (its samples reach the collator whole)."""
+    if allowed is None or type(dataset).__module__.split(".")[0] != "datasets" or not hasattr(dataset, "column_names"):
+        return dataset
+    wanted = set(allowed) | set(keep) | {"label", "label_ids"}
+    unused = [c for c in dataset.column_names if c not in wanted]
+    if not unused:
+        return dataset
+    logger.info("The following columns in the %s set don't have a corresponding argument in "
+                                     "the model's forward and have been ignored: %s", description, ", ".join(unused))
+    return dataset.remove_columns(unused)
+
+
+class SubclassBatchSampler(GlobalBatchSampler):
+    """Runs a batch sampler returned by a Trainer subclass's ``_get_train_sampler`` (PaddleNLP's hook) in the
+    training loop, which counts whole optimizer steps and resumes by sample position.
+
+    The subclass's sampler decides the order (e.g. ``run_pretrain.py``'s unshuffled ``DistributedBatchSampler``);
+    this wrapper only cuts each epoch to whole steps of ``gradient_accumulation_steps`` micro-batches, calls the
+    inner ``set_epoch(epoch)`` when it has one, and on resume skips the micro-batches already consumed.
+    """
+
+    def __init__(self, inner, batch_size: int, data_world_size: int, step_span: int):
+        if not has_length(inner):
+            raise ValueError(f"_get_train_sampler returned {type(inner).__name__}, which has no len(); a batch "
+                             "sampler must know its number of batches")
+        self.inner = inner
+        self.batch_size = batch_size
+        self.data_rank, self.data_world_size = 0, data_world_size
+        self.seed, self.shuffle, self.drop_last = 0, False, True
+        self.micro_span = batch_size * data_world_size
+        self.step_span = step_span
+        self.num_samples = len(inner) * self.micro_span
+        self.epoch = 0
+        self.skip_samples = 0
+
+    def samples_per_epoch(self) -> int:
+        return (self.num_samples // self.step_span) * self.step_span
+
+    def set_epoch(self, epoch: int, consumed_in_epoch: int = 0) -> None:
+        super().set_epoch(epoch, consumed_in_epoch)
+        if hasattr(self.inner, "set_epoch"):
+            self.inner.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[List[int]]:
+        skip = self.skip_samples // self.micro_span
+        stop = self.samples_per_epoch() // self.micro_span
+        for i, batch in enumerate(self.inner):
+            if i >= stop:
+                return
+            if i >= skip:
+                yield batch
+
+
+class CollateErrorCarrier:
+    """Wraps a collator so that an exception raised inside it ends the run with that exception.
+
+    Paddle's single-process ``DataLoader`` (``num_workers=0``) calls the collator in a reader thread; an
+    exception there kills the thread without waking the reader, and the training loop then waits forever
+    (Paddle 3.3.1, ``_DataLoaderIterSingleProcess._thread_loop``). This wrapper catches the exception, hands a
+    one-key marker batch through the queue instead, and :class:`DataLoader` re-raises the exception in the
+    caller's thread when that batch arrives. (Worker processes, ``num_workers > 0``, already send exceptions
+    back; there the collator is used as is.)
+    """
+
+    MARKER = "__paddletrainer_collate_error__"
+
+    def __init__(self, collator: Callable):
+        self.collator = collator
+        self.error: Optional[BaseException] = None
+
+    def __call__(self, features):
+        try:
+            return self.collator(features)
+        except Exception as exc:  # re-raised by DataLoader in the training loop's thread
+            self.error = exc
+            return {self.MARKER: np.zeros([1], dtype="int64")}
+
+
+class DataLoader(paddle.io.DataLoader):
+    """``paddle.io.DataLoader`` that re-raises a :class:`CollateErrorCarrier`'s exception instead of hanging."""
+
+    def __init__(self, dataset, collate_fn=None, num_workers: int = 0, **kwargs):
+        self.carrier = CollateErrorCarrier(collate_fn or default_data_collator) if num_workers == 0 else None
+        super().__init__(dataset, collate_fn=self.carrier or collate_fn, num_workers=num_workers, **kwargs)
+
+    def __iter__(self):
+        batches = super().__iter__()
+        if self.carrier is None:
+            return batches
+        return self._checked(batches)
+
+    def _checked(self, batches):
+        for batch in batches:
+            if isinstance(batch, dict) and CollateErrorCarrier.MARKER in batch:
+                error, self.carrier.error = self.carrier.error, None
+                raise error
+            yield batch
 
 
 # --------------------------------------------------------------------------------------- gathering
@@ -253,13 +411,13 @@ def _concat_padded(arrays: List[np.ndarray], pad_value=-100) -> np.ndarray:
     return np.concatenate(padded, axis=0)
 
 
-def interleave_rank_batches(per_rank: List[List[Any]], num_samples: int) -> Any:
+def interleave_rank_batches(per_rank: List[List[Any]], num_samples: Optional[int] = None) -> Any:
     """Undo the eval split: batch k of rank 0, batch k of rank 1, ... is the dataset's order (see module doc).
 
-    ``per_rank[r]`` is rank r's list of per-batch arrays (or tuples of arrays); the wrap-around padding of
-    the last global batch is trimmed to ``num_samples``.
+    ``per_rank[r]`` is rank r's list of per-batch arrays (or tuples of arrays); ``num_samples`` (optional)
+    trims the result.
     """
-    ordered = [batches[k] for k in range(len(per_rank[0])) for batches in per_rank if k < len(batches)]
+    ordered = [batches[k] for k in range(max(len(b) for b in per_rank)) for batches in per_rank if k < len(batches)]
     if isinstance(ordered[0], (tuple, list)):
         return type(ordered[0])(
             _concat_padded([b[i] for b in ordered])[:num_samples] for i in range(len(ordered[0]))
@@ -267,7 +425,7 @@ def interleave_rank_batches(per_rank: List[List[Any]], num_samples: int) -> Any:
     return _concat_padded(ordered)[:num_samples]
 
 
-def gather_in_dataset_order(batches: List[Any], topology, num_samples: int) -> Any:
+def gather_in_dataset_order(batches: List[Any], topology, num_samples: Optional[int] = None) -> Any:
     """All data ranks' eval outputs, concatenated in dataset order (every rank gets the result)."""
     if topology.data_world_size == 1:
         return interleave_rank_batches([batches], num_samples)

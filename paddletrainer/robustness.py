@@ -40,10 +40,8 @@ take; the callback runs it on the first training batch, in the main thread — n
 single-process DataLoader collates in a helper thread and an exception there leaves the loop waiting forever), ``check_dataset`` (empty data set), ``check_output_dir`` (a previous run's
 checkpoints would be mixed with this run's).
 
-``friendly_errors`` / ``main_guard``
-    Decorator for script entry points: ``ValueError``, ``CheckpointError``, ``NonFiniteLossError`` print
-    ``error: <message>`` and exit 2; ``TrainingInterrupted`` prints its line and exits 128 + signal. No
-    traceback unless ``PADDLETRAINER_TRACEBACK=1``.
+``friendly_errors`` / ``main_guard`` / ``TrainingInterrupted``
+    Defined in :mod:`paddletrainer.errors` (re-exported here).
 
 This module imports ``checkpoint`` (for ``finish_pending_save``/``CheckpointError``) and ``data``; nothing in
 ``parallel`` or ``checkpoint`` imports it.
@@ -52,16 +50,18 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
-import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from .callbacks import TrainerCallback
+# the entry-point error handling and TrainingInterrupted live in `errors`; importable from here as before
+from .errors import ERROR_EXIT_CODE, TRACEBACK_ENV, TrainingInterrupted, friendly_errors, main_guard, signal_name
+from .trainer_utils import has_length, requested_resume
 
 logger = logging.getLogger(__name__)
 
@@ -83,44 +83,9 @@ __all__ = [
 ]
 
 WATCHDOG_EXIT_CODE = 86  # distinct from 1 (Python error), 2 (usage error), 124 (coreutils timeout), 128+n (signals)
-ERROR_EXIT_CODE = 2  # bad input / configuration, as argparse does
-TRACEBACK_ENV = "PADDLETRAINER_TRACEBACK"
 
 
 # ===================================================================================== interruption
-class TrainingInterrupted(SystemExit):
-    """Training stopped on a signal after a checkpoint was saved on every rank.
-
-    A ``SystemExit``: uncaught, the process exits with ``code`` = 128 + signal number and no traceback.
-    Attributes: ``signum``, ``step``, ``checkpoint`` (the published directory or None), ``message``.
-    """
-
-    def __init__(self, signum: int, step: int, checkpoint: Optional[str] = None):
-        self.signum = int(signum)
-        self.step = int(step)
-        self.checkpoint = checkpoint
-        name = _signal_name(self.signum)
-        if checkpoint:
-            where = f"checkpoint saved to {checkpoint} (resume with --resume_from_checkpoint {checkpoint})"
-        else:
-            where = "no checkpoint was saved"
-        self.message = f"training interrupted by {name} at step {self.step}; {where}"
-        super().__init__(128 + self.signum)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (type(self), (self.signum, self.step, self.checkpoint))
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 class GracefulStop:
     """Turn SIGTERM/SIGINT into a flag the training loop checks once per optimizer step.
 
@@ -194,7 +159,7 @@ class GracefulStop:
         self.signum = signum
         # one line, async-signal-safe enough (no locks held by logging here)
         try:
-            os.write(2, f"received {_signal_name(signum)}: saving a checkpoint at the end of this step, then "
+            os.write(2, f"received {signal_name(signum)}: saving a checkpoint at the end of this step, then "
                         f"stopping (send it again to stop at once)\n".encode())
         except OSError:
             pass
@@ -596,13 +561,9 @@ def allowed_in_order(model) -> list:
 
 def check_dataset(dataset, option: str = "train_dataset") -> None:
     """An empty map-style data set is an error naming the option (iterable data sets cannot be checked)."""
-    if dataset is None:
+    if dataset is None or not has_length(dataset):  # paddle.io.IterableDataset.__len__ raises RuntimeError
         return
-    try:
-        n = len(dataset)
-    except TypeError:
-        return
-    if n == 0:
+    if len(dataset) == 0:
         raise ValueError(f"{option} is empty (0 samples): there is nothing to "
                          f"{'train on' if option.startswith('train') else 'evaluate'}; check the data path and split")
 
@@ -616,8 +577,6 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
     """
     if not getattr(args, "do_train", False) or getattr(args, "overwrite_output_dir", False):
         return
-    from .trainer_utils import requested_resume
-
     resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(args, "resume_from_checkpoint", None)
     if requested_resume(resume) is not None:
         return
@@ -634,47 +593,3 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
             f"output_dir={out!r} already holds checkpoints of a previous run ({shown}); pass "
             f"--resume_from_checkpoint true to continue it, --overwrite_output_dir to train over it, or choose "
             f"another output_dir")
-
-
-# ===================================================================================== entry points
-def _user_error_types() -> tuple:
-    from .checkpoint import CheckpointError
-
-    types = [ValueError, CheckpointError]
-    try:
-        from .trainer import NonFiniteLossError
-
-        types.append(NonFiniteLossError)
-    except ImportError:  # pragma: no cover
-        pass
-    return tuple(types)
-
-
-def friendly_errors(fn: Callable) -> Callable:
-    """Decorate a script's ``main``: user-facing errors become one ``error: ...`` line and exit code 2;
-    ``TrainingInterrupted`` prints its line and exits 128 + signal. ``PADDLETRAINER_TRACEBACK=1`` re-raises
-    (full traceback). Other exceptions (bugs) propagate unchanged."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except TrainingInterrupted as e:
-            if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-                raise
-            sys.stderr.write(f"interrupted: {e.message}\n")
-            sys.stderr.flush()
-            sys.exit(e.code)
-        except _user_error_types() as e:
-            if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
-                raise
-            sys.stderr.write(f"error: {e}\n")
-            sys.stderr.flush()
-            sys.exit(ERROR_EXIT_CODE)
-
-    return wrapper
-
-
-def main_guard(fn: Callable, *args: Any, **kwargs: Any):
-    """Run ``fn(*args, **kwargs)`` under :func:`friendly_errors`: ``if __name__ == "__main__": main_guard(main)``."""
-    return friendly_errors(fn)(*args, **kwargs)

@@ -29,7 +29,7 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
-from . import robustness
+from . import overflow, robustness
 from .amp import AmpConfig
 from .callbacks import (
     CallbackHandler,
@@ -43,16 +43,24 @@ from .callbacks import (
 from .data import (
     ColumnFilter,
     DataCollatorWithPadding,
+    DataLoader,
     EvalBatchSampler,
     GlobalBatchSampler,
     IterableDatasetShard,
+    SubclassBatchSampler,
     default_data_collator,
     forward_argument_names,
+    remove_unused_columns,
     sum_over_data_ranks,
 )
-from .evaluation import EvalAccumulator, num_eval_samples
-from .metrics import (MetricsCallback, PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_from_config,
-                      peak_memory_bytes)
+from .errors import NonFiniteLossError  # noqa: F401 (public here as paddletrainer.trainer.NonFiniteLossError)
+from .evaluation import EvalAccumulator, real_batches_of
+from .metrics.memory_tracker import MemoryTracker
+from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_from_config, peak_memory_bytes,
+                      reporting_callbacks)
+from .metrics.writers import check_report_to
+from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
+from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
 from .trainer_utils import (
@@ -61,18 +69,21 @@ from .trainer_utils import (
     EvalPrediction,
     PredictionOutput,
     TrainOutput,
-    get_last_checkpoint,
     has_length,
-    requested_resume,
+    is_paddlenlp_checkpoint,
     set_seed,
     speed_metrics,
 )
-from .training_args import TrainingArguments
+from .rollback import Rollback, RollbackConfig
+from .training_args import TrainingArguments, resolve_resume_checkpoint
 
 logger = logging.getLogger(__name__)
 
-class NonFiniteLossError(RuntimeError):
-    """Raised (on every rank alike) when the loss or gradient norm is NaN/inf under ``nan_inf_policy=error``."""
+# PaddleNLP's names. Every Trainer starts with these callbacks (RobustnessCallback: graceful SIGTERM/SIGINT
+# stop and the collective watchdog), then one reporting callback per ``report_to`` name, then the user's, and
+# last the progress bar (PrinterCallback with ``disable_tqdm``) -- PaddleNLP's order.
+DEFAULT_CALLBACKS = [DefaultFlowCallback, robustness.RobustnessCallback]
+DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
 def enable_recompute(model: paddle.nn.Layer) -> int:
@@ -95,7 +106,7 @@ def enable_recompute(model: paddle.nn.Layer) -> int:
     return len(layers)
 
 
-class Trainer:
+class Trainer(PaddleNLPHooks):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -136,6 +147,7 @@ class Trainer:
         self.amp = AmpConfig.from_args(args)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
             robustness.check_model_for_layout(model, args.parallel_degrees)
+        check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
         self.topology = init_topology(args)  # the one place groups are created (idempotent)
         set_seed(args.seed)
         if model is None:
@@ -167,16 +179,16 @@ class Trainer:
         )
         self.control = TrainerControl()
         popped = self.label_names if criterion is not None else ()
-        default = [
-            DefaultFlowCallback,
-            MetricsCallback,
-            robustness.RobustnessCallback(self.topology, args.collective_timeout_seconds, popped_keys=popped),
-        ]
-        default.append(PrinterCallback if args.disable_tqdm else ProgressCallback)
+        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped)
+                    if cb is robustness.RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
         self.callback_handler = CallbackHandler(
-            default + list(callbacks or []), self.model, self.tokenizer, self.optimizer, self.lr_scheduler
+            defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
+            + list(callbacks or []),
+            self.model, self.tokenizer, self.optimizer, self.lr_scheduler,
         )
+        self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.timers = PhaseTimers(enabled=getattr(args, "log_phase_timers", False))
+        self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
@@ -196,13 +208,15 @@ class Trainer:
 
     # ----------------------------------------------------------------------------------- data
     def _collator_for(self, model) -> Callable:
+        """The data collator; with ``remove_unused_columns`` its *output* keeps only the model's forward arguments
+        and the labels. The collator itself gets the dataset's samples untouched (PaddleNLP's contract)."""
         if not self.args.remove_unused_columns:
             return self.data_collator
         allowed = forward_argument_names(model)
         return self.data_collator if allowed is None else ColumnFilter(self.data_collator, allowed, self.label_names)
 
     def _loader(self, dataset, batch_sampler=None, batch_size=None) -> paddle.io.DataLoader:
-        return paddle.io.DataLoader(
+        return DataLoader(
             dataset,
             batch_sampler=batch_sampler,
             batch_size=batch_size or 1,
@@ -211,20 +225,20 @@ class Trainer:
             return_list=True,
         )
 
-    def get_train_dataloader(self) -> paddle.io.DataLoader:
-        """Batches in the layout-free global order (see ``paddletrainer.data``), this rank's share of each."""
-        if self.train_dataset is None:
-            raise ValueError("Trainer.train needs a train_dataset")
-        robustness.check_dataset(self.train_dataset, "train_dataset")
+    def _remove_unused_columns(self, dataset, description: Optional[str] = None):
+        """PaddleNLP's hook: a Hugging Face ``datasets.Dataset`` without the columns the model's forward does not
+        take (with ``remove_unused_columns``); any other dataset unchanged."""
+        allowed = forward_argument_names(self.model) if self.args.remove_unused_columns else None
+        return remove_unused_columns(dataset, allowed, self.label_names, description or "training")
+
+    def _get_train_sampler(self) -> Optional[paddle.io.BatchSampler]:
+        """The training batch sampler: the layout-free global order (see ``paddletrainer.data``), this rank's share
+        of each micro-batch; None for a dataset without length. A subclass may return its own batch sampler
+        (PaddleNLP's hook); the loop then follows that sampler's order, cut to whole optimizer steps."""
+        if self.train_dataset is None or not has_length(self.train_dataset):
+            return None
         args, topo = self.args, self.topology
-        if not has_length(self.train_dataset):
-            if args.max_steps <= 0:
-                raise ValueError("an IterableDataset has no length: set max_steps > 0")
-            shard = IterableDatasetShard(
-                self.train_dataset, args.per_device_train_batch_size, topo.data_rank, topo.data_world_size
-            )
-            return self._loader(shard, batch_size=args.per_device_train_batch_size)
-        sampler = GlobalBatchSampler(
+        return GlobalBatchSampler(
             len(self.train_dataset),
             args.per_device_train_batch_size,
             topo.data_rank,
@@ -234,18 +248,39 @@ class Trainer:
             drop_last=args.dataloader_drop_last,
             step_span=args.per_device_train_batch_size * args.gradient_accumulation_steps * topo.data_world_size,
         )
-        return self._loader(self.train_dataset, batch_sampler=sampler)
 
-    def _eval_loader(self, dataset) -> paddle.io.DataLoader:
+    def get_train_dataloader(self) -> paddle.io.DataLoader:
+        """This rank's training batches, from ``_get_train_sampler`` (streams: consecutive blocks per data rank)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train needs a train_dataset")
+        robustness.check_dataset(self.train_dataset, "train_dataset")
+        args, topo = self.args, self.topology
+        dataset = self._remove_unused_columns(self.train_dataset, "training")
         if not has_length(dataset):
-            shard = IterableDatasetShard(
-                dataset, self.args.per_device_eval_batch_size, self.topology.data_rank, self.topology.data_world_size
-            )
-            return self._loader(shard, batch_size=self.args.per_device_eval_batch_size)
-        sampler = EvalBatchSampler(
-            len(dataset), self.args.per_device_eval_batch_size, self.topology.data_rank, self.topology.data_world_size
-        )
+            if args.max_steps <= 0:
+                raise ValueError("an IterableDataset has no length: set max_steps > 0")
+            shard = IterableDatasetShard(dataset, args.per_device_train_batch_size, topo.data_rank, topo.data_world_size)
+            return self._loader(shard, batch_size=args.per_device_train_batch_size)
+        sampler = self._get_train_sampler()
+        if not isinstance(sampler, GlobalBatchSampler):
+            step_span = args.per_device_train_batch_size * args.gradient_accumulation_steps * topo.data_world_size
+            sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size, step_span)
         return self._loader(dataset, batch_sampler=sampler)
+
+    def _get_eval_sampler(self, eval_dataset) -> Optional[paddle.io.BatchSampler]:
+        """The evaluation/prediction batch sampler (PaddleNLP's hook): every sample once, gathered back in dataset
+        order. A subclass's own sampler is used as is (its gathered predictions follow its order)."""
+        return EvalBatchSampler(
+            len(eval_dataset), self.args.per_device_eval_batch_size, self.topology.data_rank,
+            self.topology.data_world_size)
+
+    def _eval_loader(self, dataset, description: str = "evaluation") -> paddle.io.DataLoader:
+        dataset = self._remove_unused_columns(dataset, description)
+        if not has_length(dataset):
+            shard = IterableDatasetShard(dataset, self.args.per_device_eval_batch_size, self.topology.data_rank,
+                                         self.topology.data_world_size, keep_last=True)
+            return self._loader(shard, batch_size=self.args.per_device_eval_batch_size)
+        return self._loader(dataset, batch_sampler=self._get_eval_sampler(dataset))
 
     def get_eval_dataloader(self, eval_dataset=None) -> paddle.io.DataLoader:
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
@@ -255,7 +290,7 @@ class Trainer:
         return self._eval_loader(dataset)
 
     def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
-        return self._eval_loader(test_dataset)
+        return self._eval_loader(test_dataset, "test")
 
     # ----------------------------------------------------------------------------------- optimizer
     def create_optimizer(self, lr_scheduler=None):
@@ -373,60 +408,58 @@ class Trainer:
         return total
 
     def _pipeline_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
-        """1F1B over the step's micro-batches; the mean loss is broadcast to every stage."""
+        """1F1B over the step's micro-batches, under autocast; the mean loss is broadcast to every stage."""
         self.model_wrapped.train()
         batches = [self._prepare_inputs(b) for b in micro_batches]
-        return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
+        with self.autocast_smart_context_manager():
+            return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
 
     def _optimizer_step(self) -> paddle.Tensor:
-        """Unscale, clip across every parallel group, apply the NaN policy, step; returns the global grad norm."""
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        grad_norm = clip_grad_norm(self.model_wrapped, self.optimizer, self.topology, self.args.max_grad_norm)
-        skip = False
-        norm_value = float(grad_norm)  # one scalar read per step: the NaN policy must agree on every rank
-        if not math.isfinite(norm_value):
-            if getattr(self.args, "nan_inf_policy", "error") == "skip":
-                skip = True
-                self.state.skipped_steps += 1
-                logger.warning("step %d: gradient norm is %s; skipping the update", self.state.global_step + 1, norm_value)
-            elif self.scaler is None:
-                raise NonFiniteLossError(
-                    f"step {self.state.global_step + 1}: gradient norm is {norm_value} (loss or grads are NaN/inf); "
-                    "set nan_inf_policy='skip' to skip such steps"
-                )
+        """Sync, unscale, clip by the global norm, then step or skip on every rank alike; returns the norm.
+
+        See ``overflow``: the verdict comes from the global norm (one host read per step), so every rank of
+        every axis takes the same branch; a skipped step leaves the LR schedule where it is.
+        """
+        optimizer = self.optimizer
+        optimizer.sync_gradients()
+        divisor = overflow.delayed_loss_divisor(self.model_wrapped)
+        found_inf = overflow.unscale_gradients(self.scaler, [g for g, _ in optimizer.counted_gradients()], divisor)
+        grad_norm = clip_grad_norm(self.model_wrapped, optimizer, self.topology, self.args.max_grad_norm,
+                                   nonfinite=found_inf)
+        norm_value = float(grad_norm)
+        action = overflow.nonfinite_action(math.isfinite(norm_value), self.args.nan_inf_policy, self.scaler)
+        if action == overflow.RAISE:
+            raise NonFiniteLossError(
+                f"step {self.state.global_step + 1}: gradient norm is {norm_value} (loss or grads are NaN/inf); "
+                "set nan_inf_policy='skip' to skip such steps"
+            )
         with self.timers("optimizer"):
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)  # skips by itself on overflow and lowers the scale
-                self.scaler.update()
-            elif not skip:
-                self.optimizer.step()
-            self.optimizer.clear_grad()
-        if not skip:
+            if action == overflow.STEP:
+                optimizer.step()
+            optimizer.clear_grad()
+        overflow.update_loss_scale(self.scaler, found_inf=action == overflow.SKIP)
+        if action == overflow.SKIP:
+            self.state.skipped_steps += 1
+            logger.warning("step %d: gradient norm is %s; update skipped (%d skipped so far)%s",
+                           self.state.global_step + 1, norm_value, self.state.skipped_steps,
+                           "" if self.scaler is None else f", loss scale now {overflow.loss_scale(self.scaler)}")
+        else:
             self.lr_scheduler.step()
         return grad_norm
 
     # ----------------------------------------------------------------------------------- train
     def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
-        resume = requested_resume(
-            resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
-        )
-        if resume is None:
-            return None
-        if resume is True:
-            path = get_last_checkpoint(self.args.output_dir)
-            if path is None:
-                raise ValueError(f"resume_from_checkpoint=True but {self.args.output_dir} holds no complete checkpoint")
-            return path
-        if not os.path.isdir(resume):
-            raise ValueError(f"resume_from_checkpoint={resume!r} does not exist")
-        if not ckpt.is_complete_checkpoint(resume):
-            found = ckpt.list_complete_checkpoints(os.path.dirname(os.path.abspath(resume)))
-            raise ValueError(
-                f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
-                f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
-            )
-        return resume
+        """The checkpoint to resume from (see ``resolve_resume_checkpoint``: a path, true or auto), or None.
+
+        Half-written ``checkpoint-N.tmp-*`` dirs of a crashed attempt are never resumed; rank 0 deletes those of
+        this run's ``output_dir`` here (no save of this job is in flight when train() starts). A resume path
+        elsewhere is left alone: another job may be writing beside it.
+        """
+        value = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
+        path = resolve_resume_checkpoint(value, self.args.output_dir)
+        if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
+            ckpt.remove_stale_tmp_dirs(self.args.output_dir)
+        return path
 
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
@@ -454,7 +487,7 @@ class Trainer:
         self.state.num_train_epochs = num_epochs
         if resume is not None:
             self._load_checkpoint(resume)
-        steps_at_start = self.state.global_step
+        applied_steps = 0  # optimizer steps taken in this call (a rollback sets global_step back, not this)
         global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
         step_fn = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
         flops_per_token = self._flops_per_token()
@@ -463,52 +496,66 @@ class Trainer:
         self._loss_steps = 0
         self._total_loss = 0.0
         self._last_grad_norm = None
+        rollback_config = RollbackConfig.from_args(args)
+        rollback = Rollback(rollback_config) if rollback_config is not None else None
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
-        self.callback_handler.train_dataloader = train_dataloader
-        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-        consumed = self._data_start(resume, steps_per_epoch, global_batch)
+        self._memory.start("train")
+        try:
+            self.callback_handler.train_dataloader = train_dataloader
+            self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+            consumed = self._data_start(resume, steps_per_epoch, global_batch)
 
-        for epoch in range(num_epochs):
-            if steps_per_epoch is not None:
-                samples_per_epoch = steps_per_epoch * global_batch
-                if consumed >= (epoch + 1) * samples_per_epoch:
-                    continue  # epoch finished before the resume point
-                sampler.set_epoch(epoch, consumed - epoch * samples_per_epoch if consumed > epoch * samples_per_epoch else 0)
-            elif epoch == 0 and consumed:
-                train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
-            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-            batches = iter(train_dataloader)
-            while True:
-                micro_batches = self._read_step(batches, ga)
-                if micro_batches is None:
-                    break  # end of the epoch (the sampler yields whole steps)
-                if args.count_trained_tokens:
-                    self._token_counter.update(micro_batches)
-                with self.timers("forward_backward"):
-                    step_loss = step_fn(micro_batches)
-                self.control = self.callback_handler.on_optimizer_begin(
-                    args, self.state, self.control, scaler=self.scaler
-                )
-                self._last_grad_norm = self._optimizer_step()
-                self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
-                self._tr_loss += step_loss
-                self._loss_steps += 1
-                meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
-                self.state.global_step += 1
-                self.state.consumed_samples += global_batch
-                self.state.epoch = (
-                    self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
-                )
-                self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+            for epoch in range(num_epochs):
+                if steps_per_epoch is not None:
+                    samples_per_epoch = steps_per_epoch * global_batch
+                    if consumed >= (epoch + 1) * samples_per_epoch:
+                        continue  # epoch finished before the resume point
+                    sampler.set_epoch(epoch, consumed - epoch * samples_per_epoch if consumed > epoch * samples_per_epoch else 0)
+                elif epoch == 0 and consumed:
+                    train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
+                self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+                batches = iter(train_dataloader)
+                while True:
+                    micro_batches = self._read_step(batches, ga)
+                    if micro_batches is None:
+                        break  # end of the epoch (the sampler yields whole steps)
+                    if args.count_trained_tokens:
+                        self._token_counter.update(micro_batches)
+                    with self.timers("forward_backward"):
+                        step_loss = step_fn(micro_batches)
+                    self.control = self.callback_handler.on_optimizer_begin(
+                        args, self.state, self.control, scaler=self.scaler
+                    )
+                    try:
+                        self._last_grad_norm = self._optimizer_step()
+                    except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
+                        if rollback is None:
+                            raise
+                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
+                        continue
+                    self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
+                    self._tr_loss += step_loss
+                    self._loss_steps += 1
+                    meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
+                    self.state.global_step += 1
+                    applied_steps += 1
+                    self.state.consumed_samples += global_batch
+                    self.state.epoch = (
+                        self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
+                    )
+                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                    self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
+                    if self.control.should_epoch_stop or self.control.should_training_stop:
+                        break
+                consumed = self.state.consumed_samples
+                self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
                 self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
-                if self.control.should_epoch_stop or self.control.should_training_stop:
+                if self.control.should_training_stop or self.state.global_step >= max_steps:
                     break
-            consumed = self.state.consumed_samples
-            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-            self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
-            if self.control.should_training_stop or self.state.global_step >= max_steps:
-                break
+        except BaseException:
+            self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
+            raise
 
         if self._loss_steps:  # fold the loss not yet logged into the total
             self._total_loss += self._reduce_loss()
@@ -516,11 +563,12 @@ class Trainer:
         self.log_trained_tokens()
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
-            ckpt.load_checkpoint(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
-        steps = max(self.state.global_step - steps_at_start, 1)  # the steps trained in this call
-        train_loss = self._total_loss / steps
+            load = self._checkpoint_loader(self.state.best_model_checkpoint)
+            load(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
+        train_loss = self._total_loss / max(applied_steps, 1)
         metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
         metrics["train_loss"] = train_loss
+        metrics.update(self._memory.stop("train"))
         metrics["progress_or_epoch"] = self.state.epoch
         self.log(dict(metrics))
         self.control = self.callback_handler.on_train_end(args, self.state, self.control)
@@ -582,9 +630,7 @@ class Trainer:
                 )
             )
             logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
-            if self.scaler is not None:
-                scale = getattr(self.scaler, "_scale", None)  # None on CPU: Paddle's scaler keeps no scale there
-                logs["loss_scale"] = float(scale) if scale is not None else float(self.scaler._init_loss_scaling)
+            logs.update(overflow.scaler_logs(self.scaler, self.state.skipped_steps))
             logs.update(self.timers.report_and_reset())
             self.log(logs)
         metrics = None
@@ -630,17 +676,29 @@ class Trainer:
             best_checkpoint=self.state.best_model_checkpoint,
         )
 
+    @staticmethod
+    def _checkpoint_loader(checkpoint_dir: str) -> Callable:
+        """Our loader (no pickles), or for a PaddleNLP-written directory the interop loader, the one reader of
+        pickles: such a directory is only ever reached through a path the user gave, or through ``true`` in an
+        ``output_dir`` holding no checkpoint of ours (see ``get_last_checkpoint``)."""
+        if is_paddlenlp_checkpoint(checkpoint_dir):
+            logger.warning("%s is a PaddleNLP checkpoint: loading it unpickles its .pdparams/.pdopt files, which "
+                           "can run code; load only checkpoints you trust", checkpoint_dir)
+            return load_paddlenlp_checkpoint
+        return ckpt.load_checkpoint
+
     def _load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout).
 
         With ``ignore_load_lr_and_optim`` (PaddleNLP's warm start) only the weights are loaded: the step
         count, data position, optimizer, schedule, scaler and RNG start fresh.
         """
+        load = self._checkpoint_loader(checkpoint_dir)
         if self.args.ignore_load_lr_and_optim:
-            ckpt.load_checkpoint(checkpoint_dir, model=self.model, topology=self.topology, load_rng=False)
+            load(checkpoint_dir, model=self.model, topology=self.topology, load_rng=False)
             logger.info("Warm start from the weights of %s (ignore_load_lr_and_optim)", checkpoint_dir)
             return
-        loaded = ckpt.load_checkpoint(
+        loaded = load(
             checkpoint_dir,
             model=self.model,
             optimizer=self.optimizer,
@@ -657,6 +715,9 @@ class Trainer:
         restored = TrainerState.from_dict(loaded.trainer_state, source=checkpoint_dir)
         restored.is_local_process_zero = self.state.is_local_process_zero
         restored.is_world_process_zero = self.state.is_world_process_zero
+        # the length of this run is this run's: resuming with a larger max_steps extends the training
+        restored.max_steps = self.state.max_steps
+        restored.num_train_epochs = self.state.num_train_epochs
         if loaded.data_state:
             restored.consumed_samples = int(loaded.data_state["consumed_samples"])
         self.state = restored
@@ -738,6 +799,7 @@ class Trainer:
         self._wrap_for_inference()
         dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
+        self._memory.start("eval")
         output = self.evaluation_loop(
             dataloader,
             description="Evaluation",
@@ -747,6 +809,7 @@ class Trainer:
             max_eval_iters=self.args.max_evaluate_steps,
         )
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        output.metrics.update(self._memory.stop("eval"))
         self.log(output.metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
         return output.metrics
@@ -756,10 +819,12 @@ class Trainer:
         self._wrap_for_inference()
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.time()
+        self._memory.start("test")
         output = self.evaluation_loop(
             dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
         )
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        output.metrics.update(self._memory.stop("test"))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
 
@@ -809,8 +874,9 @@ class Trainer:
         ``compute_metrics`` sees predictions as without pipeline parallel.
         """
         labels = self._labels_of(inputs)
-        loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
-                                           return_logits=not prediction_loss_only)
+        with self.autocast_smart_context_manager():
+            loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
+                                               return_logits=not prediction_loss_only)
         if prediction_loss_only:
             return loss, None, None
         return loss, logits, labels
@@ -830,7 +896,7 @@ class Trainer:
             prediction_loss_only = self.args.prediction_loss_only
         model = self.model_wrapped
         model.eval()
-        collected = EvalAccumulator()
+        collected = EvalAccumulator(real_batches_of(dataloader))
         self.callback_handler.eval_dataloader = dataloader
         for inputs in dataloader:
             bs = int(next(iter(inputs.values())).shape[0])
@@ -844,9 +910,7 @@ class Trainer:
             self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
             if max_eval_iters is not None and 0 < max_eval_iters <= collected.batches:
                 break
-        num_samples = num_eval_samples(dataloader, collected.batches, self.args.per_device_eval_batch_size,
-                                       self.topology.data_world_size)
-        return collected.finish(self.topology, num_samples, self.compute_metrics, metric_key_prefix)
+        return collected.finish(self.topology, self.compute_metrics, metric_key_prefix)
 
     # ----------------------------------------------------------------------------------- logging & state
     def log(self, logs: Dict[str, float]) -> None:

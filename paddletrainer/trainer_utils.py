@@ -34,6 +34,9 @@ __all__ = [
     "speed_metrics",
     "default_logdir",
     "has_length",
+    "find_batch_size",
+    "_get_distributed_seeds",
+    "is_paddlenlp_checkpoint",
 ]
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -167,10 +170,34 @@ def sorted_checkpoints(folder: str) -> List[str]:
     return [path for _, path in sorted(found)]
 
 
+def is_paddlenlp_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote (non-unified format): a ``model_state*.pdparams``
+    and its ``trainer_state.json`` (written after the weights), and neither our ``checkpoint_index.json`` nor our
+    completion marker. A directory carrying our marker is always read as ours (whose loader refuses pickles), so
+    planting ``.pdparams`` files in one of our checkpoints never routes it to the pickle-reading interop loader."""
+    if not os.path.isdir(path):
+        return False
+    names = os.listdir(path)
+    return ("trainer_state.json" in names and "checkpoint_index.json" not in names
+            and CHECKPOINT_COMPLETE_MARKER not in names
+            and any(n.startswith("model_state") and n.endswith(".pdparams") for n in names))
+
+
 def get_last_checkpoint(folder: str) -> Optional[str]:
-    """Return the path of the completed ``checkpoint-N`` directory with the highest N in ``folder``, or None."""
-    checkpoints = sorted_checkpoints(folder)
-    return checkpoints[-1] if checkpoints else None
+    """The newest checkpoint in ``folder``, or None: the ``checkpoint-N`` of ours with the highest N that is
+    complete (has its completion marker); only when ``folder`` holds none of ours, the newest PaddleNLP-written one
+    (:func:`is_paddlenlp_checkpoint`), as PaddleNLP's own ``get_last_checkpoint`` would find it.
+
+    Ours always win so that a PaddleNLP directory (whose loading unpickles files) is never preferred to a
+    checkpoint of ours, whatever its step number."""
+    ours = sorted_checkpoints(folder)
+    if ours:
+        return ours[-1]
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    theirs = [(int(m.group(1)), os.path.join(folder, name)) for name in names
+              for m in [_CHECKPOINT_DIR_RE.match(name)] if m is not None]
+    theirs = [(step, path) for step, path in theirs if is_paddlenlp_checkpoint(path)]
+    return max(theirs)[1] if theirs else None
 
 
 def requested_resume(value: Any) -> Union[None, bool, str]:
@@ -219,3 +246,59 @@ def has_length(dataset: Any) -> bool:
         return len(dataset) is not None
     except (TypeError, ValueError, RuntimeError, NotImplementedError):
         return False
+
+
+def find_batch_size(tensors: Any) -> Optional[int]:
+    """The first dimension of the first tensor/array (with at least one dimension) found depth-first in a
+    nested tuple/list/dict; None if there is none. PaddleNLP's helper for custom evaluation loops."""
+    if isinstance(tensors, (list, tuple)):
+        candidates = tensors
+    elif isinstance(tensors, dict) or hasattr(tensors, "items"):  # dict or a tokenizer's BatchEncoding
+        candidates = tensors.values()
+    else:
+        shape = getattr(tensors, "shape", None)
+        return int(shape[0]) if shape is not None and len(shape) >= 1 else None
+    for value in candidates:
+        found = find_batch_size(value)
+        if found is not None:
+            return found
+    return None
+
+
+def _get_distributed_seeds(seed: int = 1234, topo: Any = None) -> Tuple[int, int, int]:
+    """PaddleNLP's per-rank seeds ``(global_seed, local_seed, random_seed)`` for hybrid parallel runs.
+
+    * global_seed: the same on the ranks of one tensor-parallel group, different across pp/dp/sharding ranks
+      (dropout outside tensor-parallel layers);
+    * local_seed: different on every rank (dropout inside tensor-parallel layers);
+    * random_seed: ``seed + 100 * pp_rank`` (Python and NumPy).
+
+    ``topo`` is a :class:`paddletrainer.parallel.Topology` (or anything with ``tp_degree/tp_rank``,
+    ``pp_degree/pp_rank``, ``dp_degree/dp_rank``, ``sharding_rank``); None reads fleet's hybrid group when one
+    exists, else every rank is 0 (one process). PaddleNLP's separate ``sep`` axis is degree 1 here.
+    """
+    import paddle  # deferred, as in set_seed
+
+    world = paddle.distributed.get_world_size()
+    mp = pp = dp = sharding_rank = 0
+    mp_size = pp_size = dp_size = 1
+    if topo is not None and world > 1:
+        mp, mp_size = topo.tp_rank, topo.tp_degree
+        pp, pp_size = topo.pp_rank, topo.pp_degree
+        dp, dp_size = topo.dp_rank, topo.dp_degree
+        sharding_rank = topo.sharding_rank
+    elif world > 1:
+        from paddle.distributed import fleet
+
+        hcg = fleet.get_hybrid_communicate_group() if getattr(fleet.fleet, "_hcg", None) is not None else None
+        if hcg is not None:
+            mp, mp_size = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
+            pp, pp_size = hcg.get_stage_id(), hcg.get_pipe_parallel_world_size()
+            dp, dp_size = hcg.get_data_parallel_rank(), hcg.get_data_parallel_world_size()
+            sharding_rank = hcg.get_sharding_parallel_rank()
+    # Offsets of each axis, innermost first (mp, then pp, dp, sharding): the rank's coordinates as one number.
+    coordinate = pp * mp_size + dp * mp_size * pp_size + sharding_rank * mp_size * pp_size * dp_size
+    global_seed = seed + coordinate
+    local_seed = seed + world + mp + coordinate
+    random_seed = seed + 100 * pp
+    return global_seed, local_seed, random_seed

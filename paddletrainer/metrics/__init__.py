@@ -1,13 +1,15 @@
 """Metrics: writers (VisualDL, JSONL), the callback that feeds them, throughput/FLOPs/MFU, timers, memory."""
-from .callback import MetricsCallback, VisualDLCallback, default_logging_dir, rewrite_logs
+from .callback import (MetricsCallback, TensorBoardCallback, VisualDLCallback, WandbCallback, default_logging_dir,
+                       reporting_callbacks, rewrite_logs)
 from .memory import memory_logs, peak_memory_bytes
 from .throughput import ThroughputMeter, TokenCounter, batch_counts, causal_lm_flops_per_token, flops_per_token_from_config, mfu
 from .timers import PHASES, PhaseTimers
-from .writers import JsonlWriter, MetricsWriter, VisualDLWriter, build_writers
+from .writers import JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, WandbWriter, build_writers
 
 __all__ = [
-    "MetricsWriter", "VisualDLWriter", "JsonlWriter", "build_writers",
-    "MetricsCallback", "VisualDLCallback", "default_logging_dir", "rewrite_logs",
+    "MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
+    "MetricsCallback", "VisualDLCallback", "TensorBoardCallback", "WandbCallback", "reporting_callbacks",
+    "default_logging_dir", "rewrite_logs",
     "causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter", "TokenCounter",
     "PhaseTimers", "PHASES", "peak_memory_bytes", "memory_logs",
 ]

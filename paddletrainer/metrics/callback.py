@@ -1,4 +1,9 @@
-"""``MetricsCallback``: sends the Trainer's logs to the writers named by ``args.report_to``."""
+"""``MetricsCallback``: sends the Trainer's logs to the writers named by ``args.report_to``.
+
+The Trainer installs one callback per ``report_to`` name (:func:`reporting_callbacks`), as PaddleNLP does:
+``VisualDLCallback``, ``TensorBoardCallback``, ``WandbCallback`` (PaddleNLP's ``integrations`` classes, with
+their attributes ``vdl_writer`` / ``tb_writer`` / ``_wandb``), or a ``MetricsCallback`` for ``jsonl``.
+"""
 from __future__ import annotations
 
 import datetime
@@ -9,11 +14,13 @@ import weakref
 from typing import Dict, List, Optional
 
 from ..callbacks import TrainerCallback
-from .writers import MetricsWriter, VisualDLWriter, _is_number, build_writers
+from .writers import (JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, _is_number, build_writers,
+                      import_backend, writer_names)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsCallback", "VisualDLCallback", "default_logging_dir", "rewrite_logs"]
+__all__ = ["MetricsCallback", "VisualDLCallback", "TensorBoardCallback", "WandbCallback", "reporting_callbacks",
+           "default_logging_dir", "rewrite_logs"]
 
 
 def default_logging_dir(output_dir: str) -> str:
@@ -58,15 +65,21 @@ class MetricsCallback(TrainerCallback):
         logging_dir: where the writers write; ``None`` reads ``args.logging_dir``, then falls back to
             ``default_logging_dir(args.output_dir)``.
         writers: ready-made writers to use instead of building them (tests, custom backends).
+        every_rank: write on every process, not only on world rank 0 (per-rank files, ``metrics_output_path``).
 
     Logged once per run, at the first ``on_train_begin`` or ``on_log``: the training arguments as text
     ("args", from ``args.to_json_string()``) and hyper-parameters (``args.to_sanitized_dict()``) when args
     has them, and the model config as text ("model_config") when the model has ``.config``.
     """
 
+    # PaddleNLP's integration callbacks close their writer at the end of train() (and reopen it if something
+    # is logged afterwards); the generic callback only flushes, so evaluate() after train() stays in one file.
+    close_at_train_end = False
+
     def __init__(self, report_to=None, logging_dir: Optional[str] = None,
-                 writers: Optional[List[MetricsWriter]] = None):
+                 writers: Optional[List[MetricsWriter]] = None, every_rank: bool = False):
         self.report_to = report_to
+        self.every_rank = every_rank
         self.logging_dir = logging_dir
         self.writers: Optional[List[MetricsWriter]] = list(writers) if writers is not None else None
         self._run_info_logged = False
@@ -74,13 +87,15 @@ class MetricsCallback(TrainerCallback):
 
     def _open(self, args, state, model=None) -> bool:
         """Build the writers if needed; return False on processes that must not write."""
-        if not state.is_world_process_zero:
+        if not (self.every_rank or state.is_world_process_zero):
             return False
         if self.writers is None:
             report_to = self.report_to if self.report_to is not None else getattr(args, "report_to", None)
             self.logging_dir = (self.logging_dir or getattr(args, "logging_dir", None)
                                 or default_logging_dir(getattr(args, "output_dir", ".")))
-            self.writers = build_writers(report_to, self.logging_dir)
+            run_name = args.run_name
+            self.writers = build_writers(report_to, self.logging_dir, run_name=state.trial_name or run_name,
+                                         run_group=run_name)
             # Closed by close(), or when this callback is garbage-collected, or at interpreter exit; the
             # finalizer holds the writers, not the callback, so a finished Trainer can be collected.
             self._finalizer = weakref.finalize(self, _close_writers, self.writers)
@@ -121,6 +136,9 @@ class MetricsCallback(TrainerCallback):
             writer.flush()
 
     def on_train_end(self, args, state, control, **kwargs):
+        if self.close_at_train_end:
+            self.close()
+            return
         # Flush, not close: evaluate()/predict() after train() belong to the same run and the same file
         # (reopening would start a second VisualDL record file). The writers close at process exit.
         for writer in self.writers or []:
@@ -135,12 +153,91 @@ class MetricsCallback(TrainerCallback):
         self.writers = None
 
 
-class VisualDLCallback(MetricsCallback):
-    """PaddleNLP's ``integrations.VisualDLCallback`` signature: VisualDL only, optionally with a given
-    ``visualdl.LogWriter``."""
+    def _only_writer(self):
+        return self.writers[0] if self.writers else None
 
-    def __init__(self, vdl_writer=None):
+
+class VisualDLCallback(MetricsCallback):
+    """PaddleNLP's ``integrations.VisualDLCallback``: VisualDL only, optionally with a given ``visualdl.LogWriter``.
+
+    ``vdl_writer`` is the open writer (``.logdir``, ``.file_name``) from the first ``on_train_begin``/``on_log``
+    until ``on_train_end`` closes it (None before and after), as in PaddleNLP. The Trainer's own
+    ``report_to=visualdl`` callback passes ``close_at_train_end=False`` instead: ``evaluate()``/``predict()``
+    after ``train()`` then write into the same record file, so a run is one file (PaddleNLP starts a second one).
+    """
+
+    close_at_train_end = True
+
+    def __init__(self, vdl_writer=None, close_at_train_end: bool = True):
         writers = None
         if vdl_writer is not None:
             writers = [VisualDLWriter(log_writer=vdl_writer)]
         super().__init__(report_to="visualdl", writers=writers)
+        self.close_at_train_end = close_at_train_end
+
+    @property
+    def vdl_writer(self) -> Optional[VisualDLWriter]:
+        return self._only_writer()
+
+
+class TensorBoardCallback(MetricsCallback):
+    """PaddleNLP's ``integrations.TensorBoardCallback``: TensorBoard event files in ``logging_dir`` (needs
+    ``tensorboardX``), or through the given ``tensorboardX.SummaryWriter``. ``tb_writer`` (``.log_dir``) is
+    open from the first ``on_train_begin``/``on_log`` until ``on_train_end`` closes it (None before and after)."""
+
+    close_at_train_end = True
+
+    def __init__(self, tb_writer=None):
+        import_backend("tensorboardX", "tensorboardX", "tensorboard")  # fail at construction, like PaddleNLP
+        writers = None
+        if tb_writer is not None:
+            writers = [TensorBoardWriter(summary_writer=tb_writer)]
+        super().__init__(report_to="tensorboard", writers=writers)
+
+    @property
+    def tb_writer(self):
+        return self._only_writer()
+
+
+class WandbCallback(MetricsCallback):
+    """PaddleNLP's ``integrations.WandbCallback``: logs to Weights & Biases (needs ``wandb``).
+
+    The run is named ``state.trial_name`` (else ``args.run_name``) and grouped under ``args.run_name``; the
+    project is ``$WANDB_PROJECT``; ``WANDB_MODE=offline`` needs no account. ``_wandb`` is the ``wandb`` module
+    and ``_initialized`` tells whether the run was started. Model artifacts (``WANDB_LOG_MODEL``) are not
+    uploaded.
+    """
+
+    close_at_train_end = True
+
+    def __init__(self):
+        self._wandb = import_backend("wandb", "wandb", "wandb")
+        super().__init__(report_to="wandb")
+
+    @property
+    def _initialized(self) -> bool:
+        return bool(self.writers)
+
+
+# report_to name -> the callback PaddleNLP installs for it; other names get a MetricsCallback of their own.
+INTEGRATION_TO_CALLBACK = {"visualdl": VisualDLCallback, "tensorboard": TensorBoardCallback, "wandb": WandbCallback}
+
+
+def reporting_callbacks(report_to, metrics_output_path: Optional[str] = None, rank: int = 0) -> List[TrainerCallback]:
+    """One callback per writer named by ``report_to``, in its order (PaddleNLP's
+    ``get_reporting_integration_callbacks``); an unknown name raises ``ValueError`` listing the valid ones.
+
+    ``metrics_output_path`` (PaddleNLP's option) adds one more: every rank appends its logs as JSON lines to
+    ``<metrics_output_path>/metrics_rank<rank>.json``.
+    """
+    callbacks: List[TrainerCallback] = []
+    for name in writer_names(report_to):
+        if name == "visualdl":  # the default: one record file per run, evaluate() after train() included
+            callbacks.append(VisualDLCallback(close_at_train_end=False))
+            continue
+        factory = INTEGRATION_TO_CALLBACK.get(name)
+        callbacks.append(factory() if factory is not None else MetricsCallback(report_to=name))
+    if metrics_output_path:
+        path = os.path.join(metrics_output_path, f"metrics_rank{rank}.json")
+        callbacks.append(MetricsCallback(writers=[JsonlWriter(path)], every_rank=True))
+    return callbacks

@@ -2,6 +2,10 @@
 
 ``build_writers(report_to, logdir)`` turns the ``report_to`` argument into writer objects. Only the process
 that owns the run's logs should build them (``MetricsCallback`` does that on world rank 0).
+
+Backends: ``visualdl`` (a requirement), ``jsonl`` (standard library), ``tensorboard`` (``tensorboardX``) and
+``wandb``. The last two are optional: their library is imported when such a writer is created, and a missing
+one fails with a one-line ``pip install`` hint.
 """
 from __future__ import annotations
 
@@ -9,10 +13,13 @@ import json
 import math
 import numbers
 import os
+import importlib
+import importlib.util
 import time
 from typing import Any, Dict, Iterable, List, Optional, Union
 
-__all__ = ["MetricsWriter", "VisualDLWriter", "JsonlWriter", "build_writers", "WRITERS", "JSONL_FILE_NAME"]
+__all__ = ["MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
+           "WRITERS", "JSONL_FILE_NAME", "import_backend"]
 
 JSONL_FILE_NAME = "metrics.jsonl"
 
@@ -21,6 +28,24 @@ def _is_number(value: Any) -> bool:
     # numbers.Number covers int, float, bool and numpy scalars; a paddle Tensor is not one, on purpose:
     # turning a device tensor into a float would force a device sync inside the writer.
     return isinstance(value, numbers.Number) and not isinstance(value, complex)
+
+
+def import_backend(module: str, pip_name: str, report_to: str):
+    """Import an optional writer library, or fail with one line saying how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ImportError(_install_hint(report_to, pip_name)) from exc
+
+
+def _install_hint(report_to: str, pip_name: str) -> str:
+    return f"report_to={report_to} needs the {pip_name!r} package: pip install {pip_name}"
+
+
+def _scalar_hparams(hparams: Dict[str, Any]) -> Dict[str, Any]:
+    """Hyper-parameters as int/float/str values (other types, and bools, as their string)."""
+    return {k: (v if isinstance(v, (int, float, str)) and not isinstance(v, bool) else str(v))
+            for k, v in hparams.items()}
 
 
 class MetricsWriter:
@@ -44,7 +69,26 @@ class MetricsWriter:
         """Flush and release the backend; the writer is not used afterwards."""
 
 
-class VisualDLWriter(MetricsWriter):
+class _SummaryWriter(MetricsWriter):
+    """A backend whose writer has ``add_scalar(tag, value, step)`` / ``add_text(tag, text, step)`` /
+    ``flush()`` / ``close()`` (VisualDL's ``LogWriter`` and tensorboardX's ``SummaryWriter``), kept in ``_writer``."""
+
+    def log_scalars(self, values, step):
+        for tag, value in values.items():
+            if _is_number(value):
+                self._writer.add_scalar(tag, float(value), int(step))
+
+    def log_text(self, tag, text, step=0):
+        self._writer.add_text(tag, str(text), int(step))
+
+    def flush(self):
+        self._writer.flush()
+
+    def close(self):
+        self._writer.close()
+
+
+class VisualDLWriter(_SummaryWriter):
     """Writes to a VisualDL log directory (``visualdl --logdir <parent>`` shows it as one run).
 
     Scalars are stored as float32 by VisualDL. Hyper-parameters of type bool are written as strings:
@@ -66,27 +110,13 @@ class VisualDLWriter(MetricsWriter):
         self.file_path = os.path.join(self.logdir, log_writer.file_name)
         self._writer = log_writer
 
-    def log_scalars(self, values, step):
-        for tag, value in values.items():
-            if _is_number(value):
-                self._writer.add_scalar(tag, float(value), int(step))
-
-    def log_text(self, tag, text, step=0):
-        self._writer.add_text(tag, str(text), int(step))
+    @property
+    def file_name(self) -> str:
+        """The record file's path (PaddleNLP code reads ``vdl_writer.file_name`` to open a ``LogReader``)."""
+        return self.file_path
 
     def log_hparams(self, hparams):
-        clean = {}
-        for key, value in hparams.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-                value = str(value)
-            clean[key] = value
-        self._writer.add_hparams(clean, metrics_list=[])
-
-    def flush(self):
-        self._writer.flush()
-
-    def close(self):
-        self._writer.close()
+        self._writer.add_hparams(_scalar_hparams(hparams), metrics_list=[])
 
 
 class JsonlWriter(MetricsWriter):
@@ -134,11 +164,82 @@ class JsonlWriter(MetricsWriter):
             self._file.close()
 
 
-# name -> factory(logdir). "all" means every entry here; "none" means no writer.
+class TensorBoardWriter(_SummaryWriter):
+    """Writes TensorBoard event files in ``logdir`` with ``tensorboardX`` (``tensorboard --logdir <logdir>``).
+
+    Hyper-parameters go to the same directory (TensorBoard's HParams tab), not to a per-call sub-run.
+    """
+
+    name = "tensorboard"
+
+    def __init__(self, logdir: Optional[str] = None, summary_writer=None):
+        """Open a ``tensorboardX.SummaryWriter`` in ``logdir``, or wrap the given ``summary_writer``."""
+        import_backend("tensorboardX", "tensorboardX", "tensorboard")
+        if summary_writer is None:
+            from tensorboardX import SummaryWriter
+
+            os.makedirs(logdir, exist_ok=True)
+            summary_writer = SummaryWriter(logdir=logdir)
+        self.log_dir = summary_writer.logdir
+        self._writer = summary_writer
+
+    def log_hparams(self, hparams):
+        from tensorboardX.summary import hparams as hparams_summary
+
+        for summary in hparams_summary(_scalar_hparams(hparams), {}):
+            self._writer._get_file_writer().add_summary(summary)
+
+
+class WandbWriter(MetricsWriter):
+    """Logs to Weights & Biases: one ``wandb`` run named ``name`` in group ``group``, files under ``logdir``.
+
+    The project is ``$WANDB_PROJECT`` (default "paddletrainer"); ``WANDB_MODE=offline`` works without an
+    account. Scalars are plotted against ``train/global_step`` (the trainer's step, logged with every row);
+    hyper-parameters go to the run config.
+    """
+
+    name = "wandb"
+
+    def __init__(self, logdir: str, name: Optional[str] = None, group: Optional[str] = None):
+        self.wandb = import_backend("wandb", "wandb", "wandb")
+        os.makedirs(logdir, exist_ok=True)
+        if self.wandb.run is None:
+            self.wandb.init(project=os.getenv("WANDB_PROJECT", "paddletrainer"), name=name, group=group, dir=logdir)
+        self.run = self.wandb.run
+        # The trainer's step is a logged value, not W&B's own step: W&B refuses a step lower than one it has
+        # committed, and evaluate() after train() logs at the same step again.
+        self.run.define_metric(self.STEP_KEY)
+        self.run.define_metric("*", step_metric=self.STEP_KEY, step_sync=True)
+
+    STEP_KEY = "train/global_step"
+
+    def log_scalars(self, values, step):
+        row = {tag: float(v) for tag, v in values.items() if _is_number(v)}
+        row[self.STEP_KEY] = int(step)
+        self.run.log(row)
+
+    def log_text(self, tag, text, step=0):
+        self.run.summary[tag] = str(text)
+
+    def log_hparams(self, hparams):
+        self.run.config.update(_scalar_hparams(hparams), allow_val_change=True)
+
+    def close(self):
+        if self.wandb.run is self.run:
+            self.run.finish()
+
+
+# name -> factory(logdir, name=<run name>, group=<run group>). "all" means every local writer whose library is
+# installed (not wandb: a W&B run needs an account or WANDB_MODE=offline, so it is only started when named);
+# "none" means no writer.
 WRITERS = {
-    "visualdl": lambda logdir: VisualDLWriter(logdir),
-    "jsonl": lambda logdir: JsonlWriter(os.path.join(logdir, JSONL_FILE_NAME)),
+    "visualdl": lambda logdir, **run: VisualDLWriter(logdir),
+    "jsonl": lambda logdir, **run: JsonlWriter(os.path.join(logdir, JSONL_FILE_NAME)),
+    "tensorboard": lambda logdir, **run: TensorBoardWriter(logdir),
+    "wandb": lambda logdir, **run: WandbWriter(logdir, **run),
 }
+# The libraries of the optional writers; "all" skips a writer whose library is not installed.
+_OPTIONAL_LIBRARY = {"tensorboard": "tensorboardX", "wandb": "wandb"}
 
 
 def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
@@ -151,7 +252,8 @@ def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
         for name in str(item).replace(",", " ").split():
             name = name.lower()
             if name == "all":
-                names.extend(WRITERS)
+                names.extend(n for n in WRITERS if n != "wandb" and (
+                    n not in _OPTIONAL_LIBRARY or importlib.util.find_spec(_OPTIONAL_LIBRARY[n])))
             elif name != "none" and name not in WRITERS:
                 valid = ", ".join(sorted([*WRITERS, "all", "none"]))
                 raise ValueError(f"report_to: unknown writer {name!r}; valid values are {valid}")
@@ -160,13 +262,30 @@ def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
     return list(dict.fromkeys(names))  # drop duplicates, keep the order
 
 
-def build_writers(report_to: Union[None, str, Iterable[str]], logdir: Optional[str]) -> List[MetricsWriter]:
-    """Create the writers named by ``report_to`` ("visualdl", "jsonl", "all", "none", or a list of them).
+def writer_names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
+    """The validated writer names of a ``report_to`` value, in order, without duplicates ("all" expanded)."""
+    return _names(report_to)
+
+
+def check_report_to(report_to: Union[None, str, Iterable[str]]) -> None:
+    """Fail now, with one line, on an unknown writer name or a named writer whose library is not installed —
+    so the Trainer can check ``report_to`` before any process group exists (the writers open much later)."""
+    for name in _names(report_to):
+        library = _OPTIONAL_LIBRARY.get(name)
+        if library is not None and importlib.util.find_spec(library) is None:
+            raise ImportError(_install_hint(name, library))
+
+
+def build_writers(report_to: Union[None, str, Iterable[str]], logdir: Optional[str], run_name: Optional[str] = None,
+                  run_group: Optional[str] = None) -> List[MetricsWriter]:
+    """Create the writers named by ``report_to`` ("visualdl", "jsonl", "tensorboard", "wandb", "all", "none",
+    or a list of them).
 
     ``None`` means PaddleNLP's default, "visualdl". Names are validated before any writer is created, so an
-    unknown name raises ``ValueError`` (listing the valid ones) without leaving files behind.
+    unknown name raises ``ValueError`` (listing the valid ones) without leaving files behind. ``run_name`` and
+    ``run_group`` name the run where the backend has such a notion (W&B).
     """
     names = _names(report_to)
     if names and not logdir:
         raise ValueError(f"report_to={report_to!r} needs a logging directory")
-    return [WRITERS[name](logdir) for name in names]
+    return [WRITERS[name](logdir, name=run_name, group=run_group) for name in names]

@@ -61,7 +61,8 @@ def _find_unused_parameters(model, args) -> bool:
 def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Optional[int] = None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
-    ``args`` supplies ``sharding_stage`` (0..3), ``sharding_offload`` and ``sharding_stage3_segment_size``
+    ``args`` supplies ``sharding_stage`` (0..3), ``sharding_offload``, ``virtual_pp_degree`` and
+    ``sharding_stage3_segment_size``
     (under sharding stage 3, parameters with more elements than this are sliced across the sharding group;
     the keyword ``stage3_segment_size`` overrides it). The model must already be built
     for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their config), a
@@ -88,7 +89,8 @@ def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Option
     if topology.pp_degree > 1:
         if stage > 1:
             raise ValueError(f"sharding stage{stage} cannot be combined with pipeline parallel (use stage1)")
-        model, optimizer = apply_pipeline(model, optimizer, topology=topology)
+        model, optimizer = apply_pipeline(model, optimizer, topology=topology,
+                                          virtual_pp_degree=args.virtual_pp_degree)
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
     model = apply_tensor_parallel(model, topology=topology)

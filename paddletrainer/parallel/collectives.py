@@ -50,13 +50,18 @@ def _norm_groups(topology):
 
 
 @paddle.no_grad()
-def global_grad_norm(optimizer, topology):
+def global_grad_norm(optimizer, topology, nonfinite=None):
     """The L2 norm of the full model's gradient (float32 scalar tensor, equal on every rank).
 
     ``optimizer`` is a :class:`~paddletrainer.parallel.optimizer.ParallelOptimizer`; its gradients are
     synchronised first. Each rank sums the squares of the gradients it counts; those partial sums are
     added over the tp, pp and sharding groups, so the result equals one process's
     ``sqrt(Σ_p Σ g_p²)`` over all parameters.
+
+    ``nonfinite`` (optional bool tensor): this rank saw an inf/NaN in a gradient it does not count (a
+    replicated tp gradient on tp rank > 0, a sharding non-owner's copy). It makes this rank's partial sum
+    inf before the reduction, so the norm is non-finite on every rank: one verdict for the whole job
+    without an extra collective.
     """
     optimizer.sync_gradients()
     square_sum = paddle.zeros([], dtype="float32")
@@ -64,22 +69,25 @@ def global_grad_norm(optimizer, topology):
         if counted:
             g = grad if grad.dtype == paddle.float32 else grad.astype("float32")  # no copy for fp32 grads
             square_sum = square_sum + paddle.sum(paddle.square(g))
+    if nonfinite is not None:
+        square_sum = paddle.where(nonfinite.reshape([]), paddle.full([], float("inf"), dtype="float32"), square_sum)
     for group in _norm_groups(topology):
         dist.all_reduce(square_sum, group=group)
     return paddle.sqrt(square_sum)
 
 
 @paddle.no_grad()
-def clip_grad_norm(model, optimizer, topology, max_norm: float | None):
+def clip_grad_norm(model, optimizer, topology, max_norm: float | None, nonfinite=None):
     """Synchronise gradients, clip them to ``max_norm`` by global norm, and return the pre-clip norm.
 
     The arithmetic is that of ``paddle.nn.ClipGradByGlobalNorm``: every gradient is multiplied by
     ``max_norm / max(norm, max_norm)`` (so nothing changes when the norm is below ``max_norm``).
     ``max_norm`` None or <= 0 only measures. Call between the last backward and ``optimizer.step()``.
     ``model`` is accepted for symmetry with the training step; the optimizer knows the parameters.
+    ``nonfinite``: see :func:`global_grad_norm`.
     """
     del model
-    norm = global_grad_norm(optimizer, topology)
+    norm = global_grad_norm(optimizer, topology, nonfinite)
     if max_norm is None or max_norm <= 0:
         return norm
     limit = paddle.full([], float(max_norm), dtype="float32")

@@ -18,7 +18,11 @@ The fills:
 5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
 6. sequence parallel is rejected (:func:`reject_sequence_parallel`),
 7. sharding stage 3 offload: host<->device moves that copy instead of aliasing (``group_sharded_stage3``'s
-   ``_device2cpu``/``_cpu2device`` and the unsliced-parameter part of ``_clear_gradients``).
+   ``_device2cpu``/``_cpu2device`` and the unsliced-parameter part of ``_clear_gradients``),
+8. the interleaved pipeline (virtual stages): p2p batches and shape metadata in a ring-safe order for
+   gloo's blocking send/recv (``p2p_communication._batched_p2p_ops``, ``P2pHelper``), which also makes two
+   stages correct, so Paddle's "pp degree > 2" sanity check is relaxed to 2 (they live in
+   :mod:`paddletrainer.parallel.cpu_interleave`).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import threading
 import paddle
 import paddle.distributed as dist
 
+from .cpu_interleave import install_interleave
 from .cpu_tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
 
 __all__ = [
@@ -425,6 +430,7 @@ def install() -> None:
         _install_broadcast_input_data()
         _install_pipeline()
         _install_stage3_offload()
+        install_interleave()
         _INSTALLED = True
 
 
@@ -524,6 +530,29 @@ def check_paddle_assumptions() -> None:
                        for part in ("self._offload", "self._unslice_params", "manual_release", "rebuild",
                                     'self._default_device + ":"')),
            "GroupShardedStage3._clear_gradients' offload branch changed (review fill 7)")
+    # 8. interleaved pipeline on two stages
+    expect(lambda: _params_of(p2p_communication._batched_p2p_ops)
+           == ["tensor_send_prev", "tensor_recv_prev", "tensor_send_next", "tensor_recv_next", "hcg"],
+           "p2p_communication._batched_p2p_ops(tensor_send_prev, tensor_recv_prev, tensor_send_next, "
+           "tensor_recv_next, hcg) signature changed")
+    expect(lambda: "_batched_p2p_ops if batch_p2p_comm" in _source_of(p2p_communication._p2p_helper),
+           "p2p_communication._p2p_helper no longer looks up _batched_p2p_ops by its module name")
+    helper = p2p_communication.P2pHelper
+    for name, needed in (("send_forward_recv_forward", ["output_tensor", "recv_prev", "batch_p2p_comm",
+                                                        "overlap_p2p_comm", "skip_check_meta"]),
+                         ("send_forward_backward_recv_forward_backward",
+                          ["output_tensor", "input_tensor_grad", "recv_prev", "recv_next", "batch_p2p_comm",
+                           "skip_check_meta"]),
+                         ("send_forward", ["output_tensor", "pp_last_stage", "batch_p2p_comm", "skip_check_meta"]),
+                         ("send_backward", ["input_tensor_grad", "pp_first_stage", "batch_p2p_comm"]),
+                         ("recv_forward", ["pp_first_stage", "sync_recv", "batch_p2p_comm"]),
+                         ("recv_backward", ["pp_last_stage", "sync_recv", "batch_p2p_comm"])):
+        expect(lambda: _params_of(getattr(helper, name))[1:] == needed,
+               f"P2pHelper.{name}({', '.join(needed)}) changed")
+    for cls in (pipeline_parallel.PipelineParallelWithInterleave,
+                pipeline_parallel.PipelineParallelWithInterleaveFthenB):
+        expect(lambda: "self.num_stages > 2" in _source_of(cls._check_sanity),
+               f"{cls.__name__}._check_sanity no longer requires pp > 2 (review fill 8)")
     if problems:
         raise RuntimeError("paddletrainer's CPU backend no longer matches this Paddle version:\n  - "
                            + "\n  - ".join(problems))

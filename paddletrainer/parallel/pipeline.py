@@ -1,4 +1,5 @@
-"""Pipeline parallel: fleet's ``PipelineParallel`` (1F1B) over a ``PipelineLayer`` model.
+"""Pipeline parallel: fleet's ``PipelineParallel`` (1F1B) over a ``PipelineLayer`` model, or with
+``virtual_pp_degree`` > 1 its interleaved variants (``PipelineParallelWithInterleave`` / ``...FthenB``).
 
 The Trainer keeps the optimizer step (PaddleNLP does the same: it calls ``forward_backward_pipeline``,
 not ``train_batch``), so :func:`train_batch` runs forward and backward over the gradient-accumulation
@@ -9,16 +10,21 @@ from __future__ import annotations
 import numpy as np
 import paddle
 
-__all__ = ["apply_pipeline", "train_batch", "eval_batch", "stack_micro_batches"]
+__all__ = ["apply_pipeline", "check_virtual_pipeline_split", "train_batch", "eval_batch", "stack_micro_batches"]
 
 
-def apply_pipeline(model, optimizer, *, topology):
+def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     """Wrap a ``PipelineLayer`` in ``PipelineParallel`` and the optimizer in ``HybridParallelOptimizer``.
 
     fleet's pipeline wrapper also covers tensor parallel, dp and sharding stage 1 inside the pipeline
     (the hybrid optimizer reduces their gradients), so this is the only wrapping a pp > 1 layout needs.
     The strategy's ``accumulate_steps`` (= gradient_accumulation_steps) is the number of micro-batches
     every :func:`train_batch` call must pass.
+
+    ``virtual_pp_degree`` > 1 (interleaved pipeline): the model must have been built with that many chunks
+    per stage (PaddleNLP's ``...Pipe`` models read ``config.virtual_pp_degree``); fleet then picks
+    ``PipelineParallelWithInterleave`` (accumulate_steps >= 2·pp) or its all-forward-then-backward variant
+    (pp <= accumulate_steps < 2·pp).
     """
     from paddle.distributed import fleet
     from paddle.distributed.fleet.meta_parallel import PipelineLayer
@@ -28,7 +34,28 @@ def apply_pipeline(model, optimizer, *, topology):
     if not isinstance(model, PipelineLayer):
         raise TypeError(f"pipeline parallel needs a PipelineLayer model (e.g. LlamaForCausalLMPipe), got "
                         f"{type(model).__name__}")
+    layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
+    if isinstance(layers, int):
+        check_virtual_pipeline_split(layers, topology.pp_degree, virtual_pp_degree)
+    chunks = model.get_num_virtual_stages()
+    if chunks != virtual_pp_degree:
+        raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
+                         f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
     return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+
+
+def check_virtual_pipeline_split(num_layers: int, pp_degree: int, virtual_pp_degree: int,
+                                 option: str = "num_hidden_layers") -> None:
+    """Interleaved pipeline: the layers are cut into pp·vpp equal chunks. Call before building the model
+    (no process group needed); PaddleNLP's ``...Pipe`` models split by decoder layer."""
+    chunks = max(pp_degree, 1) * max(virtual_pp_degree, 1)
+    if virtual_pp_degree > 1 and num_layers % chunks:
+        raise ValueError(f"{option}={num_layers} is not divisible by pipeline_parallel_degree={pp_degree} x "
+                         f"virtual_pp_degree={virtual_pp_degree} = {chunks}: every virtual stage needs as many layers")
+
+
+def _is_interleaved(model) -> bool:
+    return getattr(model, "num_model_chunks", 1) > 1
 
 
 def _as_pair(micro_batch, layers):
@@ -97,41 +124,58 @@ def train_batch(model, micro_batches: list, scaler=None):
 def eval_batch(model, micro_batches: list, *, return_logits: bool = False):
     """Forward only; returns ``(loss, logits)``, the same on every pp rank.
 
-    ``loss`` is the mean of the micro-batches' losses (None when they carry no labels and logits were
-    asked for). ``logits`` (only with ``return_logits``) are the last stage's outputs of the micro-batches
-    concatenated along the batch axis, as float32, broadcast from the last stage to the whole pp group.
+    ``loss`` is the mean of the micro-batches' losses (None when they carry no labels). ``logits`` (only
+    with ``return_logits``) are the last stage's outputs of the micro-batches concatenated along the batch
+    axis, as float32. Both are computed on the last stage and broadcast to the whole pp group by
+    :func:`_broadcast_from_last_stage` (fleet's own loss broadcast assumes the training shapes).
+
+    Evaluation batches may differ in size from training micro-batches and from each other (the last one is
+    short when the eval set is not a multiple of the batch), but fleet's p2p sends the activations' shape
+    only on the first step and reuses it. So the shape cache is cleared before and after: every pp rank runs
+    this call at the same point, so sender and receiver both exchange the new shape, and the next training
+    step exchanges its own again.
     """
     saved_steps = model.accumulate_steps
-    model.accumulate_steps = len(micro_batches)  # eval batches need not match the training GA
+    count = len(micro_batches)
+    pairs = [_as_pair(mb, model._layers) for mb in micro_batches]
+    run = pairs
+    if _is_interleaved(model):
+        # Paddle's interleaved schedules are valid only for the micro-batch counts the training schedule was
+        # built for (its chunk order assumes >= pp micro-batches, a multiple for the F-then-B variant):
+        # repeat the last micro-batch up to a multiple of gradient_accumulation_steps and drop those outputs.
+        run = pairs + [pairs[-1]] * (-count % saved_steps)
+    model.accumulate_steps = len(run)  # eval batches need not match the training GA
+    model._p2p_helper.clear_meta_cache()
     try:
-        pairs = [_as_pair(mb, model._layers) for mb in micro_batches]
-        data = _prepare(model, _stack_pairs(pairs), train=False)
-        if not return_logits:
-            loss = model.eval_batch(data, compute_loss=True)
-            return loss.astype("float32").reshape([]), None
+        data = _prepare(model, _stack_pairs(run), train=False)
         outputs = model.eval_batch(data, compute_loss=False)  # the last stage: one output per micro-batch
     finally:
         model.accumulate_steps = saved_steps
+        model._p2p_helper.clear_meta_cache()
+    if len(run) != count and isinstance(outputs, (list, tuple)):
+        outputs = outputs[:count]
 
     loss = logits = error = None
     if model.is_pipeline_last_stage(ignore_virtual=True):
         try:
-            loss, logits = _last_stage_loss_and_logits(model, outputs, [p[1] for p in pairs])
+            loss, logits = _last_stage_loss_and_logits(model, outputs, [p[1] for p in pairs], return_logits)
         except Exception as exc:  # noqa: BLE001 - every pp rank must learn of it, or the others wait forever
             error = exc
     group = model._hcg.get_pipe_parallel_group()
     loss = _broadcast_from_last_stage(loss, group, error)
-    return loss, _broadcast_from_last_stage(logits, group)
+    return loss, (_broadcast_from_last_stage(logits, group) if return_logits else None)
 
 
-def _last_stage_loss_and_logits(model, outputs, labels):
+def _last_stage_loss_and_logits(model, outputs, labels, return_logits: bool = True):
     outs = [o[0] if isinstance(o, (tuple, list)) and len(o) == 1 else o for o in outputs]
-    if not all(isinstance(o, paddle.Tensor) for o in outs):
-        raise TypeError("pipeline prediction needs the last stage to output one tensor (the logits) per "
-                        "micro-batch; set prediction_loss_only=True to evaluate the loss only")
-    if outs[0].ndim > _MAX_NDIM:
-        raise ValueError(f"pipeline outputs with more than {_MAX_NDIM} dimensions are not supported")
-    logits = paddle.concat([o.astype("float32") for o in outs], axis=0)
+    logits = None
+    if return_logits:
+        if not all(isinstance(o, paddle.Tensor) for o in outs):
+            raise TypeError("pipeline prediction needs the last stage to output one tensor (the logits) per "
+                            "micro-batch; set prediction_loss_only=True to evaluate the loss only")
+        if outs[0].ndim > _MAX_NDIM:
+            raise ValueError(f"pipeline outputs with more than {_MAX_NDIM} dimensions are not supported")
+        logits = paddle.concat([o.astype("float32") for o in outs], axis=0)
     loss = None
     if all(_has_labels(lab) for lab in labels):
         loss_fn = model._layers._loss_fn[0]

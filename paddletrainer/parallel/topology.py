@@ -155,8 +155,8 @@ def build_strategy(args, on_cpu: bool):
     """The ``fleet.DistributedStrategy`` for ``args`` (PaddleNLP's construction; see module docstring).
 
     * hybrid_configs: the degrees, the axis order and pp_configs, set in one assignment (the setter
-      works once per key group), then ``sharding_configs`` fields by attribute mutation: assigning
-      ``sharding_configs`` as a dict raises "Assignment not allowed to message field".
+      works once per key group), then ``sharding_configs`` and ``mp_configs`` fields by attribute mutation:
+      assigning them as a dict raises "Assignment not allowed to message field".
     * pipeline_configs: accumulate_steps = gradient_accumulation_steps, micro_batch_size =
       per_device_train_batch_size; partial send/recv off on CPU (gloo has no all_gather_partial).
     * tensor_parallel_configs: tensor_init_seed = seed, so tp ranks draw the same init streams.
@@ -164,8 +164,9 @@ def build_strategy(args, on_cpu: bool):
     from paddle.distributed import fleet
 
     degrees = _degrees_of(args)
-    pp_options = frozenset(getattr(args, "pipeline_parallel_options", frozenset()) or ())
-    sharding_options = frozenset(getattr(args, "sharding_parallel_options", frozenset()) or ())
+    pp_options = args.pipeline_parallel_options
+    sharding_options = args.sharding_parallel_options
+    tp_options = args.tensor_parallel_options
     strategy = fleet.DistributedStrategy()
     if degrees["pp"] > 1:
         partial = not on_cpu and "disable_partial_send_recv" not in pp_options
@@ -176,32 +177,41 @@ def build_strategy(args, on_cpu: bool):
             "p2p_cache_shape": "disable_p2p_cache_shape" not in pp_options,
         }
     if degrees["mp"] > 1:
-        strategy.tensor_parallel_configs = {"tensor_init_seed": int(getattr(args, "seed", 42))}
+        strategy.tensor_parallel_configs = {"tensor_init_seed": int(args.seed)}
     strategy.hybrid_configs = {
         "dp_degree": degrees["dp"],
         "mp_degree": degrees["mp"],
         "pp_configs": {
-            "delay_scale_loss": "enable_delay_scale_loss" in pp_options,
-            "release_gradients": "enable_release_grads" in pp_options,
+            "delay_scale_loss": "enable_delay_scale_loss" in pp_options,  # the Trainer divides the grads
             "clear_every_step_cache": "enable_clear_every_step_cache" in pp_options,
             "use_batch_p2p_comm": "disable_batch_p2p_comm" not in pp_options,
+            "enable_timer": "enable_timer" in pp_options,
         },
         "pp_degree": degrees["pp"],
         "sharding_degree": degrees["sharding"],
-        "order": list(hybrid_order(getattr(args, "hybrid_parallel_topo_order", None))),
+        "order": list(hybrid_order(args.hybrid_parallel_topo_order)),
     }
     sharding_configs = strategy.hybrid_configs["sharding_configs"]
-    # V2 (split_param) silently stops updating after the first clear_grad on CPU (research Q1.3).
-    sharding_configs.split_param = "split_param" in sharding_options
-    sharding_configs.tensor_fusion = "enable_stage1_tensor_fusion" in sharding_options
-    sharding_configs.comm_overlap = "enable_stage1_overlap" in sharding_options
+    # split_param, tensor fusion and comm overlap are refused in TrainingArguments (REFUSED_PARALLEL_OPTIONS).
     sharding_configs.accumulate_steps = int(args.gradient_accumulation_steps)
+    # Off on CPU anyway (gloo has no avg reduce), so the CPU tests run the sum-then-scale path this selects.
+    sharding_configs.use_reduce_avg = "disable_stage1_reduce_avg" not in sharding_options
+    # HybridParallelOptimizer._step broadcasts tp rank 0's replicated params / grads / moments. Paddle's
+    # defaults (sync_param on for names containing "embedding", "layer_norm", ".b_") stay unless an option is
+    # given; then, as PaddleNLP, every replicated parameter is synced ("" matches any name) and only the named
+    # syncs are switched on — none is ever switched off.
+    sync = [name for name in ("sync_param", "sync_grad", "sync_moment") if name in tp_options]
+    if sync:
+        strategy.sync_param_name = [""]
+        mp_configs = strategy.hybrid_configs["mp_configs"]
+        for name in sync:
+            setattr(mp_configs, name, True)
     return strategy
 
 
 def check_cpu_options(args) -> None:
     """Raise for options Paddle's CPU build cannot run (called before any process group exists)."""
-    sharding_options = frozenset(getattr(args, "sharding_parallel_options", frozenset()) or ())
+    sharding_options = args.sharding_parallel_options
     if "split_param" in sharding_options:
         raise NotImplementedError(
             "sharding_parallel_config split_param (DygraphShardingOptimizerV2) is not supported on CPU: it needs "
@@ -213,8 +223,11 @@ def check_cpu_options(args) -> None:
             raise NotImplementedError(f"sharding_parallel_config {option} needs GPU tensor fusion; not on CPU")
     from . import cpu_backend
 
-    tp_options = frozenset(getattr(args, "tensor_parallel_options", frozenset()) or ())
-    cpu_backend.reject_sequence_parallel(bool(getattr(args, "sequence_parallel", False)))
+    if "enable_timer" in args.pipeline_parallel_options:
+        raise NotImplementedError("pipeline_parallel_config enable_timer needs CUDA: Paddle's pipeline timers "
+                                  "call paddle.device.cuda.synchronize; not on CPU")
+    tp_options = args.tensor_parallel_options
+    cpu_backend.reject_sequence_parallel(bool(args.sequence_parallel))
     if "enable_mp_async_allreduce" in tp_options or "enable_mp_fused_linear_param_grad_add" in tp_options:
         raise NotImplementedError("tensor_parallel_config async/fused options need CUDA kernels; not on CPU")
 
@@ -240,13 +253,16 @@ def _build_topology(args) -> Topology:
         raise ValueError(f"args.parallel_degrees.world_size={world} but the launcher started {env_world} processes")
     rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
-    order = hybrid_order(getattr(args, "hybrid_parallel_topo_order", None))
+    order = hybrid_order(args.hybrid_parallel_topo_order)
     common = dict(world_size=world, rank=rank, local_rank=local_rank, dp_degree=degrees["dp"],
                   sharding_degree=degrees["sharding"], tp_degree=degrees["mp"], pp_degree=degrees["pp"], order=order)
     if world == 1:
         return Topology(dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0, **common)
 
     on_cpu = needs_cpu_backend()
+    if not on_cpu and degrees["pp"] == 2 and args.virtual_pp_degree > 1:
+        raise ValueError(f"virtual_pp_degree={args.virtual_pp_degree} needs pipeline_parallel_degree > 2 on GPU "
+                         "(Paddle's interleaved schedule; its two-stage p2p order is fixed only by the CPU backend)")
     if on_cpu:
         check_cpu_options(args)
         from . import cpu_backend

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from launcher import read_results, run_single
+from trainer_phases import WORKER as PHASES, phase_args
 
 WORKER = "train_worker.py"
 
@@ -61,3 +62,21 @@ def launch_layout(tmp_path_factory, llama_weights):
         return read_results(out, nproc)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def trainer_reference(tmp_path_factory, llama_weights):
+    """``trainer_reference(model)`` → (one-process result of every ``trainer_phases_worker`` phase, its step-3
+    checkpoint): batch 4 × 2 accumulation steps = the layouts' global batch 8 (cached per session)."""
+    cache = {}
+
+    def get(model: str):
+        if model not in cache:
+            work = tmp_path_factory.mktemp(f"trainer_single_{model}")
+            run_single(PHASES, phase_args(model, work / "out", work / "res", llama_weights,
+                                          per_device_train_batch_size=4, direct_eval=True, uninterrupted=True,
+                                          stream=True))
+            cache[model] = (read_results(work / "res", 1)[0], work / "out" / "short" / "checkpoint-3")
+        return cache[model]
+
+    return get

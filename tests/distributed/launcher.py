@@ -7,8 +7,10 @@ every worker log, so a test failure shows the worker's traceback.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +66,48 @@ def launch(worker: str, nproc: int, worker_args: list, work_dir: Path, timeout: 
         raise LaunchError(f"{' '.join(cmd)}\nexit {proc.returncode} after {elapsed:.0f}s\n{_log_tails(log_dir)}\n"
                           f"--- launcher ---\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return elapsed
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (for a launch's ``--master``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_nodes(worker: str, nproc_per_node: int, node_args: list, work_dir: Path, timeout: int = 300):
+    """Several "nodes" on this machine: one ``paddle.distributed.launch --nnodes N --master 127.0.0.1:<port>
+    --rank i`` per entry of ``node_args`` (that node's worker arguments), all started together under the lock.
+
+    Returns ``(wall time, [each node's log directory])``; raises :class:`LaunchError` with every node's worker
+    logs if any node fails. A launch that hung (see ``hang_retry``) is retried once, as in :func:`launch`.
+    """
+    for attempt in (1, 2):
+        suffix = "" if attempt == 1 else "_retry"
+        with open(LOCK, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock `flock LOCK` takes: one launch on the machine
+            master = f"127.0.0.1:{free_port()}"
+            started = time.time()
+            procs = []
+            for rank, args in enumerate(node_args):
+                log_dir = Path(work_dir) / f"logs_node{rank}{suffix}"
+                cmd = ["timeout", str(timeout), PYTHON, "-m", "paddle.distributed.launch", "--nnodes",
+                       str(len(node_args)), "--master", master, "--rank", str(rank), "--nproc_per_node",
+                       str(nproc_per_node), "--log_dir", str(log_dir), str(WORKERS / worker), *map(str, args)]
+                procs.append((cmd, log_dir, subprocess.Popen(cmd, cwd=str(WORKERS), env=_env(timeout), text=True,
+                                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
+            outputs = [(cmd, log_dir, proc.communicate()[0], proc.returncode) for cmd, log_dir, proc in procs]
+        elapsed = time.time() - started
+        failed = [(rc, log_dir) for _, log_dir, _, rc in outputs if rc != 0]
+        if attempt == 1 and failed and all(hung(rc, log_dir) for rc, log_dir in failed):
+            for _, log_dir in failed:
+                report_hang(f"{worker} on {len(node_args)} nodes", log_dir)
+            continue
+        break
+    if failed:
+        raise LaunchError("\n".join(f"{' '.join(cmd)}\nexit {rc} after {elapsed:.0f}s\n{_log_tails(log_dir)}\n"
+                                    f"--- launcher ---\n{out[-2000:]}" for cmd, log_dir, out, rc in outputs))
+    return elapsed, [log_dir for _, log_dir, _, _ in outputs]
 
 
 def run_single(worker: str, worker_args: list, timeout: int = 300) -> float:

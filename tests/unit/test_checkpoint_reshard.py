@@ -15,7 +15,7 @@ def write_pieces(tmp_path, pieces):
     for i, (fname, pl) in enumerate(pieces):
         box = FULL[L.relative_slices(pl.offsets, pl.shape, (0, 0))]
         data = box.reshape(-1)[pl.flat[0]: pl.flat[1]] if pl.flat else box
-        save_file({"model/w": np.ascontiguousarray(data)}, str(tmp_path / fname))
+        save_file({L.file_key("model/w"): np.ascontiguousarray(data)}, str(tmp_path / fname))
         entries.append(L.PieceEntry("model/w", "float32", pl, i, fname))
     return L.build_index(entries, {f: {"size": 0, "crc32": 0} for f, _ in pieces}, {})
 

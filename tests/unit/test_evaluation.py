@@ -1,4 +1,4 @@
-"""EvalAccumulator: the eval loss is weighted by batch size, predictions are trimmed to the dataset, and
+"""EvalAccumulator: the eval loss is weighted by batch size, a padding batch is not counted, and
 metric keys get their prefix (one data rank; the multi-rank gathering is covered by tests/distributed)."""
 from types import SimpleNamespace
 
@@ -11,25 +11,37 @@ from paddletrainer.evaluation import EvalAccumulator
 ONE_RANK = SimpleNamespace(data_world_size=1)
 
 
-def test_loss_is_the_sample_weighted_mean_and_padding_is_trimmed():
-    acc = EvalAccumulator()
+def test_loss_is_the_sample_weighted_mean_and_a_padding_batch_is_left_out():
+    acc = EvalAccumulator(real_batches=2)
     acc.add(paddle.to_tensor(1.0), paddle.to_tensor([[1.0], [2.0], [3.0]]), paddle.to_tensor([1, 2, 3]), 3)
-    acc.add(paddle.to_tensor(4.0), paddle.to_tensor([[4.0], [5.0], [6.0]]), paddle.to_tensor([4, 5, 6]), 3)
+    acc.add(paddle.to_tensor(4.0), paddle.to_tensor([[4.0], [5.0]]), paddle.to_tensor([4, 5]), 2)  # short batch
+    acc.add(paddle.to_tensor(100.0), paddle.to_tensor([[1.0]]), paddle.to_tensor([1]), 1)  # padding batch
     seen = {}
 
     def metrics(prediction):
         seen["shape"] = prediction.predictions.shape
         return {"accuracy": float((prediction.predictions[:, 0] == prediction.label_ids).mean()), "eval_already": 1}
 
-    out = acc.finish(ONE_RANK, num_samples=5, compute_metrics=metrics, metric_key_prefix="test")
-    assert acc.batches == 2 and seen["shape"] == (5, 1)  # the 6th sample was wrap-around padding
-    assert out.metrics["test_loss"] == pytest.approx((1.0 * 3 + 4.0 * 3) / 6)
+    out = acc.finish(ONE_RANK, compute_metrics=metrics, metric_key_prefix="test")
+    assert acc.batches == 3 and seen["shape"] == (5, 1) and out.num_samples == 5
+    assert out.metrics["test_loss"] == pytest.approx((1.0 * 3 + 4.0 * 2) / 5)
     assert out.metrics["test_accuracy"] == 1.0 and "test_eval_already" in out.metrics
     np.testing.assert_array_equal(out.label_ids, [1, 2, 3, 4, 5])
+
+
+def test_a_stream_padding_batch_known_only_at_the_end_is_left_out():
+    shard_count = {"real": None}  # a stream shard learns its real batch count when the stream ends
+    acc = EvalAccumulator(real_batches=lambda: shard_count["real"])
+    acc.add(paddle.to_tensor(2.0), paddle.to_tensor([[1.0], [2.0]]), paddle.to_tensor([1, 2]), 2)
+    acc.add(paddle.to_tensor(100.0), paddle.to_tensor([[1.0]]), paddle.to_tensor([1]), 1)  # padding batch
+    shard_count["real"] = 1
+    out = acc.finish(ONE_RANK)
+    assert acc.batches == 2 and out.num_samples == 2 and out.metrics["eval_loss"] == pytest.approx(2.0)
+    np.testing.assert_array_equal(out.label_ids, [1, 2])
 
 
 def test_without_labels_there_is_no_loss_and_no_metrics_but_predictions():
     acc = EvalAccumulator()
     acc.add(None, paddle.ones([2, 3]), None, 2)
-    out = acc.finish(ONE_RANK, num_samples=2, compute_metrics=lambda p: {"never": 1})
+    out = acc.finish(ONE_RANK, compute_metrics=lambda p: {"never": 1})
     assert out.metrics == {} and out.label_ids is None and out.predictions.shape == (2, 3)

@@ -47,7 +47,7 @@ def wait_until_serving(proc, base, log_path):
 @pytest.mark.skipif(not os.path.exists(VISUALDL), reason=f"no visualdl executable at {VISUALDL}")
 def test_visualdl_server_serves_the_logged_scalars(tmp_path):
     run_dir = str(tmp_path / "runs" / "run1")
-    args = SimpleNamespace(output_dir=str(tmp_path), logging_dir=run_dir, report_to="visualdl")
+    args = SimpleNamespace(output_dir=str(tmp_path), logging_dir=run_dir, report_to="visualdl", run_name=None)
     callback, state, control = MetricsCallback(), TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
     for step, loss in [(1, 2.5), (2, 2.0), (3, 1.5)]:

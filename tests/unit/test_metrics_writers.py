@@ -90,7 +90,7 @@ def test_jsonl_writer_appends_to_an_existing_file(tmp_path):
     ("visualdl", ["visualdl"]),
     (None, ["visualdl"]),  # PaddleNLP's default
     ("jsonl", ["jsonl"]),
-    ("all", ["visualdl", "jsonl"]),
+    ("all", ["visualdl", "jsonl", "tensorboard"]),  # every local writer installed; wandb only when named
     (["jsonl", "visualdl", "jsonl"], ["jsonl", "visualdl"]),
     ("visualdl,jsonl", ["visualdl", "jsonl"]),
     ("none", []),
@@ -107,8 +107,8 @@ def test_build_writers_accepts_names_lists_all_and_none(tmp_path, report_to, exp
 
 
 def test_build_writers_rejects_unknown_names_listing_the_valid_ones_and_creates_nothing(tmp_path):
-    with pytest.raises(ValueError, match="'wandb'.*all, jsonl, none, visualdl"):
-        build_writers(["visualdl", "wandb"], str(tmp_path / "logs"))
+    with pytest.raises(ValueError, match="'comet'.*all, jsonl, none, tensorboard, visualdl, wandb"):
+        build_writers(["visualdl", "comet"], str(tmp_path / "logs"))
     assert not (tmp_path / "logs").exists()
     with pytest.raises(ValueError, match="logging directory"):
         build_writers("jsonl", None)
@@ -131,6 +131,8 @@ def test_rewrite_logs_groups_train_eval_and_test_keys():
 # --- MetricsCallback ---------------------------------------------------------------------------------------
 
 class FakeArgs(SimpleNamespace):
+    run_name = None
+
     def to_json_string(self):
         return json.dumps({"output_dir": self.output_dir, "fp16": False}, sort_keys=True)
 
@@ -214,6 +216,21 @@ def test_visualdl_callback_takes_paddlenlp_arguments_and_uses_the_given_writer(t
     assert not (tmp_path / "unused").exists()
 
 
+def test_tensorboard_callback_wraps_a_given_summary_writer(tmp_path):
+    tensorboardX = pytest.importorskip("tensorboardX")
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from paddletrainer.metrics import TensorBoardCallback
+
+    callback = TensorBoardCallback(tb_writer=tensorboardX.SummaryWriter(logdir=str(tmp_path / "tb")))
+    assert callback.tb_writer.log_dir == str(tmp_path / "tb")
+    args = FakeArgs(output_dir=str(tmp_path / "unused"), logging_dir=None, report_to="jsonl")
+    run_callback(callback, args, TrainerState())
+    ea = event_accumulator.EventAccumulator(str(tmp_path / "tb"))
+    ea.Reload()
+    assert [(s.step, s.value) for s in ea.Scalars("train/loss")] == [(1, 2.0), (2, 1.0)]
+    assert not (tmp_path / "unused").exists()
+
+
 def opened_callback_counting_closes(tmp_path):
     """A MetricsCallback after a run with one JSONL writer, and the list its writer appends to on close."""
     args = FakeArgs(output_dir=str(tmp_path), logging_dir=str(tmp_path / "run"), report_to=["jsonl"])
@@ -243,3 +260,21 @@ def test_closing_a_metrics_callback_twice_closes_its_writers_once(tmp_path):
     callback.close()
     callback.close()
     assert closed == [True] and callback.writers is None
+
+
+def test_a_missing_writer_library_is_named_before_any_process_group_exists(tmp_path, monkeypatch):
+    import importlib.util
+
+    import paddle
+
+    import paddletrainer.trainer as trainer_mod
+    from paddletrainer import Trainer, TrainingArguments
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "wandb" else real_find_spec(name, *a, **k))
+    monkeypatch.setattr(trainer_mod, "init_topology",
+                        lambda *a, **k: pytest.fail("process groups were created before report_to was checked"))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="wandb")
+    with pytest.raises(ImportError, match=r"report_to=wandb needs the 'wandb' package: pip install wandb"):
+        Trainer(model=paddle.nn.Linear(2, 2), args=args)

@@ -13,7 +13,7 @@ def _args(world=1, dp=1, sharding=1, tp=1, pp=1, **extra):
                 sharding_stage=0, sharding_offload=False, pipeline_parallel_options=frozenset(),
                 tensor_parallel_options=frozenset(), sharding_parallel_options=frozenset(),
                 hybrid_parallel_topo_order=None, gradient_accumulation_steps=4, per_device_train_batch_size=2,
-                seed=7)
+                seed=7, sequence_parallel=False)
     base.update(extra)
     return SimpleNamespace(**base)
 
@@ -109,5 +109,7 @@ def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch)
 def test_cpu_only_options_are_rejected_with_clear_errors():
     with pytest.raises(NotImplementedError, match="split_param"):
         topo_mod.check_cpu_options(_args(sharding_parallel_options=frozenset({"split_param"})))
+    with pytest.raises(NotImplementedError, match="enable_timer needs CUDA"):
+        topo_mod.check_cpu_options(_args(pipeline_parallel_options=frozenset({"enable_timer"})))
     with pytest.raises(NotImplementedError, match="reduce_scatter"):
         topo_mod.check_cpu_options(_args(sequence_parallel=True))

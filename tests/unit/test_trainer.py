@@ -283,6 +283,23 @@ def test_visualdl_log_holds_the_trainers_loss_the_lr_schedule_and_phase_timers(t
     assert {"train/grad_norm", "train/samples_per_second", "train/forward_backward_time", "train/optimizer_time"} <= tags
 
 
+def test_report_to_visualdl_writes_one_record_file_per_run_including_evaluate_after_train(tmp_path):
+    import glob
+
+    from visualdl import LogReader
+
+    args = args_for(tmp_path, max_steps=2, per_device_train_batch_size=4, report_to="visualdl",
+                    logging_dir=str(tmp_path / "vdl"))
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(),
+                      eval_dataset=regression_data(8))
+    trainer.train()
+    trainer.evaluate()
+    files = glob.glob(str(tmp_path / "vdl" / "**" / "vdlrecords.*.log"), recursive=True)
+    assert len(files) == 1, files
+    tags = set(LogReader(file_path=files[0]).get_tags()["scalar"])
+    assert {"train/loss", "eval/loss"} <= tags
+
+
 def test_resume_on_the_same_layout_is_bit_exact(tmp_path):
     """Interrupt after step 2, resume from checkpoint-2: steps 3-4 and the final weights equal an
     uninterrupted run exactly (optimizer moments, schedule, RNG and data position all restored)."""

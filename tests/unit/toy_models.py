@@ -1,4 +1,5 @@
-"""The tiny regression model and data the single-process Trainer tests share."""
+"""The tiny regression model and data the single-process Trainer tests share, and ``poisonable`` (shared with
+the multi-process rollback worker, tests/distributed/workers/robust_train.py)."""
 import numpy as np
 import paddle
 
@@ -22,3 +23,21 @@ def regression_data(n=64, a=2.0, b=-1.0, seed=0):
     rng = np.random.RandomState(seed)
     x = rng.uniform(-1, 1, size=(n, 1)).astype("float32")
     return [{"x": x[i], "labels": np.float32(a * x[i, 0] + b)} for i in range(n)]
+
+
+def poisonable(cls):
+    """A subclass of the model class ``cls`` whose loss is NaN on the next forward with labels after
+    ``model.poisoned = True`` (then it clears the flag). A subclass, so the state dict keeps ``cls``'s names."""
+
+    class Poisonable(cls):
+        poisoned = False
+
+        def forward(self, x, labels=None):
+            out = super().forward(x, labels)
+            if labels is not None and self.poisoned:
+                self.poisoned = False
+                return (out[0] * float("nan"),) + tuple(out[1:])
+            return out
+
+    Poisonable.__name__ = Poisonable.__qualname__ = f"Poisonable{cls.__name__}"
+    return Poisonable

@@ -10,11 +10,12 @@ Run:  python llm_examples/llama/data/train_tokenizer.py [--vocab_size 640]
 """
 import argparse
 import json
+import sys
 from pathlib import Path
 
-import sentencepiece as spm
-
 HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parents[2] / "scripts"))  # one SentencePiece recipe, shared with the token builder
+from build_pretrain_data import train_sentencepiece  # noqa: E402
 
 
 def main():
@@ -23,26 +24,7 @@ def main():
     parser.add_argument("--output_dir", default=str(HERE.parent / "tiny_llama"))
     parser.add_argument("--vocab_size", type=int, default=640)  # 256 byte pieces + ~380 merges/chars
     args = parser.parse_args()
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(
-        input=args.input,
-        model_prefix=str(out / "sentencepiece.bpe"),
-        model_type="bpe",
-        vocab_size=args.vocab_size,
-        character_coverage=1.0,
-        byte_fallback=True,
-        normalization_rule_name="identity",  # like Llama; also keeps the file small (no NFKC table)
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        num_threads=1,  # single thread keeps the merges reproducible
-        minloglevel=2,
-    )
-    (out / "sentencepiece.bpe.vocab").unlink(missing_ok=True)  # human-readable dump, not needed to load
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "LlamaTokenizer",
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "add_bos_token": True, "add_eos_token": False, "model_max_length": 128,
-    }, indent=2) + "\n")
+    out = train_sentencepiece(args.input, args.output_dir, args.vocab_size, model_max_length=128)
     config_path = out / "config.json"
     if config_path.exists():
         config = json.loads(config_path.read_text())

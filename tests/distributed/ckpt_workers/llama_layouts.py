@@ -54,6 +54,7 @@ def layout_args(dp, sharding, tp, pp, stage):
         pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
         sharding_parallel_options=frozenset(), hybrid_parallel_topo_order="pp_first",
         gradient_accumulation_steps=GA, per_device_train_batch_size=GLOBAL_BATCH // GA // (dp * sharding), seed=42,
+        sequence_parallel=False, virtual_pp_degree=1,
     )
 
 

@@ -25,6 +25,7 @@ def layout_args(dp=1, sharding=1, tp=1, pp=1, stage=0, offload=False, ga=2, seed
         pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
         sharding_parallel_options=frozenset(), hybrid_parallel_topo_order="pp_first",
         gradient_accumulation_steps=ga, per_device_train_batch_size=micro_global // (dp * sharding), seed=seed,
+        sequence_parallel=False, virtual_pp_degree=1,
     )
 
 

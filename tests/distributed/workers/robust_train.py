@@ -7,7 +7,10 @@ The entry point is wrapped in ``paddletrainer.robustness.friendly_errors``, as t
   (and writes its pid to ``D/rank<r>.pid`` at start), so a test can wait for a step and signal the workers.
 * ``--step_sleep S``: sleep S seconds at each step end (gives a test time to land a signal mid-training).
 * ``--ballast_floats N``: an extra frozen parameter of N floats, so saves take long enough to be hit by a kill.
-* ``--auto_resume``: resume from the newest complete checkpoint in output_dir if there is one.
+* ``--poison_step N`` / ``--poison_rank R``: the loss of rank R is NaN the first time step N runs (rollback tests).
+* ``--stop_at_step N``: stop (after the step's save) at step N, keeping max_steps' schedule.
+* ``--auto_resume``: resume from the newest complete checkpoint in output_dir if there is one (the script's own
+  ``get_last_checkpoint``, as PaddleNLP scripts do; ``--resume_from_checkpoint auto`` is the Trainer's switch).
 
 Output ``<result_dir>/rank<r>.json`` at the end of a completed run: per-step losses, global_step, eval loss.
 If the Trainer does not (yet) install ``RobustnessCallback`` itself, the worker adds one.
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+sys.path.append(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "unit")))  # toy_models
 
 import paddle  # noqa: E402
 
@@ -28,6 +32,8 @@ from common import write_json  # noqa: E402
 from paddletrainer import PdArgumentParser, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from paddletrainer.robustness import RobustnessCallback, friendly_errors  # noqa: E402
 from paddletrainer.trainer_utils import get_last_checkpoint  # noqa: E402
+from paddletrainer.training_args import resolve_resume_checkpoint  # noqa: E402
+from toy_models import poisonable  # noqa: E402
 from trainer_worker import MLP, mlp_data  # noqa: E402
 
 
@@ -39,6 +45,9 @@ class RobustArguments:
     ballast_floats: int = field(default=0, metadata={"help": "size of an extra frozen parameter"})
     num_samples: int = field(default=64, metadata={"help": "train set size"})
     auto_resume: bool = field(default=False, metadata={"help": "resume from the newest complete checkpoint"})
+    poison_step: int = field(default=0, metadata={"help": "make the loss NaN the first time this step runs"})
+    poison_rank: int = field(default=0, metadata={"help": "the rank whose loss --poison_step poisons"})
+    stop_at_step: int = field(default=0, metadata={"help": "stop training after this step"})
 
 
 class BallastMLP(MLP):
@@ -59,9 +68,33 @@ class Progress(TrainerCallback):
             f.write(f"{state.global_step}\n")
 
 
-def build_model(work: RobustArguments):
+class PoisonAt(TrainerCallback):
+    """Sets ``model.poisoned`` at the beginning of ``step`` (once): the next training loss is NaN."""
+
+    def __init__(self, model, step: int):
+        self.model, self.step = model, step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            self.step = 0
+            self.model.poisoned = True
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+def build_model(work: RobustArguments, rank: int = 0):
     paddle.seed(1234)  # identical initial weights in every process and run
-    return BallastMLP(work.ballast_floats) if work.ballast_floats else MLP()
+    poison = work.poison_step and rank == work.poison_rank
+    if work.ballast_floats:
+        return (poisonable(BallastMLP) if poison else BallastMLP)(work.ballast_floats)
+    return (poisonable(MLP) if poison else MLP)()
 
 
 @friendly_errors
@@ -74,13 +107,20 @@ def main():
         with open(os.path.join(work.progress_dir, f"rank{rank}.pid"), "w") as f:
             f.write(str(os.getpid()))
         callbacks.append(Progress(os.path.join(work.progress_dir, f"rank{rank}.steps"), work.step_sleep))
-    trainer = Trainer(model=build_model(work), args=args, train_dataset=mlp_data(work.num_samples, 0),
+    model = build_model(work, rank)
+    if work.poison_step and rank == work.poison_rank:
+        callbacks.append(PoisonAt(model, work.poison_step))
+    if work.stop_at_step:
+        callbacks.append(StopAt(work.stop_at_step))
+    trainer = Trainer(model=model, args=args, train_dataset=mlp_data(work.num_samples, 0),
                       eval_dataset=mlp_data(16, 1), callbacks=callbacks)
     if not any(isinstance(cb, RobustnessCallback) for cb in trainer.callback_handler.callbacks):
         trainer.add_callback(RobustnessCallback(trainer.topology, args.collective_timeout_seconds))
     resume = None
     if work.auto_resume:
         resume = get_last_checkpoint(args.output_dir)
+    # what train() resumes from: `resume`, else --resume_from_checkpoint (a path, true or auto)
+    resumed_from = resume or resolve_resume_checkpoint(args.resume_from_checkpoint, args.output_dir)
     out = trainer.train(resume_from_checkpoint=resume)
     eval_metrics = trainer.evaluate()
     history = trainer.state.log_history
@@ -91,7 +131,7 @@ def main():
             "eval_loss": eval_metrics["eval_loss"],
             "global_step": trainer.state.global_step,
             "training_loss": out.training_loss,
-            "resumed_from": resume,
+            "resumed_from": resumed_from,
         },
     )
 

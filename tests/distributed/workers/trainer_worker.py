@@ -22,6 +22,7 @@ import paddle  # noqa: E402
 
 from common import SEQ, VOCAB, exit_cleanly, write_json  # noqa: E402
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
+from paddletrainer.parallel.pipeline import check_virtual_pipeline_split  # noqa: E402
 
 
 @dataclass
@@ -66,9 +67,11 @@ def build_model(work: WorkerArguments, args: TrainingArguments):
 
     # The PaddleNLP way: degrees and ranks from the training arguments, read before any Trainer exists.
     config = LlamaConfig.from_pretrained(work.weights)
+    check_virtual_pipeline_split(config.num_hidden_layers, args.pipeline_parallel_degree, args.virtual_pp_degree)
     config.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
     config.tensor_parallel_rank = args.tensor_parallel_rank
     config.tensor_parallel_output = False
+    config.virtual_pp_degree = args.virtual_pp_degree  # as PaddleNLP's llm scripts copy it to the config
     cls = LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM
     return cls.from_pretrained(work.weights, config=config, dtype="float32")
 

@@ -1,0 +1,121 @@
+"""Resume from a checkpoint directory written by PaddleNLP 3.0.0b4's Trainer (its non-unified format).
+
+This is the only place paddletrainer reads pickles: PaddleNLP stores weights, optimizer state and scheduler
+with ``paddle.save`` (``*.pdparams``, ``*.pdopt``), and loading a pickle can run code. Our own loader
+(:mod:`.load`) refuses pickles; this module is used only when the directory *is* a PaddleNLP checkpoint
+(:func:`paddletrainer.trainer_utils.is_paddlenlp_checkpoint`: PaddleNLP's file names and no
+``checkpoint_index.json``), so resume only PaddleNLP checkpoints you trust.
+
+What is read (this rank's files for the current layout, PaddleNLP's naming):
+
+* ``model_state[.<suffix>].pdparams`` — the model's ``state_dict`` (structured names);
+* ``optimizer[.<suffix>].pdopt`` — the Paddle optimizer's ``state_dict`` (keyed by parameter names, which
+  match when the model is built the same way as in the PaddleNLP run, e.g. the same script);
+* ``scheduler.pdparams``, ``trainer_state.json`` (step, consumed samples, best metric), ``rng_state[_<world>].pth``.
+
+``<suffix>`` is PaddleNLP's: ``tpXX`` when tensor parallel, ``ppXX`` when pipeline parallel, joined by ``_``,
+plus ``shardXX`` for the optimizer under sharding (e.g. ``model_state.tp01_pp00.pdparams``,
+``optimizer.tp01_pp00_shard00.pdopt``). A PaddleNLP checkpoint therefore resumes under the layout that wrote
+it; resharding it is not supported (``unified_checkpoint`` directories are not read either).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import List, Optional
+
+import numpy as np
+import paddle
+from paddle.distributed import fleet
+
+from .layout import CheckpointError
+from .load import LoadedCheckpoint
+
+__all__ = ["load_paddlenlp_checkpoint", "paddlenlp_name_suffix"]
+
+
+def paddlenlp_name_suffix(topology, optimizer: bool = False) -> str:
+    """PaddleNLP's per-rank file-name suffix for this rank ("" on one process)."""
+    parts = []
+    if topology is not None and topology.tp_degree > 1:
+        parts.append(f"tp{topology.tp_rank:0>2d}")
+    if topology is not None and topology.pp_degree > 1:
+        parts.append(f"pp{topology.pp_rank:0>2d}")
+    if optimizer and topology is not None and topology.sharding_degree > 1:
+        parts.append(f"shard{topology.sharding_rank:0>2d}")
+    return "_".join(parts)
+
+
+def _named(ckpt_dir: str, stem: str, ext: str, suffix: str) -> str:
+    path = os.path.join(ckpt_dir, f"{stem}.{suffix}.{ext}" if suffix else f"{stem}.{ext}")
+    if not os.path.isfile(path):
+        present = sorted(n for n in os.listdir(ckpt_dir) if n.startswith(stem))
+        raise CheckpointError(f"{ckpt_dir} is a PaddleNLP checkpoint without {os.path.basename(path)} for this "
+                              f"rank's layout (files there: {present}); resume it with the layout that wrote it")
+    return path
+
+
+def _restore_rng(ckpt_dir: str, topology) -> bool:
+    world = getattr(topology, "world_size", 1) if topology is not None else 1
+    name = "rng_state.pth" if world <= 1 else f"rng_state_{world}.pth"
+    path = os.path.join(ckpt_dir, name)
+    if not os.path.isfile(path):
+        return False
+    states = paddle.load(path, return_numpy=True)
+    if world > 1:  # one entry per rank
+        states = states[getattr(topology, "rank", 0)]
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    core = paddle.framework.core
+    core.default_cpu_generator().set_state(states["cpu"])
+    if core.is_compiled_with_cuda():
+        for i, state in enumerate(states["cuda"][: core.get_cuda_device_count()]):
+            core.default_cuda_generator(i).set_state(state)
+    tracker = states.get("hybrid_parallel_rng_state_tracker")
+    if tracker is not None and getattr(topology, "use_hybrid", False):
+        if topology.tp_degree <= 1:
+            tracker.pop("model_parallel_rng", None)
+        fleet.meta_parallel.get_rng_state_tracker().set_states_tracker(tracker)
+    return True
+
+
+def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,
+                              topology=None, load_rng: bool = True) -> LoadedCheckpoint:
+    """Load a PaddleNLP 3.0.0b4 checkpoint into ``model`` (and ``optimizer``, ``lr_scheduler``, the fp16 loss
+    ``scaler`` from ``scaler.pdparams``, RNG); the same keywords as :func:`paddletrainer.checkpoint.load_checkpoint`.
+
+    Returns what :func:`paddletrainer.checkpoint.load_checkpoint` returns; ``data_state`` is None (the
+    position is the trainer state's ``consumed_samples``).
+    """
+    warnings: List[str] = []
+    weights = paddle.load(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
+    missing, unexpected = model.set_state_dict(weights) or ([], [])
+    if missing:
+        raise CheckpointError(f"{ckpt_dir}: the PaddleNLP weights lack {len(missing)} of the model's parameters, "
+                              f"e.g. {list(missing)[:3]}")
+    if unexpected:
+        warnings.append(f"{len(unexpected)} tensors of the PaddleNLP weights are not in the model, e.g. "
+                        f"{list(unexpected)[:3]}")
+    optimizer_restored = False
+    if optimizer is not None:
+        state = paddle.load(_named(ckpt_dir, "optimizer", "pdopt", paddlenlp_name_suffix(topology, optimizer=True)))
+        names = {p.name for p in model.parameters()}
+        known = {k for k in state if k not in ("master_weights", "LR_Scheduler")
+                 and any(k.startswith(n + "_") for n in names)}
+        if state and not known:
+            raise CheckpointError(f"{ckpt_dir}: no optimizer state matches the model's parameter names (the "
+                                  "model must be built as in the PaddleNLP run that saved it)")
+        optimizer.set_state_dict(state)
+        optimizer_restored = True
+    if lr_scheduler is not None and os.path.isfile(os.path.join(ckpt_dir, "scheduler.pdparams")):
+        lr_scheduler.set_state_dict(paddle.load(os.path.join(ckpt_dir, "scheduler.pdparams")))
+    if scaler is not None and os.path.isfile(os.path.join(ckpt_dir, "scaler.pdparams")):
+        scaler.load_state_dict(paddle.load(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
+    trainer_state = {}
+    if os.path.isfile(os.path.join(ckpt_dir, "trainer_state.json")):
+        with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
+            trainer_state = json.load(f)
+    rng = _restore_rng(ckpt_dir, topology) if load_rng else False
+    return LoadedCheckpoint(trainer_state=trainer_state, data_state=None, rng_restored=rng,
+                            optimizer_restored=optimizer_restored, warnings=warnings)

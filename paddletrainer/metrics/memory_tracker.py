@@ -1,0 +1,94 @@
+"""Memory used by one stage (train / evaluate / predict): PaddleNLP's ``skip_memory_metrics=False`` report.
+
+Keys, in bytes, as PaddleNLP/HF name them (``stage`` is ``train``, ``eval`` or ``test``):
+
+* ``{stage}_mem_cpu_alloc_delta``: host resident set size at the end minus at the start;
+* ``{stage}_mem_cpu_peaked_delta``: how far the RSS rose above its end value during the stage (sampled by a
+  background thread every few milliseconds, so a very short spike can be missed);
+* on GPU, ``{stage}_mem_gpu_alloc_delta`` / ``{stage}_mem_gpu_peaked_delta`` from paddle's allocator counters
+  (``memory_allocated`` / ``max_memory_allocated``, the peak counter reset at the start), and
+  ``gpu_mem_max_memory_allocated`` / ``gpu_mem_max_memory_reserved``.
+
+A stage started while another runs (an evaluation inside training) is not measured separately: it is part of
+the outer stage.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Optional
+
+import paddle
+
+from .memory import peak_memory_bytes
+
+__all__ = ["MemoryTracker", "current_rss_bytes"]
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def current_rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc/self/statm``; else the peak from ``getrusage``)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except OSError:
+        return peak_memory_bytes()
+
+
+def _on_gpu() -> bool:
+    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
+
+
+class MemoryTracker:
+    """``start(stage)`` / ``stop(stage) -> metrics``; does nothing when ``enabled`` is False."""
+
+    def __init__(self, enabled: bool, interval_seconds: float = 0.005):
+        self.enabled = enabled
+        self.interval = interval_seconds
+        self._stage: Optional[str] = None
+        self._begin = 0
+        self._peak = 0
+        self._gpu_begin = 0
+        self._done = threading.Event()
+        self._sampler: Optional[threading.Thread] = None
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.interval):
+            self._peak = max(self._peak, current_rss_bytes())
+
+    def start(self, stage: str) -> None:
+        """Begin measuring ``stage`` (ignored while another stage is being measured)."""
+        if not self.enabled or self._stage is not None:
+            return
+        self._stage = stage
+        self._begin = self._peak = current_rss_bytes()
+        if _on_gpu():
+            import paddle
+
+            paddle.device.cuda.reset_max_memory_allocated()
+            self._gpu_begin = int(paddle.device.cuda.memory_allocated())
+        self._done.clear()
+        self._sampler = threading.Thread(target=self._sample, name="paddletrainer-memory", daemon=True)
+        self._sampler.start()
+
+    def stop(self, stage: str) -> Dict[str, int]:
+        """End ``stage`` and return its metrics ({} when disabled or when ``stage`` is not the one measured)."""
+        if not self.enabled or self._stage != stage:
+            return {}
+        self._done.set()
+        self._sampler.join()
+        end = current_rss_bytes()
+        self._peak = max(self._peak, end)
+        metrics = {f"{stage}_mem_cpu_alloc_delta": end - self._begin,
+                   f"{stage}_mem_cpu_peaked_delta": max(0, self._peak - end)}
+        if _on_gpu():
+            import paddle
+
+            now, peak = int(paddle.device.cuda.memory_allocated()), int(paddle.device.cuda.max_memory_allocated())
+            metrics.update({f"{stage}_mem_gpu_alloc_delta": now - self._gpu_begin,
+                            f"{stage}_mem_gpu_peaked_delta": max(0, peak - now),
+                            "gpu_mem_max_memory_allocated": peak,
+                            "gpu_mem_max_memory_reserved": int(paddle.device.cuda.max_memory_reserved())})
+        self._stage = None
+        return metrics

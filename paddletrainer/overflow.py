@@ -1,0 +1,124 @@
+"""Non-finite gradients in one optimizer step: unscaling, the one step-or-skip decision, the loss-scale update.
+
+Why the Trainer does not call ``GradScaler.unscale_``/``step`` directly: Paddle's scaler checks only the
+gradients of the rank it runs on, and only those in the optimizer's parameter list, before the parallel
+wrappers have synchronised them. Under tp/pp/sharding some ranks would then skip a step others take, and the
+loss scales would drift apart; under sharding stage 3 the slice gradients (filled in during the
+synchronisation) would be stepped still scaled. So the order here is:
+
+1. gradients are synchronised (``ParallelOptimizer.sync_gradients``);
+2. :func:`unscale_gradients` divides every gradient this rank holds by the loss scale with the kernel
+   ``GradScaler.unscale_`` uses (``check_finite_and_unscale``) and returns this rank's inf/NaN flag;
+3. the global gradient norm folds that flag in before its reduction over tp, pp and sharding, so a
+   non-finite norm — the same value on every rank — means "some gradient somewhere is non-finite";
+4. :func:`nonfinite_action` turns that one value into STEP, SKIP or RAISE, identically on every rank;
+5. :func:`update_loss_scale` runs Paddle's dynamic update (halve on overflow, grow after
+   ``incr_every_n_steps`` good steps) with that global verdict.
+
+A skipped step does not advance the learning-rate schedule (PaddleNLP's behaviour); the Trainer counts it in
+``state.skipped_steps`` and logs it next to the loss scale (:func:`scaler_logs`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Dict, Iterable, Optional
+
+import paddle
+from paddle import _legacy_C_ops
+
+__all__ = ["STEP", "SKIP", "RAISE", "nonfinite_action", "unscale_gradients", "update_loss_scale", "loss_scale",
+           "scaler_logs", "delayed_loss_divisor"]
+
+STEP, SKIP, RAISE = "step", "skip", "raise"
+
+
+def nonfinite_action(norm_is_finite: bool, policy: str, scaler=None) -> str:
+    """What this step does, from the global gradient norm: the single place ``nan_inf_policy`` is applied.
+
+    * finite norm: STEP.
+    * fp16 loss scaler with a scale above 1: SKIP under every policy. Scaled fp16 gradients overflow by
+      design now and then; the scaler halves the scale and training goes on (PaddleNLP's behaviour).
+    * otherwise (no scaler, or the scale is already <= 1, so scaling cannot be the cause): the policy
+      decides — ``skip`` → SKIP, ``error`` → RAISE.
+
+    The loss scale is read from the device only when the norm is non-finite.
+    """
+    if norm_is_finite:
+        return STEP
+    if scaler is not None and loss_scale(scaler) > 1.0:
+        return SKIP
+    if policy == "skip":
+        return SKIP
+    if policy in ("error", "rollback"):  # rollback: the Trainer's loop catches the error (see rollback.py)
+        return RAISE
+    raise ValueError(f"nan_inf_policy={policy!r} is not valid; choose one of: error, skip, rollback")
+
+
+@paddle.no_grad()
+def unscale_gradients(scaler, grads: Iterable[paddle.Tensor], divisor: float = 1.0) -> Optional[paddle.Tensor]:
+    """Divide ``grads`` in place by ``loss scale × divisor``; return this rank's inf/NaN flag (bool [1]).
+
+    ``grads`` are every gradient this rank holds after synchronisation (``ParallelOptimizer.
+    counted_gradients``, stage-3 slices included). ``divisor`` > 1 is pipeline ``enable_delay_scale_loss``:
+    the micro-batch losses were not divided by the accumulation steps, so the gradients are, here.
+    Returns None (and touches nothing) without a scaler and with ``divisor`` 1.
+    """
+    if scaler is None and divisor == 1.0:
+        return None
+    if scaler is not None and not scaler.is_enable():
+        # GradScaler.scale() turns itself off when it first runs outside an fp16 auto_cast.
+        raise RuntimeError("the fp16 loss scaler was disabled by Paddle (was the forward outside auto_cast?); "
+                           "refusing to step with unscaled fp16 gradients")
+    factor = paddle.to_tensor([float(divisor)], dtype="float32")
+    if scaler is not None:
+        factor = scaler._scale * factor
+    found = paddle.zeros([1], dtype="bool")
+    by_dtype = defaultdict(list)
+    for grad in grads:
+        by_dtype[grad.dtype].append(grad)
+    for same_dtype in by_dtype.values():
+        found_here = paddle.zeros([1], dtype="bool")
+        _legacy_C_ops.check_finite_and_unscale(same_dtype, factor, same_dtype, found_here)
+        found = paddle.logical_or(found, found_here)
+    return found
+
+
+def update_loss_scale(scaler, found_inf: bool) -> None:
+    """Paddle's dynamic loss-scale update with the job-wide verdict ``found_inf``.
+
+    ``GradScaler.update`` reads the verdict of the last ``GradScaler.step`` from ``_cache_found_inf``; the
+    Trainer steps the optimizer itself (see the module docstring), so it leaves the verdict there first.
+    """
+    if scaler is None:
+        return
+    scaler._cache_found_inf = bool(found_inf)
+    scaler.update()
+
+
+def loss_scale(scaler) -> float:
+    """The current loss scale (a device read)."""
+    return float(scaler._scale)
+
+
+def scaler_logs(scaler, skipped_steps: int) -> Dict[str, float]:
+    """``loss_scale`` and ``skipped_steps`` for the training log (only ``skipped_steps`` without a scaler,
+    and only once a step was skipped)."""
+    logs: Dict[str, float] = {}
+    if scaler is not None:
+        logs["loss_scale"] = loss_scale(scaler)
+    if scaler is not None or skipped_steps:
+        logs["skipped_steps"] = int(skipped_steps)
+    return logs
+
+
+def delayed_loss_divisor(model) -> float:
+    """``accumulate_steps`` for a ``PipelineParallel`` model with ``enable_delay_scale_loss``, else 1.
+
+    With that option Paddle's 1F1B schedule does not divide the micro-batch losses by the accumulation
+    steps; its own ``train_batch`` divides the gradients before the step. The Trainer drives the schedule
+    itself (``forward_backward_pipeline``), so it divides them here.
+    """
+    if not getattr(model, "_delay_scale_loss", False):
+        return 1.0
+    steps = int(getattr(model, "accumulate_steps", 1))
+    return float(steps) if steps > 1 else 1.0

@@ -1,0 +1,98 @@
+"""``nan_inf_policy=rollback``: a non-finite step sends training back to the last good checkpoint.
+
+What happens when the global gradient norm of a step is NaN/inf (and an fp16 loss scaler cannot explain it,
+see ``overflow.nonfinite_action``) — the same on every rank, because the norm is the same global value everywhere:
+
+1. the step is not applied (its gradients are dropped);
+2. a pending async save is published (collective: every rank reaches this point at the same step);
+3. the newest complete checkpoint in ``output_dir`` is loaded: weights, optimizer, schedule, scaler, RNG and the
+   trainer state (``global_step`` goes back to the checkpoint's);
+4. the data window since that checkpoint — every sample trained on after it, the bad step's included — is
+   skipped: the data position stays where the bad step left it, so training resumes on unseen samples. This is
+   the recovery large-model runs use for loss spikes (restart before the spike, skip the batches around it);
+   replaying the same samples would mostly reproduce the fault;
+5. optionally the learning rate is multiplied by ``nan_inf_rollback_lr_factor`` (cumulatively, once per
+   rollback; for the rest of this ``train()`` call — the schedule's shape is kept, its base value is lowered);
+6. after ``nan_inf_rollback_max_retries`` rollbacks in one ``train()`` call, the next non-finite step raises
+   ``NonFiniteLossError`` saying so, and so does a rollback with no checkpoint to go back to.
+
+The loop calls :meth:`Rollback.recover` where ``_optimizer_step`` raised; this module never communicates
+except through ``checkpoint.finish_pending_save``. Limits: only non-finite norms trigger it (a finite loss spike
+does not); the skipped samples count as consumed, so a run bounded by epochs ends after fewer optimizer steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Optional
+
+from . import checkpoint as ckpt
+
+logger = logging.getLogger(__name__)
+
+ROLLBACK = "rollback"
+
+
+@dataclasses.dataclass(frozen=True)
+class RollbackConfig:
+    """What ``nan_inf_policy=rollback`` does; ``None`` from :meth:`from_args` when the policy is another one."""
+
+    output_dir: str
+    max_retries: int
+    lr_factor: float
+
+    @classmethod
+    def from_args(cls, args) -> Optional["RollbackConfig"]:
+        if args.nan_inf_policy != ROLLBACK:
+            return None
+        return cls(args.output_dir, args.nan_inf_rollback_max_retries, args.nan_inf_rollback_lr_factor)
+
+
+class Rollback:
+    """The rollback state of one ``train()`` call: how many rollbacks happened, the current LR scale."""
+
+    def __init__(self, config: RollbackConfig):
+        self.config = config
+        self.count = 0
+        self.lr_scale = 1.0
+        self._base_lr: Optional[float] = None
+
+    def recover(self, trainer, error: Exception, data_position: int) -> str:
+        """Roll ``trainer`` back after ``error`` (the bad step's ``NonFiniteLossError``); return the checkpoint.
+
+        ``data_position``: samples consumed once the bad step's batch is counted — where training goes on.
+        Re-raises ``error`` (its type, with the reason appended) when retries are exhausted or there is no
+        checkpoint to go back to.
+        """
+        trainer.optimizer.clear_grad()
+        if self.count >= self.config.max_retries:
+            raise type(error)(f"{error}; gave up after {self.count} rollback(s) (nan_inf_rollback_max_retries="
+                              f"{self.config.max_retries})") from None
+        ckpt.finish_pending_save()  # the newest checkpoint may still be in flight (async save)
+        ours = ckpt.list_complete_checkpoints(self.config.output_dir)  # never a PaddleNLP dir: no pickles here
+        path = ours[-1] if ours else None
+        if path is None:
+            raise type(error)(f"{error}; nan_inf_policy='rollback' found no complete checkpoint in "
+                              f"output_dir={self.config.output_dir!r} to roll back to (save earlier: save_steps)") from None
+        bad_step = trainer.state.global_step + 1
+        trainer._load_checkpoint(path)
+        skipped_from = trainer.state.consumed_samples
+        trainer.state.consumed_samples = data_position
+        self.count += 1
+        self.lr_scale *= self.config.lr_factor
+        self._scale_lr(trainer.lr_scheduler)
+        trainer._tr_loss.zero_()  # the losses of the discarded steps are not logged
+        trainer._loss_steps = 0
+        logger.warning(
+            "step %d: non-finite gradient norm; rolled back to %s (rollback %d of at most %d), skipping samples "
+            "[%d, %d) trained on since it%s", bad_step, path, self.count, self.config.max_retries, skipped_from,
+            data_position, f"; learning rate x{self.lr_scale:g}" if self.config.lr_factor != 1.0 else "")
+        return path
+
+    def _scale_lr(self, scheduler) -> None:
+        if self.config.lr_factor == 1.0 or scheduler is None:
+            return
+        if self._base_lr is None:
+            self._base_lr = float(scheduler.base_lr)
+        scheduler.base_lr = self._base_lr * self.lr_scale
+        scheduler.last_lr = scheduler.get_lr()  # the loaded state's LR was computed from the original base

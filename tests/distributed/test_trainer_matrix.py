@@ -1,0 +1,133 @@
+"""The public Trainer on every parallel layout, against one process with the same global batch (8).
+
+One launch per layout (``workers/trainer_phases_worker.py``) checks all of it on every rank:
+
+* every step's logged loss and grad norm (steps 1-3);
+* ``evaluate()`` on 13 samples (a multiple of no batch size) equals the mean loss computed directly over
+  exactly those 13 samples; ``predict()`` returns 13 predictions, in dataset order;
+* the checkpoint saved at step 3 (``max_steps 3``) resumed in the same layout with ``max_steps 6``, and the
+  one-process checkpoint resumed in this layout, both continue the uninterrupted 6-step curve (to 1e-5; where
+  the launch also trains the 6 steps uninterrupted, the same-layout resume must match it bit for bit).
+
+The interleaved pipeline (``virtual_pp_degree``) has its own CI test at the end: pp2·vpp2 as above, then its
+checkpoint resumed under tp2 and in one process.
+
+CI runs the layouts marked ``ci`` (the 16-process one included); ``PT_FULL_MATRIX=1`` runs all of them
+(see README, Tests). A tiny PaddleNLP Llama (``LlamaForCausalLMPipe`` under pp, TP ranks from the training
+arguments) everywhere, and a plain ``paddle.nn.Layer`` regression net on the dp/sharding layouts of the full
+matrix (tensor parallel refuses a model without tp layers).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launcher import launch, read_results, run_single
+from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_predictions, phase_args
+
+FULL = os.environ.get("PT_FULL_MATRIX") == "1"
+
+
+def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, **extra):
+    """Global batch 8 on every layout; ``mlp``: also the plain regression net (needs no tp/pp layers)."""
+    data_world = dp * sharding
+    options = dict(per_device_train_batch_size=GLOBAL_BATCH // (ga * data_world), gradient_accumulation_steps=ga)
+    if sharding > 1:
+        options.update(sharding=f"stage{stage}", sharding_parallel_degree=sharding)
+    if tp > 1:
+        options["tensor_parallel_degree"] = tp
+    if pp > 1:
+        options["pipeline_parallel_degree"] = pp
+    options.update(extra)
+    full_only = [pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else []
+    params = [pytest.param("llama", name, dp * sharding * tp * pp, options, id=f"llama-{name}",
+                           marks=[] if ci else full_only)]
+    if mlp:  # the plain paddle.nn.Layer: full matrix only (CI keeps its launches for the Llama)
+        params.append(pytest.param("mlp", name, dp * sharding * tp * pp, options, id=f"mlp-{name}", marks=full_only))
+    return params
+
+
+LAYOUTS = [
+    *layout("dp2", dp=2, ci=True, mlp=True, stream=True, uninterrupted=True),
+    *layout("dp4", dp=4, mlp=True),
+    *layout("s1x2", sharding=2, stage=1, mlp=True),
+    *layout("s2x2", sharding=2, stage=2, mlp=True),
+    *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True),
+    *layout("s2x2_dp2", dp=2, sharding=2, stage=2, mlp=True),
+    *layout("tp2", tp=2),
+    *layout("pp2", pp=2),
+    *layout("pp4", pp=4, ga=4),  # the pipeline needs a micro-batch per stage
+    *layout("tp2_pp2", tp=2, pp=2, ci=True),
+    *layout("dp2_tp2", dp=2, tp=2),
+    *layout("s1x2_tp2_pp2", sharding=2, stage=1, tp=2, pp=2),
+    *layout("dp2_tp2_pp2", dp=2, tp=2, pp=2),
+    *layout("dp2_s1x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True, uninterrupted=True),
+    # interleaved pipeline: GA >= 2·pp runs Paddle's interleaved 1F1B, GA = pp its all-forward-then-backward
+    # variant (CI runs pp2·vpp2 in the checkpoint test below)
+    *layout("pp2_vpp2", pp=2, ga=4, virtual_pp_degree=2),
+    *layout("pp2_vpp2_fthenb", pp=2, ga=2, virtual_pp_degree=2),
+    *layout("tp2_pp2_vpp2", tp=2, pp=2, ga=4, virtual_pp_degree=2),
+]
+
+
+@pytest.mark.parametrize("model", ["llama", "mlp"])
+def test_one_process_resume_with_larger_max_steps_is_bit_exact_and_eval_counts_each_sample_once(trainer_reference, model):
+    ref, _ = trainer_reference(model)
+    assert ref["extended"]["losses"] == ref["uninterrupted"]["losses"]  # bit-exact on the same layout
+    assert ref["extended"]["grad_norms"] == ref["uninterrupted"]["grad_norms"]
+    assert ref["extended"]["max_steps"] == ref["extended"]["global_step"] == 6
+    assert ref["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=1e-6)
+    assert ref["short"]["predicted"]["shape"][0] == ref["stream"]["predicted"]["shape"][0] == 13
+
+
+@pytest.mark.parametrize("model,name,nproc,options", LAYOUTS)
+def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
+    tmp_path, trainer_reference, llama_weights, model, name, nproc, options
+):
+    ref, foreign = trainer_reference(model)
+    launch(WORKER, nproc, phase_args(model, tmp_path / "out", tmp_path / "res", llama_weights,
+                                     foreign_checkpoint=foreign, **options), tmp_path, timeout=420)
+    for r in read_results(tmp_path / "res", nproc):
+        at = f"{name} rank {r['rank']}"
+        assert_curve(r["short"], ref["short"], 3, f"{at} short run")
+        assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
+        assert_predictions(r["short"]["predicted"], ref["short"]["predicted"], at)
+        assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} one-process checkpoint resumed")
+        if options.get("uninterrupted"):  # the same layout without the interruption: bit-exact
+            assert r["extended"]["losses"] == r["uninterrupted"]["losses"], at
+            assert r["extended"]["grad_norms"] == r["uninterrupted"]["grad_norms"], at
+        if options.get("stream"):
+            assert_curve(r["stream"], ref["stream"], 2, f"{at} stream")
+            assert r["stream"]["eval_loss"] == pytest.approx(ref["stream"]["eval_loss"], rel=RTOL), at
+            assert_predictions(r["stream"]["predicted"], ref["stream"]["predicted"], f"{at} stream")
+
+
+def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes_under_tp2_and_one_process(
+    tmp_path, trainer_reference, llama_weights
+):
+    """pp2·vpp2 (4 chunks of one decoder layer; stage 0 holds layers 0 and 2): the layout's claims as above,
+    then its step-3 checkpoint continues the one-process curve under tp2 and in one process."""
+    ref, foreign = trainer_reference("llama")
+    vpp = dict(per_device_train_batch_size=2, gradient_accumulation_steps=4, pipeline_parallel_degree=2,
+               virtual_pp_degree=2)
+    launch(WORKER, 2, phase_args("llama", tmp_path / "vpp", tmp_path / "vpp_res", llama_weights,
+                                 foreign_checkpoint=foreign, **vpp), tmp_path / "vpp_launch", timeout=420)
+    saved = tmp_path / "vpp" / "short" / "checkpoint-3"
+    for r in read_results(tmp_path / "vpp_res", 2):
+        at = f"pp2_vpp2 rank {r['rank']}"
+        assert_curve(r["short"], ref["short"], 3, f"{at} short run")
+        assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
+        assert_predictions(r["short"]["predicted"], ref["short"]["predicted"], at)
+        assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} one-process checkpoint resumed")
+
+    resume = dict(foreign_checkpoint=saved)
+    launch(WORKER, 2, phase_args("llama", tmp_path / "tp2", tmp_path / "tp2_res", llama_weights,
+                                 per_device_train_batch_size=4, tensor_parallel_degree=2, **resume),
+           tmp_path / "tp2_launch", timeout=420)
+    run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
+                                  per_device_train_batch_size=4, **resume))
+    for r in read_results(tmp_path / "tp2_res", 2) + read_results(tmp_path / "one_res", 1):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"pp2_vpp2 checkpoint resumed by rank {r['rank']}")

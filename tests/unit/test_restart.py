@@ -1,0 +1,130 @@
+"""Automatic restart pieces that need no launch: ``resume_from_checkpoint=auto``, the cleanup of half-written
+checkpoints when training starts, and the restart decisions of ``python -m paddletrainer.launch`` (the real
+restarts under ``paddle.distributed.launch`` are in tests/distributed/test_robustness_sigkill.py)."""
+import os
+
+import pytest
+
+from paddletrainer import Trainer, TrainingArguments
+from paddletrainer import launch as restart_launch
+from paddletrainer.training_args import resolve_resume_checkpoint
+from toy_models import RegressionModel, regression_data
+
+
+def args_for(tmp_path, **kw):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=0.1, max_steps=4,
+                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
+                report_to="none", seed=42)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+def test_auto_starts_fresh_without_a_checkpoint_and_resumes_the_newest_complete_one(tmp_path):
+    out = tmp_path / "out"
+    assert resolve_resume_checkpoint("auto", str(out)) is None  # no output_dir yet: a fresh start
+    first = Trainer(model=RegressionModel(), args=args_for(tmp_path, resume_from_checkpoint="auto"),
+                    train_dataset=regression_data())
+    first.train()
+    assert first.state.global_step == 4
+    (out / "checkpoint-6").mkdir()  # a save that never finished is not "newest"
+    assert resolve_resume_checkpoint("auto", str(out)) == str(out / "checkpoint-4")
+    again = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6, resume_from_checkpoint="auto"),
+                    train_dataset=regression_data())
+    again.train()
+    assert again.state.global_step == 6
+    assert [h["step"] for h in again.state.log_history if "loss" in h] == [1, 2, 3, 4, 5, 6]
+
+
+def test_half_written_checkpoints_of_a_crashed_attempt_are_deleted_when_training_starts(tmp_path):
+    Trainer(model=RegressionModel(), args=args_for(tmp_path), train_dataset=regression_data()).train()
+    out = tmp_path / "out"
+    stale = out / "checkpoint-6.tmp-1700000000-deadbeef"
+    stale.mkdir()
+    (stale / "model_state.tp00_pp00.safetensors").write_bytes(b"half")
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=5, save_steps=100,
+                                                             resume_from_checkpoint="auto"),
+                      train_dataset=regression_data())
+    trainer.train()
+    assert not stale.exists()
+    assert trainer.state.global_step == 5  # resumed from checkpoint-4, not from the tmp dir
+
+
+@pytest.mark.parametrize("argv,expected", [
+    (["--max_restart", "2", "--nproc_per_node", "2", "train.py", "--max_restart", "9"],
+     (2, ["--nproc_per_node", "2", "train.py", "--max_restart", "9"])),  # the script's own options are its own
+    (["--max_restart=0", "train.py"], (0, ["train.py"])),
+    (["--nproc_per_node", "2", "train.py"], (3, ["--nproc_per_node", "2", "train.py"])),
+])
+def test_max_restart_is_taken_from_the_launcher_arguments_only(argv, expected):
+    assert restart_launch.split_max_restart(argv) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "two"])
+def test_a_bad_max_restart_is_a_usage_error(bad):
+    with pytest.raises(SystemExit) as info:
+        restart_launch.split_max_restart(["--max_restart", bad, "train.py"])
+    assert "error: argument --max_restart" in str(info.value.code)
+
+
+class FakeAttempts:
+    """Stands in for one ``paddle.distributed.launch`` run per call: returns the next exit status."""
+
+    def __init__(self, codes, stop_on=None):
+        self.codes, self.calls, self.stop_on = list(codes), [], stop_on
+
+    def __call__(self, sup, attempt):
+        self.calls.append(attempt)
+        if self.stop_on == attempt:
+            sup.stop_signal = 15  # SIGTERM arrived during this attempt
+        return self.codes.pop(0)
+
+
+@pytest.mark.parametrize("codes,max_restart,stop_on,final,attempts", [
+    ([241, 247, 0], 3, None, 0, [0, 1, 2]),        # killed ranks: restarted until it succeeds
+    ([241, 241, 241], 2, None, 241, [0, 1, 2]),    # gives up after max_restart restarts
+    ([2], 3, None, 2, [0]),                        # a usage error would fail again: no restart
+    ([143], 3, 0, 143, [0]),                       # asked to stop: no restart
+])
+def test_the_launch_restarts_only_failures_that_a_restart_can_fix(monkeypatch, codes, max_restart, stop_on, final,
+                                                                    attempts):
+    fake = FakeAttempts(codes, stop_on)
+    monkeypatch.setattr(restart_launch._Supervisor, "run_once", lambda sup, attempt: fake(sup, attempt))
+    monkeypatch.setattr(restart_launch.time, "sleep", lambda s: None)
+    assert restart_launch.main(["--max_restart", str(max_restart), "train.py"]) == final
+    assert fake.calls == attempts
+
+
+def test_restart_count_reaches_the_job(monkeypatch):
+    seen = {}
+
+    class Proc:
+        def __init__(self, cmd, env):
+            seen["cmd"], seen["count"] = cmd, env[restart_launch.RESTART_COUNT_ENV]
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(restart_launch.subprocess, "Popen", Proc)
+    assert restart_launch.main(["--nproc_per_node", "2", "train.py", "--lr", "1"]) == 0
+    assert seen["cmd"][1:] == ["-m", "paddle.distributed.launch", "--nproc_per_node", "2", "train.py", "--lr", "1"]
+    assert seen["count"] == "0"
+    assert os.environ.get(restart_launch.RESTART_COUNT_ENV) is None
+
+
+def test_a_kill_in_the_middle_of_rotation_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
+    import paddle
+
+    from paddletrainer.checkpoint import files, layout as L, list_complete_checkpoints, save_checkpoint
+
+    model = paddle.nn.Linear(2, 2)
+    for step in (1, 2, 3):
+        save_checkpoint(str(tmp_path / f"checkpoint-{step}"), model=model, trainer_state={"global_step": step})
+    monkeypatch.setattr(files.shutil, "rmtree", lambda *a, **k: None)  # the process dies before deleting files
+    files.rotate_checkpoints(str(tmp_path), 2)
+    names = os.listdir(tmp_path)
+    published = sorted(n for n in names if L.parse_checkpoint_step(n) is not None)
+    assert published == sorted(os.path.basename(c) for c in list_complete_checkpoints(str(tmp_path))), names
+    assert published == ["checkpoint-2", "checkpoint-3"]
+    monkeypatch.undo()
+    files.remove_stale_tmp_dirs(str(tmp_path))  # what the next save or train() start does
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-3"]

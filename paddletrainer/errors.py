@@ -6,10 +6,10 @@
   ``CheckpointError`` and ``NonFiniteLossError`` print ``error: <message>`` and exit :data:`ERROR_EXIT_CODE` (2);
   ``TrainingInterrupted`` prints its line and exits 128 + signal. No traceback unless ``PADDLETRAINER_TRACEBACK=1``;
   any other exception (a bug) keeps its traceback.
-* ``TrainingInterrupted``: raised after a signal-triggered stop checkpoint (``robustness.RobustnessCallback``).
+* ``TrainingInterrupted``: raised after a signal-triggered stop checkpoint (``runtime.RobustnessCallback``).
 
 ``CheckpointError`` and ``NonFiniteLossError`` are defined here, with no import of the package (so this module,
-``robustness`` and ``python -m paddletrainer.launch`` stay free of the trainer and the checkpoint machinery);
+``runtime`` and ``python -m paddletrainer.launch`` stay free of the trainer and the checkpoint machinery);
 ``paddletrainer.checkpoint`` and ``paddletrainer.trainer`` re-export them under their public names.
 """
 from __future__ import annotations

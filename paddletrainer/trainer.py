@@ -29,7 +29,7 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
-from . import overflow, robustness
+from . import checks, overflow
 from .amp import AmpConfig
 from .callbacks import (
     CallbackHandler,
@@ -75,6 +75,7 @@ from .trainer_utils import (
     speed_metrics,
 )
 from .rollback import Rollback, RollbackConfig
+from .runtime import RobustnessCallback
 from .training_args import TrainingArguments, resolve_resume_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ logger = logging.getLogger(__name__)
 # PaddleNLP's names. Every Trainer starts with these callbacks (RobustnessCallback: graceful SIGTERM/SIGINT
 # stop and the collective watchdog), then one reporting callback per ``report_to`` name, then the user's, and
 # last the progress bar (PrinterCallback with ``disable_tqdm``) -- PaddleNLP's order.
-DEFAULT_CALLBACKS = [DefaultFlowCallback, robustness.RobustnessCallback]
+DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
@@ -146,7 +147,7 @@ class Trainer(PaddleNLPHooks):
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.from_args(args)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
-            robustness.check_model_for_layout(model, args.parallel_degrees)
+            checks.check_model_for_layout(model, args.parallel_degrees)
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
         self.topology = init_topology(args)  # the one place groups are created (idempotent)
         set_seed(args.seed)
@@ -180,7 +181,7 @@ class Trainer(PaddleNLPHooks):
         self.control = TrainerControl()
         popped = self.label_names if criterion is not None else ()
         defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped)
-                    if cb is robustness.RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
+                    if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
         self.callback_handler = CallbackHandler(
             defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
             + list(callbacks or []),
@@ -253,7 +254,7 @@ class Trainer(PaddleNLPHooks):
         """This rank's training batches, from ``_get_train_sampler`` (streams: consecutive blocks per data rank)."""
         if self.train_dataset is None:
             raise ValueError("Trainer.train needs a train_dataset")
-        robustness.check_dataset(self.train_dataset, "train_dataset")
+        checks.check_dataset(self.train_dataset, "train_dataset")
         args, topo = self.args, self.topology
         dataset = self._remove_unused_columns(self.train_dataset, "training")
         if not has_length(dataset):
@@ -286,7 +287,7 @@ class Trainer(PaddleNLPHooks):
         dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
         if dataset is None:
             raise ValueError("Trainer.evaluate needs an eval_dataset")
-        robustness.check_dataset(dataset, "eval_dataset")
+        checks.check_dataset(dataset, "eval_dataset")
         return self._eval_loader(dataset)
 
     def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
@@ -464,7 +465,7 @@ class Trainer(PaddleNLPHooks):
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
         args = self.args
-        robustness.check_output_dir(args, resume_from_checkpoint)
+        checks.check_output_dir(args, resume_from_checkpoint)
         resume = self._resolve_resume(resume_from_checkpoint)
         train_dataloader = self.get_train_dataloader()
         ga = args.gradient_accumulation_steps

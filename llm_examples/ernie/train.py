@@ -38,7 +38,7 @@ from paddletrainer import (
     get_last_checkpoint,
     set_seed,
 )
-from paddletrainer.robustness import main_guard
+from paddletrainer.errors import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -50,8 +50,9 @@ from paddletrainer import (
     get_last_checkpoint,
     set_seed,
 )
+from paddletrainer.checks import check_pipeline_split
 from paddletrainer.datasets import PretrainTokenDataset
-from paddletrainer.robustness import check_pipeline_split, main_guard
+from paddletrainer.errors import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

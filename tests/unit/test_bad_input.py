@@ -15,7 +15,7 @@ import pytest
 
 from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import CheckpointCorruptError, CheckpointMismatchError, save_checkpoint
-from paddletrainer.robustness import (
+from paddletrainer.checks import (
     check_batch_keys,
     check_dataset,
     check_model_for_layout,
@@ -272,7 +272,7 @@ def no_process_group(monkeypatch):
                                              ("tensor_parallel_degree", "needs a model built for tensor parallel")])
 def test_trainer_refuses_a_plain_layer_for_tp_or_pp_before_creating_groups(monkeypatch, tmp_path, no_process_group,
                                                                           degree, expected):
-    # NEEDS TRAINER CHANGE: Trainer.__init__ must call robustness.check_model_for_layout before init_topology
+    # NEEDS TRAINER CHANGE: Trainer.__init__ must call checks.check_model_for_layout before init_topology
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     args = TrainingArguments(output_dir=str(tmp_path), gradient_accumulation_steps=2, **{degree: 2})
     with pytest.raises(ValueError) as info:
@@ -326,7 +326,7 @@ def test_check_batch_keys_accepts_kwargs_models_and_popped_labels():
 
 def test_an_empty_train_dataset_is_named(tmp_path):
     # today: "the dataset is empty: a sampler needs at least one sample" (ValueError, but not naming the option).
-    # NEEDS TRAINER CHANGE: get_train_dataloader calls robustness.check_dataset(self.train_dataset, "train_dataset").
+    # NEEDS TRAINER CHANGE: get_train_dataloader calls checks.check_dataset(self.train_dataset, "train_dataset").
     with pytest.raises(ValueError) as info:
         Trainer(model=Plain(), args=args_for(tmp_path), train_dataset=[]).train()
     assert "train_dataset is empty (0 samples)" in one_line(info)
@@ -381,7 +381,7 @@ def test_resume_from_an_incomplete_checkpoint_is_refused_and_lists_the_complete_
 
 
 def test_output_dir_holding_a_previous_run_is_refused_without_overwrite_or_resume(tmp_path):
-    # NEEDS TRAINER CHANGE: Trainer.train calls robustness.check_output_dir(args, resume_from_checkpoint) first.
+    # NEEDS TRAINER CHANGE: Trainer.train calls checks.check_output_dir(args, resume_from_checkpoint) first.
     trained_run(tmp_path)
     with pytest.raises(ValueError) as info:
         Trainer(model=Plain(), args=args_for(tmp_path, do_train=True), train_dataset=data()).train()

@@ -16,7 +16,7 @@ from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from paddletrainer.data import SubclassBatchSampler
 from paddletrainer.metrics import MetricsCallback
-from paddletrainer.robustness import RobustnessCallback
+from paddletrainer.runtime import RobustnessCallback
 
 from toy_models import RegressionModel, regression_data
 

@@ -6,8 +6,8 @@ import pytest
 
 from paddletrainer import TrainingArguments
 from paddletrainer.parallel.topology import build_strategy
-from paddletrainer.training_args import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,
-                                         TENSOR_PARALLEL_OPTIONS)
+from paddletrainer.compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,
+                                  TENSOR_PARALLEL_OPTIONS)
 
 CONFIGS = {  # config → (its option list, the attribute build_strategy reads, the degrees that activate it)
     "pipeline_parallel_config": (PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_options", dict(pp=2)),

@@ -11,14 +11,8 @@ import pytest
 
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import is_complete_checkpoint, list_complete_checkpoints
-from paddletrainer.robustness import (
-    WATCHDOG_EXIT_CODE,
-    CollectiveWatchdog,
-    GracefulStop,
-    RobustnessCallback,
-    TrainingInterrupted,
-    friendly_errors,
-)
+from paddletrainer.errors import TrainingInterrupted, friendly_errors
+from paddletrainer.runtime import WATCHDOG_EXIT_CODE, CollectiveWatchdog, GracefulStop, RobustnessCallback
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -105,7 +99,7 @@ def test_training_interrupted_is_a_clean_systemexit_with_128_plus_signal():
                         "(resume with --resume_from_checkpoint /out/checkpoint-12)")
     proc, _ = run_script("""
         import signal
-        from paddletrainer.robustness import TrainingInterrupted
+        from paddletrainer.errors import TrainingInterrupted
         try:
             raise TrainingInterrupted(signal.SIGINT, 3, None)
         except Exception:
@@ -119,7 +113,7 @@ def test_training_interrupted_is_a_clean_systemexit_with_128_plus_signal():
 def test_watchdog_turns_a_hang_into_an_error_naming_rank_phase_and_step():
     proc, elapsed = run_script("""
         import time
-        from paddletrainer.robustness import CollectiveWatchdog
+        from paddletrainer.runtime import CollectiveWatchdog
         watchdog = CollectiveWatchdog(1, rank=3)
         with watchdog.phase("optimizer", step=120):
             time.sleep(30)
@@ -260,7 +254,7 @@ def test_friendly_errors_prints_one_line_and_exits_2_for_bad_input(capsys):
 def test_friendly_errors_in_a_script_no_traceback_unless_asked_and_bugs_still_propagate():
     script = """
         import sys
-        from paddletrainer.robustness import main_guard
+        from paddletrainer.errors import main_guard
         from paddletrainer.checkpoint import CheckpointError
         def main(kind):
             if kind == "value":

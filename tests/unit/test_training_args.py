@@ -14,9 +14,8 @@ import pytest
 
 from paddletrainer.argparser import PdArgumentParser
 from paddletrainer.trainer_utils import IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption
+from paddletrainer.compat import PIPELINE_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS
 from paddletrainer.training_args import (
-    PIPELINE_PARALLEL_OPTIONS,
-    SHARDING_PARALLEL_OPTIONS,
     ParallelDegrees,
     TrainingArguments,
     resolve_parallel_degrees,

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
-from paddletrainer.robustness import CollectiveWatchdog  # noqa: E402
+from paddletrainer.runtime import CollectiveWatchdog  # noqa: E402
 
 HANG_SECONDS = 120
 

@@ -1,7 +1,7 @@
 """A Trainer run (the MLP of ``trainer_worker.py``) for the interruption tests: SIGTERM, SIGKILL, resume.
 
 Arguments: ``RobustArguments`` plus every ``TrainingArguments`` option (PdArgumentParser, as a user script).
-The entry point is wrapped in ``paddletrainer.robustness.friendly_errors``, as the example scripts should be.
+The entry point is wrapped in ``paddletrainer.errors.friendly_errors``, as the example scripts should be.
 
 * ``--progress_dir D``: after every optimizer step each rank appends ``<global_step>`` to ``D/rank<r>.steps``
   (and writes its pid to ``D/rank<r>.pid`` at start), so a test can wait for a step and signal the workers.
@@ -30,7 +30,8 @@ import paddle  # noqa: E402
 
 from common import write_json  # noqa: E402
 from paddletrainer import PdArgumentParser, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
-from paddletrainer.robustness import RobustnessCallback, friendly_errors  # noqa: E402
+from paddletrainer.errors import friendly_errors  # noqa: E402
+from paddletrainer.runtime import RobustnessCallback  # noqa: E402
 from paddletrainer.trainer_utils import get_last_checkpoint  # noqa: E402
 from paddletrainer.training_args import resolve_resume_checkpoint  # noqa: E402
 from toy_models import poisonable  # noqa: E402

@@ -1,0 +1,153 @@
+"""Input checks: each raises one ``ValueError`` naming the option, the value and what would be valid.
+
+``check_model_for_layout`` (TP/PP asked of a model not built for it — before any process group exists),
+``check_pipeline_split``, ``check_batch_keys`` (``remove_unused_columns=False`` with keys the forward does not
+take), ``check_dataset`` (empty data set), ``check_output_dir`` (a previous run's checkpoints would be mixed with
+this run's).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+from .trainer_utils import has_length, requested_resume
+
+__all__ = [
+    "check_batch_keys",
+    "check_dataset",
+    "check_model_for_layout",
+    "check_output_dir",
+    "check_pipeline_split",
+]
+
+
+_TP_LAYER_NAMES = ("ColumnParallelLinear", "RowParallelLinear", "VocabParallelEmbedding", "ParallelCrossEntropy",
+                   "ColumnSequenceParallelLinear", "RowSequenceParallelLinear")
+
+
+def check_pipeline_split(num_layers: int, pp_degree: int, option: str = "num_hidden_layers") -> None:
+    """Every pipeline stage needs at least one layer: ``num_layers >= pp_degree``. Call it before building a
+    ``...Pipe`` model (Paddle's own check is an assertion deep inside ``PipelineLayer``)."""
+    if pp_degree > 1 and num_layers < pp_degree:
+        raise ValueError(
+            f"{option}={num_layers} cannot be split over pipeline_parallel_degree={pp_degree} stages: every stage "
+            f"needs at least one layer; use pipeline_parallel_degree <= {max(num_layers, 1)} or a deeper model")
+
+
+def check_model_for_layout(model, degrees) -> None:
+    """Refuse a model that is not built for the requested tensor/pipeline parallel layout.
+
+    ``degrees``: ``args.parallel_degrees`` (``tp``/``pp`` attributes). Needs no process group, so the Trainer
+    calls it before ``init_topology``. Checks:
+
+    * pp > 1: the model is a ``PipelineLayer`` with ``pp`` stages, each holding at least one layer;
+    * tp > 1: the model has tensor-parallel layers (``ColumnParallelLinear`` ...), and a PaddleNLP config's
+      ``tensor_parallel_degree`` equals tp.
+    """
+    tp, pp = int(getattr(degrees, "tp", 1)), int(getattr(degrees, "pp", 1))
+    name = type(model).__name__
+    if pp > 1:
+        from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+        if not isinstance(model, PipelineLayer):
+            raise ValueError(
+                f"pipeline_parallel_degree={pp} needs a PipelineLayer model (e.g. LlamaForCausalLMPipe), but "
+                f"{name} is a plain paddle.nn.Layer; build the ...Pipe variant of the model or use "
+                f"pipeline_parallel_degree=1")
+        stages = getattr(model, "_num_stages", None)
+        if stages is not None and int(stages) != pp:
+            raise ValueError(
+                f"pipeline_parallel_degree={pp} but the {name} was built for {stages} stages; build it after the "
+                f"training arguments (its num_stages must equal pipeline_parallel_degree)")
+        parts = list(getattr(model, "segment_parts", None) or [])
+        empty = [i for i in range(len(parts) - 1) if parts[i + 1] <= parts[i]]
+        if empty:
+            raise ValueError(
+                f"pipeline_parallel_degree={pp}: {name} has {parts[-1] if parts else 0} layers split as "
+                f"{parts}, which leaves stage(s) {empty} empty; every stage needs at least one layer")
+    config = getattr(model, "config", None)
+    if tp > 1:
+        config_tp = getattr(config, "tensor_parallel_degree", None) if config is not None else None
+        if config_tp is not None and int(config_tp) != tp:
+            raise ValueError(
+                f"tensor_parallel_degree={tp} but {name}.config.tensor_parallel_degree={config_tp}; set "
+                f"config.tensor_parallel_degree = training_args.tensor_parallel_degree (and tensor_parallel_rank) "
+                f"before building the model")
+        if not _has_tp_layers(model):
+            raise ValueError(
+                f"tensor_parallel_degree={tp} needs a model built for tensor parallel (ColumnParallelLinear / "
+                f"RowParallelLinear / VocabParallelEmbedding layers, e.g. a PaddleNLP model whose config has "
+                f"tensor_parallel_degree={tp}), but {name} has none; use tensor_parallel_degree=1 or such a model")
+
+
+def _has_tp_layers(model) -> bool:
+    return any(type(m).__name__ in _TP_LAYER_NAMES for m in model.sublayers(include_self=True))
+
+
+def check_batch_keys(model, keys: Iterable[str], popped: Sequence[str] = ()) -> None:
+    """Raise when a batch holds keys ``model.forward`` does not accept (``remove_unused_columns=False``).
+
+    ``popped``: keys the trainer removes before calling the model (the label names when a criterion is used).
+    Models whose forward takes ``**kwargs`` and ``PipelineLayer`` models (they take one packed input) pass.
+    """
+    from .data import forward_argument_names
+
+    try:
+        from paddle.distributed.fleet.meta_parallel import PipelineLayer
+    except ImportError:  # pragma: no cover
+        PipelineLayer = ()
+    if isinstance(model, PipelineLayer):
+        return
+    allowed = forward_argument_names(model)
+    if allowed is None:
+        return
+    unexpected = sorted(set(keys) - set(allowed) - set(popped))
+    if unexpected:
+        params = ", ".join(n for n in allowed_in_order(model))
+        raise ValueError(
+            f"remove_unused_columns=False passes every batch key to the model, but {type(model).__name__}.forward"
+            f"({params}) does not accept {unexpected}; drop or rename those columns, or set "
+            f"remove_unused_columns=True to drop them automatically")
+
+
+def allowed_in_order(model) -> list:
+    import inspect
+
+    return [n for n, p in inspect.signature(model.forward).parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def check_dataset(dataset, option: str = "train_dataset") -> None:
+    """An empty map-style data set is an error naming the option (iterable data sets cannot be checked)."""
+    if dataset is None or not has_length(dataset):  # paddle.io.IterableDataset.__len__ raises RuntimeError
+        return
+    if len(dataset) == 0:
+        raise ValueError(f"{option} is empty (0 samples): there is nothing to "
+                         f"{'train on' if option.startswith('train') else 'evaluate'}; check the data path and split")
+
+
+def check_output_dir(args, resume_from_checkpoint=None) -> None:
+    """Refuse to train into an ``output_dir`` that holds a previous run's checkpoints.
+
+    Raises when ``args.do_train`` is set, ``overwrite_output_dir`` is False, no ``resume_from_checkpoint`` is
+    given (argument or ``args.resume_from_checkpoint``) and ``output_dir`` has ``checkpoint-*`` directories —
+    the new run's checkpoints would be interleaved with (and rotated against) the old ones.
+    """
+    if not getattr(args, "do_train", False) or getattr(args, "overwrite_output_dir", False):
+        return
+    resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(args, "resume_from_checkpoint", None)
+    if requested_resume(resume) is not None:
+        return
+    out = getattr(args, "output_dir", None)
+    if not out or not os.path.isdir(out):
+        return
+    from .checkpoint import layout as L
+
+    found = sorted((n for n in os.listdir(out) if L.parse_checkpoint_step(n) is not None),
+                   key=lambda n: L.parse_checkpoint_step(n))
+    if found:
+        shown = ", ".join(found[-3:]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
+        raise ValueError(
+            f"output_dir={out!r} already holds checkpoints of a previous run ({shown}); pass "
+            f"--resume_from_checkpoint true to continue it, --overwrite_output_dir to train over it, or choose "
+            f"another output_dir")

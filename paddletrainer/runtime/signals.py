@@ -1,0 +1,141 @@
+"""Graceful stop: SIGTERM/SIGINT become a flag that every rank agrees on once per optimizer step.
+
+``GracefulStop`` installs handlers that only set a flag (the previous handlers come back on ``uninstall()`` or at
+the end of the ``with`` block). ``should_stop(topology)`` is asked once per optimizer step; in a multi-process run
+it is a MAX all-reduce of the flag over the whole world, so every rank stops at the *same* step — no rank leaves
+the loop alone while the others wait for it in a collective. A second signal while a stop is pending falls back
+to the previous handler (a second Ctrl-C kills at once).
+
+After the stop checkpoint is published the Trainer raises :class:`paddletrainer.errors.TrainingInterrupted`
+(a ``SystemExit`` with code 128 + signal number, no traceback).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from typing import Sequence
+
+from ..errors import signal_name
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GracefulStop"]
+
+
+class GracefulStop:
+    """Turn SIGTERM/SIGINT into a flag the training loop checks once per optimizer step.
+
+    Use as a context manager (or ``install()`` / ``uninstall()``). Handlers can only be installed from the
+    main thread; elsewhere ``install()`` logs a warning and the flag can still be set with :meth:`request`.
+
+    ``scope``: a code object (e.g. ``Trainer.train``'s). When a signal arrives while that code is no longer on
+    the main thread's stack — ``train()`` left by an exception, so nobody will ever check the flag — the handler
+    uninstalls itself and passes the signal to the previous handler, so Ctrl-C is never swallowed by a stale
+    handler.
+    """
+
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), scope=None):
+        self.signals = tuple(signals)
+        self.scope = scope
+        self.signum: int = 0  # the (first) signal received; 0 = none
+        self._previous: dict = {}
+        self._installed = False
+
+    # -------------------------------------------------------------------------- handlers
+    def install(self) -> "GracefulStop":
+        if self._installed:
+            return self
+        if threading.current_thread() is not threading.main_thread():
+            logger.warning("GracefulStop: not in the main thread, signal handlers not installed")
+            return self
+        for sig in self.signals:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._handle)
+        self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        """Restore the handlers that were in place before :meth:`install`."""
+        if not self._installed:
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self._installed = False
+
+    def __enter__(self) -> "GracefulStop":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+    @property
+    def installed(self) -> bool:
+        return self._installed
+
+    def _in_scope(self, frame) -> bool:
+        if self.scope is None:
+            return True
+        while frame is not None:
+            if frame.f_code is self.scope:
+                return True
+            frame = frame.f_back
+        return False
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum or not self._in_scope(frame):
+            # a second signal (the user insists), or a stale handler: behave as before we were installed
+            previous = self._previous.get(signum, signal.SIG_DFL)
+            self.uninstall()
+            if callable(previous):
+                previous(signum, frame)
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signum)
+            return
+        self.signum = signum
+        # one line, async-signal-safe enough (no locks held by logging here)
+        try:
+            os.write(2, f"received {signal_name(signum)}: saving a checkpoint at the end of this step, then "
+                        f"stopping (send it again to stop at once)\n".encode())
+        except OSError:
+            pass
+
+    # -------------------------------------------------------------------------- the flag
+    @property
+    def requested(self) -> bool:
+        """This process received a stop signal (or :meth:`request` was called)."""
+        return bool(self.signum)
+
+    def request(self, signum: int = signal.SIGTERM) -> None:
+        """Ask for a stop as if ``signum`` had arrived (tests, callbacks, schedulers' pre-emption hooks)."""
+        if not self.signum:
+            self.signum = int(signum)
+
+    def should_stop(self, topology=None) -> bool:
+        """True on every rank iff any rank received a stop signal. Collective when the world has > 1 process:
+        every rank must call it at the same point (the trainer: once per optimizer step)."""
+        world = _world_size(topology)
+        if world <= 1:
+            return bool(self.signum)
+        import paddle
+        import paddle.distributed as dist
+
+        flag = paddle.to_tensor([self.signum], dtype="int64")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        agreed = int(flag.numpy()[0])
+        if agreed and not self.signum:
+            self.signum = agreed  # another rank got the signal: stop with it
+        return bool(agreed)
+
+
+def _world_size(topology) -> int:
+    if topology is not None:
+        return int(getattr(topology, "world_size", 1))
+    try:
+        import paddle.distributed as dist
+
+        return dist.get_world_size() if dist.is_initialized() else 1
+    except Exception:  # pragma: no cover - paddle without distributed
+        return 1

@@ -153,12 +153,6 @@ def apply_paddleformers_names(args) -> None:
         if current not in (-1, value) and not (current in (-1, 1) and value in (-1, 1)):
             raise ValueError(f"{new}={value} and {old}={current} disagree: they name the same degree; set one")
         setattr(args, old, value)
-    vpp = args.virtual_pipeline_model_parallel_size
-    if vpp not in (None, 0):
-        if args.virtual_pp_degree not in (1, vpp):
-            raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} and virtual_pp_degree="
-                             f"{args.virtual_pp_degree} disagree: they name the same degree; set one")
-        args.virtual_pp_degree = vpp
 
 
 def check_data_parallel_size(dp, degrees) -> None:

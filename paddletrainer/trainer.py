@@ -71,12 +71,13 @@ from .trainer_utils import (
     TrainOutput,
     has_length,
     is_paddlenlp_checkpoint,
+    resolve_resume_checkpoint,
     set_seed,
     speed_metrics,
 )
 from .rollback import Rollback, RollbackConfig
-from .runtime import RobustnessCallback
-from .training_args import TrainingArguments, resolve_resume_checkpoint
+from .runtime import GracefulStop, RobustnessCallback
+from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +181,8 @@ class Trainer(PaddleNLPHooks):
         )
         self.control = TrainerControl()
         popped = self.label_names if criterion is not None else ()
-        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped)
+        self._stop = GracefulStop()  # asked by the loop after each optimizer step; RobustnessCallback installs it
+        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped, stopper=self._stop)
                     if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
         self.callback_handler = CallbackHandler(
             defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
@@ -502,6 +504,7 @@ class Trainer(PaddleNLPHooks):
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
         self._memory.start("train")
+        self._stop.listening = True
         try:
             self.callback_handler.train_dataloader = train_dataloader
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -545,6 +548,9 @@ class Trainer(PaddleNLPHooks):
                     self.state.epoch = (
                         self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
                     )
+                    if self._stop.agreed(self.topology):  # collective: every rank stops after the same step
+                        self.control.should_save = True
+                        self.control.should_training_stop = True
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
@@ -555,6 +561,7 @@ class Trainer(PaddleNLPHooks):
                 if self.control.should_training_stop or self.state.global_step >= max_steps:
                     break
         except BaseException:
+            self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
             raise
 

@@ -212,6 +212,46 @@ def requested_resume(value: Any) -> Union[None, bool, str]:
     return str(value)
 
 
+RESUME_AUTO = "auto"
+
+
+def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional[str]:
+    """The checkpoint directory a ``resume_from_checkpoint`` value asks for, or None (start fresh).
+
+    * None / False / "false" / "": no resume;
+    * True / "true": the newest checkpoint in ``output_dir`` (``get_last_checkpoint``); none is an error;
+    * ``"auto"``: the newest complete checkpoint *of ours* in ``output_dir`` if there is one, else start fresh —
+      what a job restarted by ``python -m paddletrainer.launch --max_restart`` needs to pick up where its previous
+      attempt stopped (half-written ``checkpoint-N.tmp-*`` dirs never count). A PaddleNLP checkpoint is never
+      picked here: reading one unpickles its files, which only an explicit path or ``true`` asks for;
+    * a path: must exist and be a complete checkpoint (its save finished), or a PaddleNLP checkpoint.
+
+    Raises ``ValueError`` naming ``resume_from_checkpoint``, so a bad value is a usage error before training.
+    """
+    resume = requested_resume(value)
+    if resume is None:
+        return None
+    if resume == RESUME_AUTO:
+        ours = sorted_checkpoints(output_dir) if output_dir else []
+        return ours[-1] if ours else None
+    if resume is True:
+        path = get_last_checkpoint(output_dir) if output_dir else None
+        if path is None:
+            raise ValueError(f"resume_from_checkpoint=True but output_dir={output_dir!r} holds no complete checkpoint; "
+                             f"use resume_from_checkpoint=auto to start fresh when there is none")
+        return path
+    if not os.path.isdir(resume):
+        raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "
+                         f"(the newest in output_dir) or auto (the newest if any)")
+    if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
+        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
+        raise ValueError(
+            f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
+            f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
+        )
+    return resume
+
+
 def speed_metrics(
     split: str,
     start_time: float,

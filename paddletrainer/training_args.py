@@ -30,9 +30,8 @@ from .argparser import RAW_VALUE, PdArgumentParser
 # re-exported: these names have been importable from here
 from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config)
-from .trainer_utils import (CHECKPOINT_COMPLETE_MARKER, IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption,
-                            default_logdir, get_last_checkpoint, is_paddlenlp_checkpoint, requested_resume,
-                            sorted_checkpoints)
+from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
+                            ShardingOption, default_logdir, resolve_resume_checkpoint)
 
 __all__ = [
     "TrainingArguments",
@@ -110,46 +109,6 @@ def _positive(value, option: str, allow_none: bool = False) -> None:
         return
     if value is None or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{option}={value!r} is invalid: must be a positive number")
-
-
-RESUME_AUTO = "auto"
-
-
-def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional[str]:
-    """The checkpoint directory a ``resume_from_checkpoint`` value asks for, or None (start fresh).
-
-    * None / False / "false" / "": no resume;
-    * True / "true": the newest checkpoint in ``output_dir`` (``get_last_checkpoint``); none is an error;
-    * ``"auto"``: the newest complete checkpoint *of ours* in ``output_dir`` if there is one, else start fresh —
-      what a job restarted by ``python -m paddletrainer.launch --max_restart`` needs to pick up where its previous
-      attempt stopped (half-written ``checkpoint-N.tmp-*`` dirs never count). A PaddleNLP checkpoint is never
-      picked here: reading one unpickles its files, which only an explicit path or ``true`` asks for;
-    * a path: must exist and be a complete checkpoint (its save finished), or a PaddleNLP checkpoint.
-
-    Raises ``ValueError`` naming ``resume_from_checkpoint``, so a bad value is a usage error before training.
-    """
-    resume = requested_resume(value)
-    if resume is None:
-        return None
-    if resume == RESUME_AUTO:
-        ours = sorted_checkpoints(output_dir) if output_dir else []
-        return ours[-1] if ours else None
-    if resume is True:
-        path = get_last_checkpoint(output_dir) if output_dir else None
-        if path is None:
-            raise ValueError(f"resume_from_checkpoint=True but output_dir={output_dir!r} holds no complete checkpoint; "
-                             f"use resume_from_checkpoint=auto to start fresh when there is none")
-        return path
-    if not os.path.isdir(resume):
-        raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "
-                         f"(the newest in output_dir) or auto (the newest if any)")
-    if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
-        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
-        raise ValueError(
-            f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
-            f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
-        )
-    return resume
 
 
 def parse_sharding(value: Any) -> List[ShardingOption]:
@@ -305,9 +264,6 @@ class TrainingArguments:
     pipeline_parallel_degree: int = field(default=-1, metadata=_help(
         "Pipeline parallel degree: the layers are cut into this many stages; the model must be a PipelineLayer. "
         "-1: off."))
-    virtual_pp_degree: int = field(default=1, metadata=_help(
-        "Interleaved pipeline: model chunks per pipeline stage (PaddleNLP's name; its llm scripts copy it to the "
-        "model config, whose ...Pipe model splits the layers into pipeline_parallel_degree x this chunks). 1: off."))
     sep_parallel_degree: int = field(default=-1, metadata=_help(
         "Segment (sequence) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
     split_inputs_sequence_dim: bool = field(default=True, metadata=_help(
@@ -438,7 +394,10 @@ class TrainingArguments:
     pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "PaddleFormers' name for pipeline_parallel_degree."))
     virtual_pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
-        "PaddleFormers' name for virtual_pp_degree."))
+        "Interleaved pipeline: model chunks per pipeline stage (PaddleFormers' name; the ...Pipe model splits the "
+        "layers into pipeline_parallel_degree x this chunks). PaddleNLP's llm scripts take it as the *model* "
+        "argument virtual_pp_degree instead and copy it to the model config; the Trainer then reads the chunk "
+        "count from the model. None/1: off."))
     sharding_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "PaddleFormers' name for sharding_parallel_degree."))
     data_parallel_size: Optional[int] = field(default=None, metadata=_help(
@@ -625,18 +584,28 @@ class TrainingArguments:
             logger.info("sharding='%s' ignored in a single-process run", requested)
         self.sharding = []
 
+    @property
+    def virtual_pp_degree(self) -> int:
+        """Model chunks per pipeline stage asked for here (``virtual_pipeline_model_parallel_size``; 1 = off).
+
+        A property, not a field: PaddleNLP's llm scripts declare ``virtual_pp_degree`` in their own
+        ModelArguments, and a second option of that name would make their parser fail."""
+        return self.virtual_pipeline_model_parallel_size or 1
+
     def _check_virtual_pipeline(self) -> None:
-        """virtual_pp_degree: Paddle's interleaved schedules (fleet picks one from gradient_accumulation_steps
-        = accumulate_steps: >= 2·pp the interleaved 1F1B, pp..2·pp-1 all-forward-then-backward)."""
-        vpp, pp = self.virtual_pp_degree, self._parallel_degrees.pp
-        if not isinstance(vpp, int) or vpp < 1:
-            raise ValueError(f"virtual_pp_degree={vpp!r} must be an integer >= 1 (1: no interleaving)")
+        """virtual_pipeline_model_parallel_size: Paddle's interleaved schedules (fleet picks one from
+        gradient_accumulation_steps = accumulate_steps: >= 2·pp the interleaved 1F1B, pp..2·pp-1
+        all-forward-then-backward)."""
+        raw, pp = self.virtual_pipeline_model_parallel_size, self._parallel_degrees.pp
+        if raw is not None and (not isinstance(raw, int) or raw < 1):
+            raise ValueError(f"virtual_pipeline_model_parallel_size={raw!r} must be an integer >= 1 (1: no interleaving)")
+        vpp = self.virtual_pp_degree
         if vpp > 1 and pp < 2:
-            raise ValueError(f"virtual_pp_degree={vpp} needs pipeline_parallel_degree >= 2 (got {pp}): the "
-                             "chunks interleave over pipeline stages")
+            raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} needs pipeline_parallel_degree >= 2 (got "
+                             f"{pp}): the chunks interleave over pipeline stages")
         ga = self.gradient_accumulation_steps
         if vpp > 1 and pp < ga < 2 * pp:
-            raise ValueError(f"gradient_accumulation_steps={ga} with virtual_pp_degree={vpp} and pipeline_parallel_degree="
+            raise ValueError(f"gradient_accumulation_steps={ga} with virtual_pipeline_model_parallel_size={vpp} and pipeline_parallel_degree="
                              f"{pp}: Paddle's interleaved schedules need {pp} (all forward, then all backward) or "
                              f">= {2 * pp} (interleaved 1F1B) micro-batches")
 

@@ -69,7 +69,7 @@ def worker(a) -> None:
 
     logging.disable(logging.WARNING)
     sh = shapes(a.tiny, a.pp, a.vpp)
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), pipeline_parallel_degree=a.pp, virtual_pp_degree=a.vpp,
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), pipeline_parallel_degree=a.pp, virtual_pipeline_model_parallel_size=a.vpp,
                              # the largest m: PipelineParallel sizes its per-micro-batch hook slots at construction
                              gradient_accumulation_steps=max(sh["ms"]), per_device_train_batch_size=sh["micro_batch"],
                              report_to="none", disable_tqdm=True, seed=5)

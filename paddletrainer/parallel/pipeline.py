@@ -22,7 +22,9 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     every :func:`train_batch` call must pass.
 
     ``virtual_pp_degree`` > 1 (interleaved pipeline): the model must have been built with that many chunks
-    per stage (PaddleNLP's ``...Pipe`` models read ``config.virtual_pp_degree``); fleet then picks
+    per stage (PaddleNLP's ``...Pipe`` models read ``config.virtual_pp_degree``). With 1 (not asked for in the
+    training arguments) the model's own chunk count is used: PaddleNLP's llm scripts set it through their model
+    argument ``virtual_pp_degree``. fleet then picks
     ``PipelineParallelWithInterleave`` (accumulate_steps >= 2·pp) or its all-forward-then-backward variant
     (pp <= accumulate_steps < 2·pp).
     """
@@ -34,11 +36,11 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     if not isinstance(model, PipelineLayer):
         raise TypeError(f"pipeline parallel needs a PipelineLayer model (e.g. LlamaForCausalLMPipe), got "
                         f"{type(model).__name__}")
+    chunks = model.get_num_virtual_stages()
     layers = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     if isinstance(layers, int):
-        check_virtual_pipeline_split(layers, topology.pp_degree, virtual_pp_degree)
-    chunks = model.get_num_virtual_stages()
-    if chunks != virtual_pp_degree:
+        check_virtual_pipeline_split(layers, topology.pp_degree, max(virtual_pp_degree, chunks))
+    if virtual_pp_degree > 1 and chunks != virtual_pp_degree:
         raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
                          f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
     return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)

@@ -1,9 +1,10 @@
 """``RobustnessCallback``: graceful stop and the hang watchdog driven by Trainer events.
 
 Handlers are installed at ``on_train_begin``; the watchdog is re-armed at every event with the phase the loop is
-in (``data``, ``forward_backward``, ``optimizer``, ``stop_check``, ``log``, ``evaluate``, ``checkpoint_save``); at
-``on_step_end`` the agreed stop sets ``should_save`` and ``should_training_stop``, and ``on_save`` then publishes
-the checkpoint (async saves included) and raises ``TrainingInterrupted``. With ``remove_unused_columns=False`` the
+in (``data``, ``forward_backward``, ``optimizer``, ``stop_check``, ``log``, ``evaluate``, ``checkpoint_save``). The
+stop check itself (a collective) is the Trainer loop's ``GracefulStop.agreed``, right after the optimizer step; it
+sets ``should_save`` and ``should_training_stop``, and this callback's ``on_save`` then publishes the checkpoint
+(async saves included) and raises ``TrainingInterrupted``. With ``remove_unused_columns=False`` the
 first training batch's keys are checked here, in the main thread — not in the collator, because Paddle's
 single-process DataLoader collates in a helper thread and an exception there leaves the loop waiting forever.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import Optional, Sequence
 
 from ..callbacks import TrainerCallback
@@ -35,18 +35,19 @@ class RobustnessCallback(TrainerCallback):
         popped_keys: batch keys the trainer removes before calling the model (its ``label_names`` when a
             ``criterion`` is used); with ``remove_unused_columns=False`` the first training batch's other keys must
             be ``forward`` parameters (:func:`check_batch_keys`).
+        stopper: the ``GracefulStop`` whose handlers this callback installs — the one the Trainer's loop asks
+            (``Trainer`` passes its own); None with ``handle_signals``: a new one.
     """
 
     def __init__(self, topology=None, collective_timeout_seconds: Optional[float] = None, handle_signals: bool = True,
-                 popped_keys: Sequence[str] = ()):
+                 popped_keys: Sequence[str] = (), stopper: Optional[GracefulStop] = None):
         self.topology = topology
         self.popped_keys = tuple(popped_keys)
         self._keys_checked = False
         rank = int(getattr(topology, "rank", 0) or 0)
-        self.stopper = GracefulStop() if handle_signals else None
+        self.stopper = (stopper or GracefulStop()) if handle_signals else None
         self.watchdog = CollectiveWatchdog(collective_timeout_seconds, rank)
         self._training = False
-        self._stopping = False
 
     # -------------------------------------------------------------------------- helpers
     @staticmethod
@@ -64,11 +65,10 @@ class RobustnessCallback(TrainerCallback):
 
     # -------------------------------------------------------------------------- events
     def on_train_begin(self, args, state, control, **kwargs):
-        self._training, self._stopping = True, False
+        self._training = True
         if self.stopper is not None:
             self.stopper.uninstall()  # a previous train() of this trainer that ended in an exception
-            self.stopper.signum = 0
-            self.stopper.scope = _calling_train_code()
+            self.stopper.reset()
             self.stopper.install()
         self.watchdog.enter("data", self._next_step(state))
 
@@ -87,15 +87,12 @@ class RobustnessCallback(TrainerCallback):
     def on_optimizer_begin(self, args, state, control, **kwargs):
         self.watchdog.enter("optimizer", self._next_step(state))
 
+    def on_optimizer_end(self, args, state, control, **kwargs):
+        # the loop's collective stop check (GracefulStop.agreed) comes next, before on_step_end
+        self.watchdog.enter("stop_check", self._next_step(state))
+
     def on_step_end(self, args, state, control, **kwargs):
-        # every rank reaches this point once per optimizer step: the place for the collective stop check
-        self.watchdog.enter("stop_check", state.global_step)
-        if self.stopper is not None and self.stopper.should_stop(self.topology):
-            self._stopping = True
-            control.should_save = True
-            control.should_training_stop = True
         self.watchdog.enter(self._after_step_phase(control), state.global_step)
-        return control
 
     def on_log(self, args, state, control, **kwargs):
         if self._training:
@@ -115,7 +112,7 @@ class RobustnessCallback(TrainerCallback):
             self.watchdog.disarm()
 
     def on_save(self, args, state, control, **kwargs):
-        if self._stopping:
+        if self.stopper is not None and self.stopper.stopping:
             from .. import checkpoint as ckpt
 
             ckpt.finish_pending_save()  # an async save is published (collectively) before we leave
@@ -138,12 +135,3 @@ class RobustnessCallback(TrainerCallback):
         if self.stopper is not None:
             self.stopper.uninstall()
 
-
-def _calling_train_code():
-    """The code object of the ``train`` method up the stack (the Trainer's loop), or None."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code.co_name == "train" and hasattr(frame.f_locals.get("self"), "callback_handler"):
-            return frame.f_code
-        frame = frame.f_back
-    return None

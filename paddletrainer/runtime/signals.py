@@ -1,10 +1,10 @@
 """Graceful stop: SIGTERM/SIGINT become a flag that every rank agrees on once per optimizer step.
 
 ``GracefulStop`` installs handlers that only set a flag (the previous handlers come back on ``uninstall()`` or at
-the end of the ``with`` block). ``should_stop(topology)`` is asked once per optimizer step; in a multi-process run
-it is a MAX all-reduce of the flag over the whole world, so every rank stops at the *same* step — no rank leaves
-the loop alone while the others wait for it in a collective. A second signal while a stop is pending falls back
-to the previous handler (a second Ctrl-C kills at once).
+the end of the ``with`` block). The Trainer's loop calls ``agreed(topology)`` right after each optimizer step; in a
+multi-process run it is a MAX all-reduce of the flag over the whole world, so every rank stops at the *same* step —
+no rank leaves the loop alone while the others wait for it in a collective. A second signal while a stop is pending
+falls back to the previous handler (a second Ctrl-C kills at once).
 
 After the stop checkpoint is published the Trainer raises :class:`paddletrainer.errors.TrainingInterrupted`
 (a ``SystemExit`` with code 128 + signal number, no traceback).
@@ -30,16 +30,19 @@ class GracefulStop:
     Use as a context manager (or ``install()`` / ``uninstall()``). Handlers can only be installed from the
     main thread; elsewhere ``install()`` logs a warning and the flag can still be set with :meth:`request`.
 
-    ``scope``: a code object (e.g. ``Trainer.train``'s). When a signal arrives while that code is no longer on
-    the main thread's stack — ``train()`` left by an exception, so nobody will ever check the flag — the handler
-    uninstalls itself and passes the signal to the previous handler, so Ctrl-C is never swallowed by a stale
+    ``listening``: whether a loop will still check the flag (default True). The Trainer clears it when ``train()``
+    is left by an exception with the handlers still installed: nobody will ever check the flag then, so the
+    handler uninstalls itself and passes the signal to the previous handler — Ctrl-C is never swallowed by a stale
     handler.
+
+    ``stopping``: set by :meth:`agreed` once the ranks agreed to stop; the stop checkpoint is then the last step.
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), scope=None):
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)):
         self.signals = tuple(signals)
-        self.scope = scope
+        self.listening = True
         self.signum: int = 0  # the (first) signal received; 0 = none
+        self.stopping = False
         self._previous: dict = {}
         self._installed = False
 
@@ -75,17 +78,8 @@ class GracefulStop:
     def installed(self) -> bool:
         return self._installed
 
-    def _in_scope(self, frame) -> bool:
-        if self.scope is None:
-            return True
-        while frame is not None:
-            if frame.f_code is self.scope:
-                return True
-            frame = frame.f_back
-        return False
-
     def _handle(self, signum, frame) -> None:
-        if self.signum or not self._in_scope(frame):
+        if self.signum or not self.listening:
             # a second signal (the user insists), or a stale handler: behave as before we were installed
             previous = self._previous.get(signum, signal.SIG_DFL)
             self.uninstall()
@@ -112,6 +106,18 @@ class GracefulStop:
         """Ask for a stop as if ``signum`` had arrived (tests, callbacks, schedulers' pre-emption hooks)."""
         if not self.signum:
             self.signum = int(signum)
+
+    def reset(self) -> None:
+        """Forget a previous stop (a new ``train()``)."""
+        self.signum = 0
+        self.stopping = False
+
+    def agreed(self, topology=None) -> bool:
+        """The once-per-optimizer-step stop check: :meth:`should_stop` (a collective in a multi-process run), and
+        :attr:`stopping` set on every rank when it says stop. Every rank must call it at the same point."""
+        if self.should_stop(topology):
+            self.stopping = True
+        return self.stopping
 
     def should_stop(self, topology=None) -> bool:
         """True on every rank iff any rank received a stop signal. Collective when the world has > 1 process:

@@ -65,9 +65,9 @@ LAYOUTS = [
     *layout("dp2_s1x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True, uninterrupted=True),
     # interleaved pipeline: GA >= 2·pp runs Paddle's interleaved 1F1B, GA = pp its all-forward-then-backward
     # variant (CI runs pp2·vpp2 in the checkpoint test below)
-    *layout("pp2_vpp2", pp=2, ga=4, virtual_pp_degree=2),
-    *layout("pp2_vpp2_fthenb", pp=2, ga=2, virtual_pp_degree=2),
-    *layout("tp2_pp2_vpp2", tp=2, pp=2, ga=4, virtual_pp_degree=2),
+    *layout("pp2_vpp2", pp=2, ga=4, virtual_pipeline_model_parallel_size=2),
+    *layout("pp2_vpp2_fthenb", pp=2, ga=2, virtual_pipeline_model_parallel_size=2),
+    *layout("tp2_pp2_vpp2", tp=2, pp=2, ga=4, virtual_pipeline_model_parallel_size=2),
 ]
 
 
@@ -111,7 +111,7 @@ def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes
     then its step-3 checkpoint continues the one-process curve under tp2 and in one process."""
     ref, foreign = trainer_reference("llama")
     vpp = dict(per_device_train_batch_size=2, gradient_accumulation_steps=4, pipeline_parallel_degree=2,
-               virtual_pp_degree=2)
+               virtual_pipeline_model_parallel_size=2)
     launch(WORKER, 2, phase_args("llama", tmp_path / "vpp", tmp_path / "vpp_res", llama_weights,
                                  foreign_checkpoint=foreign, **vpp), tmp_path / "vpp_launch", timeout=420)
     saved = tmp_path / "vpp" / "short" / "checkpoint-3"

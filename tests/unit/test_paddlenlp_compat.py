@@ -393,10 +393,8 @@ def test_paddleformers_parallel_names_are_aliases_of_the_paddlenlp_degrees(tmp_p
         TrainingArguments(output_dir=str(tmp_path), tensor_model_parallel_size=4, data_parallel_size=4)
     (args,) = PdArgumentParser(TrainingArguments).parse_dict({**config, "virtual_pipeline_model_parallel_size": 2})
     assert args.virtual_pp_degree == 2
-    with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 and virtual_pp_degree=3 disagree"):
-        TrainingArguments(output_dir=str(tmp_path), virtual_pipeline_model_parallel_size=2, virtual_pp_degree=3)
-    with pytest.raises(ValueError, match="virtual_pp_degree=2 needs pipeline_parallel_degree >= 2"):
-        TrainingArguments(output_dir=str(tmp_path), virtual_pp_degree=2)
+    with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 needs pipeline_parallel_degree >= 2"):
+        TrainingArguments(output_dir=str(tmp_path), virtual_pipeline_model_parallel_size=2)
     with pytest.raises(ValueError, match="context_parallel"):
         TrainingArguments(output_dir=str(tmp_path), context_parallel_size=2)
 
@@ -445,3 +443,19 @@ def test_a_paddlenlp_checkpoint_resumes_on_paddlenlp_loss_curve_and_is_found_by_
     our_losses = [h["loss"] for h in ours.state.log_history if "loss" in h]
     assert ours.state.global_step == 6
     np.testing.assert_allclose(our_losses, their_losses[3:], rtol=0, atol=1e-5)
+
+
+def test_a_script_declaring_virtual_pp_degree_in_its_model_arguments_parses_as_under_paddlenlp():
+    from paddletrainer import PdArgumentParser
+
+    # PaddleNLP's llm scripts (run_pretrain.py, run_finetune.py) declare virtual_pp_degree in ModelArguments:
+    # TrainingArguments must not declare an option of that name, or their parser fails to build.
+    import dataclasses
+
+    @dataclasses.dataclass
+    class ModelArguments:
+        virtual_pp_degree: int = dataclasses.field(default=1)
+
+    model_args, training_args = PdArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses(
+        ["--output_dir", "out", "--virtual_pp_degree", "2"])
+    assert model_args.virtual_pp_degree == 2 and training_args.virtual_pp_degree == 1

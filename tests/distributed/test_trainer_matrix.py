@@ -81,6 +81,16 @@ def test_one_process_resume_with_larger_max_steps_is_bit_exact_and_eval_counts_e
     assert ref["short"]["predicted"]["shape"][0] == ref["stream"]["predicted"]["shape"][0] == 13
 
 
+def assert_layout_claims(r, ref, at):
+    """One rank's results of one launch against one process: the short run's curve, its eval loss against the
+    directly computed mean, its predictions in order, and both resumes on the uninterrupted curve."""
+    assert_curve(r["short"], ref["short"], 3, f"{at} short run")
+    assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
+    assert_predictions(r["short"]["predicted"], ref["short"]["predicted"], at)
+    assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
+    assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} one-process checkpoint resumed")
+
+
 @pytest.mark.parametrize("model,name,nproc,options", LAYOUTS)
 def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
     tmp_path, trainer_reference, llama_weights, model, name, nproc, options
@@ -90,11 +100,7 @@ def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
                                      foreign_checkpoint=foreign, **options), tmp_path, timeout=420)
     for r in read_results(tmp_path / "res", nproc):
         at = f"{name} rank {r['rank']}"
-        assert_curve(r["short"], ref["short"], 3, f"{at} short run")
-        assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
-        assert_predictions(r["short"]["predicted"], ref["short"]["predicted"], at)
-        assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
-        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} one-process checkpoint resumed")
+        assert_layout_claims(r, ref, at)
         if options.get("uninterrupted"):  # the same layout without the interruption: bit-exact
             assert r["extended"]["losses"] == r["uninterrupted"]["losses"], at
             assert r["extended"]["grad_norms"] == r["uninterrupted"]["grad_norms"], at
@@ -117,11 +123,7 @@ def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes
     saved = tmp_path / "vpp" / "short" / "checkpoint-3"
     for r in read_results(tmp_path / "vpp_res", 2):
         at = f"pp2_vpp2 rank {r['rank']}"
-        assert_curve(r["short"], ref["short"], 3, f"{at} short run")
-        assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
-        assert_predictions(r["short"]["predicted"], ref["short"]["predicted"], at)
-        assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
-        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} one-process checkpoint resumed")
+        assert_layout_claims(r, ref, at)
 
     resume = dict(foreign_checkpoint=saved)
     launch(WORKER, 2, phase_args("llama", tmp_path / "tp2", tmp_path / "tp2_res", llama_weights,

@@ -43,7 +43,7 @@ _EXPORTS = {
     "TrainOutput": "trainer_utils",
     "find_batch_size": "trainer_utils",
     "get_last_checkpoint": "trainer_utils",
-    "set_seed": "trainer_utils",
+    "set_seed": "seeding",
     "speed_metrics": "trainer_utils",
 }
 

@@ -1,6 +1,7 @@
 """Mixed precision: what the arguments ask for, and how it reaches Paddle.
 
-``AmpConfig.from_args`` is pure; ``AmpConfig.autocast()``, ``decorate()`` and ``grad_scaler()`` are the only
+``AmpConfig.for_device(args.amp_config)`` resolves the settings asked for (``configs.AmpSettings``, built by
+the arguments) against the device; ``AmpConfig.autocast()``, ``decorate()`` and ``grad_scaler()`` are the only
 places AMP touches Paddle, so a test can check exactly which dtype, level, lists and scaler settings
 arrive there.
 
@@ -27,14 +28,15 @@ from typing import List, Optional
 import paddle
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
+from .configs import AmpSettings
+from .device import has_accelerator
+
 logger = logging.getLogger(__name__)
 
 
 def device_supports_amp() -> bool:
     """True where Paddle has reduced-precision kernels (a CUDA, XPU or custom-device build)."""
-    if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu():
-        return True
-    return bool(paddle.device.get_all_custom_device_type())
+    return has_accelerator()
 
 
 @dataclass(frozen=True)
@@ -52,32 +54,28 @@ class AmpConfig:
     dry_run: bool = False  # True: wiring runs but the device computes in fp32 (CPU)
 
     @classmethod
-    def from_args(cls, args, device_has_amp: Optional[bool] = None) -> "AmpConfig":
-        """Read ``fp16``/``bf16``/``fp16_opt_level``/lists/``scale_loss``/``amp_master_grad``/``amp_on_cpu``."""
-        if not (args.fp16 or args.bf16):
+    def for_device(cls, settings: AmpSettings, device_has_amp: Optional[bool] = None) -> "AmpConfig":
+        """``settings`` on this device: without reduced-precision kernels, an error unless a dry run was asked for."""
+        if not settings.enabled:
             return cls()
         if device_has_amp is None:
             device_has_amp = device_supports_amp()
-        flag = "fp16" if args.fp16 else "bf16"
-        dry_run = False
-        if not device_has_amp:
-            policy = getattr(args, "amp_on_cpu", "error")
-            if policy != "fp32_dry_run":
-                raise ValueError(
-                    f"{flag}=True needs a GPU/XPU: this Paddle build has no {flag} kernels on CPU; "
-                    "remove the flag, or pass --amp_on_cpu fp32_dry_run to run the AMP wiring in fp32"
-                )
-            dry_run = True
+        if not device_has_amp and not settings.fp32_dry_run:
+            flag = "fp16" if settings.dtype == "float16" else "bf16"
+            raise ValueError(
+                f"{flag}=True needs a GPU/XPU: this Paddle build has no {flag} kernels on CPU; "
+                "remove the flag, or pass --amp_on_cpu fp32_dry_run to run the AMP wiring in fp32"
+            )
         return cls(
             enabled=True,
-            dtype="float16" if args.fp16 else "bfloat16",
-            level=args.fp16_opt_level,
-            custom_white_list=list(args.amp_custom_white_list or []),
-            custom_black_list=list(args.amp_custom_black_list or []),
-            use_scaler=bool(args.fp16),
-            init_loss_scaling=float(args.scale_loss),
-            master_grad=bool(args.amp_master_grad),
-            dry_run=dry_run,
+            dtype=settings.dtype,
+            level=settings.level,
+            custom_white_list=list(settings.custom_white_list),
+            custom_black_list=list(settings.custom_black_list),
+            use_scaler=settings.use_scaler,
+            init_loss_scaling=settings.init_loss_scaling,
+            master_grad=settings.master_grad,
+            dry_run=not device_has_amp,
         )
 
     def warn_if_dry_run(self) -> None:

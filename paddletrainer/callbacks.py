@@ -126,6 +126,21 @@ class TrainerState:
         if self.log_history is None:
             self.log_history = []
 
+    def update_best(self, metrics: Optional[Dict[str, float]], metric_name: Optional[str],
+                    greater_is_better: Optional[bool], checkpoint_dir: str) -> None:
+        """Make ``checkpoint_dir`` the best checkpoint if ``metrics`` (an evaluation's, keys ``eval_*``) improve on
+        ``best_metric`` by ``metric_name`` (``metric_for_best_model``); nothing without metrics or a name."""
+        if not metrics or not metric_name:
+            return
+        key = metric_name if metric_name.startswith("eval_") else f"eval_{metric_name}"
+        if key not in metrics:
+            raise ValueError(f"metric_for_best_model={metric_name!r} is not among the evaluation metrics: "
+                             f"{sorted(metrics)}")
+        value = float(metrics[key])
+        if self.best_metric is None or (value > self.best_metric if greater_is_better else value < self.best_metric):
+            self.best_metric = value
+            self.best_model_checkpoint = checkpoint_dir
+
     def save_to_json(self, json_path: str) -> None:
         """Write this state as indented, key-sorted JSON to ``json_path`` (PaddleNLP's file format)."""
         text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -367,8 +382,8 @@ class DefaultFlowCallback(TrainerCallback):
     """Decides when to log, evaluate and save, and stops training at ``state.max_steps``.
 
     Reads ``logging_strategy, logging_steps, logging_first_step, evaluation_strategy, eval_steps,
-    save_strategy, save_steps`` from ``args``. ``eval_steps=None`` falls back to ``logging_steps`` (the
-    PaddleNLP/HF rule). An interval of 0 or less never fires, instead of dividing by zero.
+    save_strategy, save_steps`` from ``args`` (``TrainingArguments`` has already replaced ``eval_steps=None`` by
+    ``logging_steps``, the PaddleNLP/HF rule). An interval of 0 or less never fires, instead of dividing by zero.
     """
 
     @staticmethod
@@ -377,14 +392,13 @@ class DefaultFlowCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
-        if step == 1 and getattr(args, "logging_first_step", False):
+        if step == 1 and args.logging_first_step:
             control.should_log = True
         if _strategy(args.logging_strategy) == "steps" and self._every(step, args.logging_steps):
             control.should_log = True
 
-        eval_steps = getattr(args, "eval_steps", None)
-        eval_steps = args.logging_steps if eval_steps is None else eval_steps
-        if _strategy(args.evaluation_strategy) == "steps" and self._every(step, eval_steps):
+        # eval_steps=None already became logging_steps in TrainingArguments (the PaddleNLP/HF rule).
+        if _strategy(args.evaluation_strategy) == "steps" and self._every(step, args.eval_steps):
             control.should_evaluate = True
 
         if _strategy(args.save_strategy) == "steps" and self._every(step, args.save_steps):
@@ -429,7 +443,7 @@ class ProgressCallback(TrainerCallback):
 
     @staticmethod
     def _enabled(args, state) -> bool:
-        return state.is_local_process_zero and not getattr(args, "disable_tqdm", False)
+        return state.is_local_process_zero and not args.disable_tqdm
 
     @staticmethod
     def _stderr_is_tty() -> bool:

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
-from .trainer_utils import has_length, requested_resume
+from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+from .data import forward_parameters
+from .trainer_utils import has_length, parse_checkpoint_step, requested_resume
 
 __all__ = [
     "check_batch_keys",
@@ -44,11 +47,9 @@ def check_model_for_layout(model, degrees) -> None:
     * tp > 1: the model has tensor-parallel layers (``ColumnParallelLinear`` ...), and a PaddleNLP config's
       ``tensor_parallel_degree`` equals tp.
     """
-    tp, pp = int(getattr(degrees, "tp", 1)), int(getattr(degrees, "pp", 1))
+    tp, pp = degrees.tp, degrees.pp
     name = type(model).__name__
     if pp > 1:
-        from paddle.distributed.fleet.meta_parallel import PipelineLayer
-
         if not isinstance(model, PipelineLayer):
             raise ValueError(
                 f"pipeline_parallel_degree={pp} needs a PipelineLayer model (e.g. LlamaForCausalLMPipe), but "
@@ -90,31 +91,15 @@ def check_batch_keys(model, keys: Iterable[str], popped: Sequence[str] = ()) -> 
     ``popped``: keys the trainer removes before calling the model (the label names when a criterion is used).
     Models whose forward takes ``**kwargs`` and ``PipelineLayer`` models (they take one packed input) pass.
     """
-    from .data import forward_argument_names
-
-    try:
-        from paddle.distributed.fleet.meta_parallel import PipelineLayer
-    except ImportError:  # pragma: no cover
-        PipelineLayer = ()
-    if isinstance(model, PipelineLayer):
-        return
-    allowed = forward_argument_names(model)
+    allowed = forward_parameters(model)  # None for **kwargs and PipelineLayer models: nothing to check
     if allowed is None:
         return
     unexpected = sorted(set(keys) - set(allowed) - set(popped))
     if unexpected:
-        params = ", ".join(n for n in allowed_in_order(model))
         raise ValueError(
             f"remove_unused_columns=False passes every batch key to the model, but {type(model).__name__}.forward"
-            f"({params}) does not accept {unexpected}; drop or rename those columns, or set "
+            f"({', '.join(allowed)}) does not accept {unexpected}; drop or rename those columns, or set "
             f"remove_unused_columns=True to drop them automatically")
-
-
-def allowed_in_order(model) -> list:
-    import inspect
-
-    return [n for n, p in inspect.signature(model.forward).parameters.items()
-            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
 def check_dataset(dataset, option: str = "train_dataset") -> None:
@@ -133,18 +118,13 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
     given (argument or ``args.resume_from_checkpoint``) and ``output_dir`` has ``checkpoint-*`` directories —
     the new run's checkpoints would be interleaved with (and rotated against) the old ones.
     """
-    if not getattr(args, "do_train", False) or getattr(args, "overwrite_output_dir", False):
+    if not args.do_train or args.overwrite_output_dir:
         return
-    resume = resume_from_checkpoint if resume_from_checkpoint is not None else getattr(args, "resume_from_checkpoint", None)
-    if requested_resume(resume) is not None:
+    resume = resume_from_checkpoint if resume_from_checkpoint is not None else args.resume_from_checkpoint
+    out = args.output_dir
+    if requested_resume(resume) is not None or not out or not os.path.isdir(out):
         return
-    out = getattr(args, "output_dir", None)
-    if not out or not os.path.isdir(out):
-        return
-    from .checkpoint import layout as L
-
-    found = sorted((n for n in os.listdir(out) if L.parse_checkpoint_step(n) is not None),
-                   key=lambda n: L.parse_checkpoint_step(n))
+    found = sorted((n for n in os.listdir(out) if parse_checkpoint_step(n) is not None), key=parse_checkpoint_step)
     if found:
         shown = ", ".join(found[-3:]) + (f" (+{len(found) - 3} more)" if len(found) > 3 else "")
         raise ValueError(

@@ -4,7 +4,8 @@ these functions from ``TrainingArguments.__post_init__``; this module knows Padd
 imports ``training_args`` from here (the arguments object is passed in).
 
 Where we differ from PaddleNLP on purpose (each is an error with one clear line instead of a silent change; the
-layout rules — the first four items — are checked in ``training_args`` beside the degree arithmetic, the rest here):
+layout rules — the first four items — are checked by ``parallel.config`` (``resolve_layout``, ``ParallelConfig``) and
+``training_args``, the rest here):
 
 * ``tensor_parallel_degree``/``pipeline_parallel_degree`` > 1 on a world they do not divide (including a single
   process) raise; PaddleNLP quietly drops them on one process, and the model would then be built for TP/PP.
@@ -38,9 +39,12 @@ layout rules — the first four items — are checked in ``training_args`` besid
 """
 import logging
 import re
-from typing import Any, Dict, FrozenSet
+from typing import Any, Dict, FrozenSet, List
+
+from .trainer_utils import ShardingOption
 
 __all__ = [
+    "DEGREE_OPTIONS",
     "PADDLEFORMERS_NAMES",
     "PIPELINE_PARALLEL_OPTIONS",
     "REFINED_RECOMPUTE_OPS",
@@ -94,12 +98,11 @@ REFUSED_PARALLEL_OPTIONS = {
         "use_dualpipev": "the DualPipeV schedule is not supported",
     },
     "sharding_parallel_config": {
-        "split_param": "DygraphShardingOptimizerV2 keeps no param-to-rank map and steps its own slices: the "
-                       "global grad norm and clip would be wrong",
         "enable_stage1_tensor_fusion": "the norm, clip and overflow check over fused comm buffers are not proven",
         "enable_stage1_overlap": "the norm, clip and overflow check over fused comm buffers are not proven",
         "enable_stage1_broadcast_overlap": "parameters would be broadcast during the next forward; not proven here",
-        "enable_stage1_allgather_overlap": "it belongs to split_param, which is refused",
+        "enable_stage1_allgather_overlap": "split_param's parameters would be all-gathered during the next "
+                                           "forward (pre-forward hooks); not proven here",
         "enable_stage2_overlap": "stage2 would reduce gradients during backward; not proven here",
         "enable_release_grads": "released gradient buffers are not proven with the gradient norm and clip",
         "enable_fuse_optimizer_states": "checkpoints read per-parameter optimizer states",
@@ -118,6 +121,12 @@ UNIFIED_CHECKPOINT_OPTIONS = frozenset({
 })
 REFINED_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln", "flash_attn")
 _TP_ONLY_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln")
+
+# PaddleNLP's degree options. Those with an axis in parallel.layout.AXES are read into the layout; the others are
+# refused when > 1 (refuse_unsupported_parallel), so giving an axis its AXES entry is what lifts the refusal.
+DEGREE_OPTIONS = ("sharding_parallel_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
+                  "sep_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
+                  "expert_tensor_parallel_degree")
 
 # PaddleFormers 1.2 name -> the PaddleNLP TrainingArguments field it aliases.
 PADDLEFORMERS_NAMES = {
@@ -142,6 +151,27 @@ def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> Froz
     return names
 
 
+def parse_sharding(value: Any) -> List[ShardingOption]:
+    """``"stage2 offload"``, ``["stage2", "offload"]``, ``True`` (= stage1), ``False``/``""`` → ShardingOptions."""
+    if isinstance(value, bool):
+        value = "stage1" if value else ""
+    items = re.split(r"[,\s]+", value.strip()) if isinstance(value, str) else list(value or [])
+    options = []
+    for item in (i for i in items if i != ""):
+        try:
+            options.append(ShardingOption(item.value if isinstance(item, ShardingOption) else item))
+        except ValueError:
+            valid = ", ".join(m.value for m in ShardingOption)
+            raise ValueError(f"sharding={item!r} is not valid; choose one of: {valid}") from None
+    stages = [o for o in options if o != ShardingOption.OFFLOAD]
+    if options and not stages:
+        raise ValueError("sharding='offload' needs a stage: use 'stage3 offload' (the only stage with offload "
+                         "paddletrainer supports)")
+    if len(stages) > 1:
+        raise ValueError(f"sharding={value!r} names {len(stages)} stages; give exactly one of stage1, stage2, stage3")
+    return options
+
+
 def apply_paddleformers_names(args) -> None:
     """PaddleFormers 1.2 renamed the parallel options (``PADDLEFORMERS_NAMES``): copy a value given under the
     new name to the PaddleNLP field, refusing two names that disagree."""
@@ -159,8 +189,10 @@ def check_data_parallel_size(dp, degrees) -> None:
     """PaddleFormers' ``data_parallel_size`` must match the resolved layout (``degrees``: ``ParallelDegrees``)."""
     if dp not in (None, -1) and dp != degrees.dp:
         d = degrees
+        others = "".join(f" × {name} {n}" for name, n in d.degrees.items()
+                         if name not in ("dp", "sharding", "tp", "pp"))  # an axis added later
         raise ValueError(f"data_parallel_size={dp} does not match the layout: {d.world_size} processes / "
-                         f"(tp {d.tp} × pp {d.pp} × sharding {d.sharding}) leave data parallel {d.dp}")
+                         f"(tp {d.tp} × pp {d.pp} × sharding {d.sharding}{others}) leave data parallel {d.dp}")
 
 
 def apply_options_without_behaviour(args) -> None:
@@ -199,10 +231,11 @@ def apply_deprecated_sharding_degree(args) -> None:
         args.sharding_degree = -1  # consumed, so that to_dict → from_dict does not warn again
 
 
-def refuse_unsupported_parallel(args) -> None:
-    """sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on."""
-    for option in ("sep_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
-                   "expert_tensor_parallel_degree"):
+def refuse_unsupported_parallel(args, axis_options) -> None:
+    """A ``DEGREE_OPTIONS`` degree > 1 that is not among ``axis_options`` (the options of the layout's axes,
+    ``parallel.layout.option_axes``: today sep/context/expert parallel), auto-parallel and ``to_static`` are
+    parsed but refused when switched on."""
+    for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options)):
         if getattr(args, option) > 1:
             raise ValueError(f"{option}={getattr(args, option)} is not supported by paddletrainer: use -1 or 1")
     for option in ("enable_auto_parallel", "use_expert_parallel", "to_static"):

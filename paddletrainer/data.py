@@ -24,7 +24,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import paddle
+from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
+from .parallel.collectives import all_gather_object_over_data_group
 from .trainer_utils import has_length
 
 logger = logging.getLogger(__name__)
@@ -265,17 +267,22 @@ class DataCollatorWithPadding:
         return default_data_collator(features)
 
 
-def forward_argument_names(model: paddle.nn.Layer) -> Optional[set]:
-    """Names the model's ``forward`` accepts, or None when unknown (``**kwargs``, or a ``PipelineLayer``, whose
-    ``forward(input, chunk_id)`` is not the batch's signature) — then nothing is removed."""
-    from paddle.distributed.fleet.meta_parallel import PipelineLayer
-
+def forward_parameters(model: paddle.nn.Layer) -> Optional[List[str]]:
+    """The named parameters of the model's ``forward`` in order, or None when the batch keys it accepts are
+    unknown (``**kwargs``, or a ``PipelineLayer``, whose ``forward(input, chunk_id)`` is not the batch's
+    signature) — then nothing is removed and nothing is checked."""
     if isinstance(model, PipelineLayer):
         return None
-    sig = inspect.signature(model.forward)
-    if any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
         return None
-    return set(sig.parameters)
+    return [p.name for p in params if p.kind != p.VAR_POSITIONAL]
+
+
+def forward_argument_names(model: paddle.nn.Layer) -> Optional[set]:
+    """:func:`forward_parameters` as a set."""
+    names = forward_parameters(model)
+    return None if names is None else set(names)
 
 
 class ColumnFilter:
@@ -429,8 +436,6 @@ def gather_in_dataset_order(batches: List[Any], topology, num_samples: Optional[
     """All data ranks' eval outputs, concatenated in dataset order (every rank gets the result)."""
     if topology.data_world_size == 1:
         return interleave_rank_batches([batches], num_samples)
-    from .parallel.collectives import all_gather_object_over_data_group
-
     return interleave_rank_batches(all_gather_object_over_data_group(batches, topology), num_samples)
 
 
@@ -438,6 +443,15 @@ def sum_over_data_ranks(values: List[float], topology) -> List[float]:
     """Element-wise sum of small host-side counters (eval loss sums, sample counts) over data ranks."""
     if topology.data_world_size == 1:
         return list(values)
-    from .parallel.collectives import all_gather_object_over_data_group
-
     return [sum(col) for col in zip(*all_gather_object_over_data_group(list(values), topology))]
+
+
+def resume_position(consumed: int, restart_epoch: bool, steps_per_epoch: Optional[int], global_batch: int) -> int:
+    """Samples of the global order to skip when training (re)starts: all ``consumed`` ones; with
+    ``restart_epoch`` (``ignore_data_skip`` on resume) only the finished epochs — PaddleNLP's rule: the current
+    epoch restarts at its beginning, a stream (no ``steps_per_epoch``) from its start."""
+    if not restart_epoch:
+        return consumed
+    if not steps_per_epoch:
+        return 0
+    return consumed - consumed % (steps_per_epoch * global_batch)

@@ -12,15 +12,18 @@ collects what they return and :meth:`EvalAccumulator.finish` turns it into an ``
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Union
+import time
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 import paddle
 
 from .data import EvalBatchSampler, IterableDatasetShard, gather_in_dataset_order, sum_over_data_ranks
-from .trainer_utils import EvalLoopOutput, EvalPrediction
+from .parallel import pipeline
+from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
-__all__ = ["EvalAccumulator", "real_batches_of", "to_numpy"]
+__all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "to_numpy", "labels_of", "predict_batch",
+           "run_loop"]
 
 
 def to_numpy(value):
@@ -97,3 +100,153 @@ class EvalAccumulator:
         prefix = f"{metric_key_prefix}_"
         metrics = {(k if k.startswith(prefix) else prefix + k): v for k, v in metrics.items()}
         return EvalLoopOutput(predictions=preds, label_ids=labels, metrics=metrics, num_samples=int(samples))
+
+
+def labels_of(inputs: Dict, label_names: List[str]):
+    """The batch's label tensor (a tuple for several ``label_names``), or None if any is missing."""
+    if not all(inputs.get(k) is not None for k in label_names):
+        return None
+    labels = [inputs[k] for k in label_names]
+    return labels[0] if len(labels) == 1 else tuple(labels)
+
+
+def predict_batch(model, inputs: Dict, *, compute_loss: Callable, label_names: List[str], autocast,
+                  prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
+    """The body of ``Trainer.prediction_step``: ``(loss, logits, labels)`` of one prepared batch under
+    ``autocast`` (a context manager); loss is None without labels, logits None if loss only. With labels the
+    loss comes from ``compute_loss(model, inputs, return_outputs=True)`` (the Trainer's override point)."""
+    labels = labels_of(inputs, label_names)
+    with paddle.no_grad(), autocast:
+        if labels is not None:
+            loss, outputs = compute_loss(model, dict(inputs), return_outputs=True)
+            loss = loss.detach()
+            logits = outputs[1:] if isinstance(outputs, (tuple, list)) else outputs
+            if isinstance(outputs, dict):
+                logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []) + ["loss"])
+        else:
+            loss = None
+            outputs = model(**{k: v for k, v in inputs.items() if k not in label_names})
+            logits = outputs
+            if isinstance(outputs, dict):
+                logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []))
+    if prediction_loss_only:
+        return loss, None, None
+    if isinstance(logits, (tuple, list)) and len(logits) == 1:
+        logits = logits[0]
+    return loss, logits, labels
+
+
+def run_loop(dataloader, step: Callable, *, preprocess_logits: Optional[Callable], after_step: Callable,
+             max_eval_iters: Optional[int], topology, compute_metrics: Optional[Callable],
+             metric_key_prefix: str) -> EvalLoopOutput:
+    """The body of ``Trainer.evaluation_loop``: ``step(inputs) -> (loss, logits, labels)`` per batch (at most
+    ``max_eval_iters`` batches when > 0), ``after_step()`` after each (the ``on_prediction_step`` event), then
+    the data ranks combined in dataset order (:meth:`EvalAccumulator.finish`)."""
+    collected = EvalAccumulator(real_batches_of(dataloader))
+    for inputs in dataloader:
+        bs = int(next(iter(inputs.values())).shape[0])
+        loss, logits, batch_labels = step(inputs)
+        if logits is not None and preprocess_logits is not None:
+            logits = preprocess_logits(logits, batch_labels)
+        collected.add(loss, logits, batch_labels, bs)
+        after_step()
+        if max_eval_iters is not None and 0 < max_eval_iters <= collected.batches:
+            break
+    return collected.finish(topology, compute_metrics, metric_key_prefix)
+
+
+class TrainerEvaluation:
+    """The Trainer's evaluation override points (PaddleNLP's names and signatures): ``evaluate``, ``predict``,
+    ``evaluation_loop``, ``prediction_step``. ``Trainer`` inherits them; they use its ``args``, ``topology``,
+    ``state``, ``control``, ``callback_handler``, models and data loaders, and the functions above."""
+
+    def evaluate(self, eval_dataset=None, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "eval") -> Dict[str, float]:
+        """Loss (and ``compute_metrics``) over the eval set; logs the metrics and fires ``on_evaluate``."""
+        self._wrap_for_inference()
+        dataloader = self.get_eval_dataloader(eval_dataset)
+        start = time.time()
+        self._memory.start("eval")
+        output = self.evaluation_loop(
+            dataloader,
+            description="Evaluation",
+            prediction_loss_only=True if self.compute_metrics is None else None,
+            ignore_keys=ignore_keys,
+            metric_key_prefix=metric_key_prefix,
+            max_eval_iters=self.args.max_evaluate_steps,
+        )
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        output.metrics.update(self._memory.stop("eval"))
+        self.log(output.metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
+        return output.metrics
+
+    def predict(self, test_dataset, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Predictions (and metrics when labels are present) for ``test_dataset``."""
+        self._wrap_for_inference()
+        dataloader = self.get_test_dataloader(test_dataset)
+        start = time.time()
+        self._memory.start("test")
+        output = self.evaluation_loop(
+            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+        )
+        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
+        output.metrics.update(self._memory.stop("test"))
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+
+    def _wrap_for_inference(self):
+        """Evaluation before/without training still needs the parallel wrappers (an optimizer is not needed)."""
+        if not self._wrapped and (self.topology.world_size > 1):
+            if self.optimizer is None:
+                self.create_optimizer_and_scheduler(num_training_steps=max(self.args.max_steps, 1))
+            self._wrap_model_and_optimizer()
+
+    def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
+        """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only
+        (:func:`paddletrainer.evaluation.predict_batch`; the loss comes from ``compute_loss``)."""
+        return predict_batch(model, self._prepare_inputs(inputs), compute_loss=self.compute_loss,
+                             label_names=self.label_names, autocast=self.autocast_smart_context_manager(),
+                             prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys)
+
+    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
+        """Under pipeline parallel: ``(loss, logits, labels)`` of one batch, the same on every pp rank.
+
+        The last stage computes logits and loss; both are broadcast over the pipeline group, so
+        ``compute_metrics`` sees predictions as without pipeline parallel.
+        """
+        labels = labels_of(inputs, self.label_names)
+        with self.autocast_smart_context_manager():
+            loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
+                                               return_logits=not prediction_loss_only)
+        if prediction_loss_only:
+            return loss, None, None
+        return loss, logits, labels
+
+    def evaluation_loop(
+        self,
+        dataloader,
+        description: str = "Evaluation",
+        prediction_loss_only: Optional[bool] = None,
+        ignore_keys: Optional[List[str]] = None,
+        metric_key_prefix: str = "eval",
+        max_eval_iters: int = -1,
+    ) -> EvalLoopOutput:
+        """Run ``prediction_step`` over this rank's share, then combine the data ranks in dataset order
+        (see :mod:`paddletrainer.evaluation`)."""
+        if prediction_loss_only is None:
+            prediction_loss_only = self.args.prediction_loss_only
+        model = self.model_wrapped
+        model.eval()
+        self.callback_handler.eval_dataloader = dataloader
+
+        def step(inputs):
+            if self._is_pipeline:
+                return self._pipeline_prediction_step(inputs, prediction_loss_only)
+            return self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+        def after_step():
+            self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
+
+        return run_loop(dataloader, step, preprocess_logits=self.preprocess_logits_for_metrics, after_step=after_step,
+                        max_eval_iters=max_eval_iters, topology=self.topology, compute_metrics=self.compute_metrics,
+                        metric_key_prefix=metric_key_prefix)

@@ -17,16 +17,30 @@ synchronisation) would be stepped still scaled. So the order here is:
 
 A skipped step does not advance the learning-rate schedule (PaddleNLP's behaviour); the Trainer counts it in
 ``state.skipped_steps`` and logs it next to the loss scale (:func:`scaler_logs`).
+
+Host reads (:class:`NonfiniteGuard`). Step 4 needs the verdict on the host only when the host must act on it
+before the next update. Under the default ``nan_inf_policy="error"`` without a loss scaler it need not: the
+run is going to stop, so the verdict is only recorded on the device (the first non-finite step and its norm)
+and read at the next logging, evaluation or save step and at the end of ``train()``, which then raise — before
+anything is evaluated or saved, and with ``state.global_step`` set back to the last step whose gradients were
+finite. The updates in between are applied and non-finite; they are discarded with the run. ``skip``,
+``rollback`` and an fp16 loss scaler read the verdict every step: a skip must leave weights, optimizer moments
+and the LR schedule untouched, and Paddle's dygraph optimizers decide ``found_inf`` on the host themselves
+(``Optimizer._apply_optimize`` tests ``if found_inf:``; ``adamw_`` gets ``found_inf`` only under PIR), so a
+read-free skip would need our own optimizer kernels.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
-from typing import Dict, Iterable, Optional
+from typing import Dict, Optional
 
 import paddle
 from paddle import _legacy_C_ops
 
-__all__ = ["STEP", "SKIP", "RAISE", "nonfinite_action", "unscale_gradients", "update_loss_scale", "loss_scale",
+from .errors import NonFiniteLossError
+
+__all__ = ["STEP", "SKIP", "RAISE", "NonfiniteGuard", "nonfinite_action", "unscale_gradients", "update_loss_scale", "loss_scale",
            "scaler_logs", "delayed_loss_divisor"]
 
 STEP, SKIP, RAISE = "step", "skip", "raise"
@@ -54,12 +68,66 @@ def nonfinite_action(norm_is_finite: bool, policy: str, scaler=None) -> str:
     raise ValueError(f"nan_inf_policy={policy!r} is not valid; choose one of: error, skip, rollback")
 
 
-@paddle.no_grad()
-def unscale_gradients(scaler, grads: Iterable[paddle.Tensor], divisor: float = 1.0) -> Optional[paddle.Tensor]:
-    """Divide ``grads`` in place by ``loss scale × divisor``; return this rank's inf/NaN flag (bool [1]).
+def _error_message(step: int, norm) -> str:
+    return (f"step {step}: gradient norm is {norm} (loss or grads are NaN/inf); "
+            "set nan_inf_policy='skip' to skip such steps")
 
-    ``grads`` are every gradient this rank holds after synchronisation (``ParallelOptimizer.
-    counted_gradients``, stage-3 slices included). ``divisor`` > 1 is pipeline ``enable_delay_scale_loss``:
+
+class NonfiniteGuard:
+    """Applies :func:`nonfinite_action` to each step's global norm, reading it on the host only when needed.
+
+    ``reads_every_step`` is False for ``nan_inf_policy="error"`` without a loss scaler (the default): then
+    :meth:`decide` records the verdict on the device and always says STEP, and :meth:`raise_if_seen` (called by
+    the Trainer at logging/evaluation/save steps and at the end) reads it; see the module docstring.
+    """
+
+    def __init__(self, policy: str, scaler=None):
+        nonfinite_action(False, policy, None)  # validates the policy name
+        self.policy = policy
+        self.scaler = scaler
+        self.reads_every_step = scaler is not None or policy != "error"
+        self._first_step = None  # int64 [] on the device: the first step with a non-finite norm, -1 for none
+        self._first_norm = None
+
+    @paddle.no_grad()
+    def decide(self, norm: paddle.Tensor, step: int) -> str:
+        """STEP, SKIP for step ``step`` (1-based) with global gradient norm ``norm``; raises for RAISE."""
+        if not self.reads_every_step:
+            if self._first_step is None:
+                self._first_step = paddle.full([], -1, dtype="int64")
+                self._first_norm = paddle.zeros([], dtype="float32")
+            newly = paddle.logical_and(paddle.logical_not(paddle.isfinite(norm)), self._first_step < 0)
+            self._first_step = paddle.where(newly, paddle.full([], step, dtype="int64"), self._first_step)
+            self._first_norm = paddle.where(newly, norm, self._first_norm)
+            return STEP
+        value = float(norm)  # the one read per step of skip / rollback / fp16
+        action = nonfinite_action(math.isfinite(value), self.policy, self.scaler)
+        if action == RAISE:
+            raise NonFiniteLossError(_error_message(step, value))
+        return action
+
+    def raise_if_seen(self, state) -> None:
+        """Raise :class:`NonFiniteLossError` if a step since the last call had a non-finite norm (one host read).
+
+        ``state.global_step`` is set back to the last step before it: the later updates were non-finite.
+        """
+        if self._first_step is None:
+            return
+        step = int(self._first_step)
+        if step < 0:
+            return
+        norm = float(self._first_norm)
+        self._first_step = None
+        state.global_step = step - 1
+        raise NonFiniteLossError(_error_message(step, norm))
+
+
+@paddle.no_grad()
+def unscale_gradients(scaler, optimizer, divisor: float = 1.0) -> Optional[paddle.Tensor]:
+    """Divide the gradients in place by ``loss scale × divisor``; return this rank's inf/NaN flag (bool [1]).
+
+    The gradients are every one ``optimizer`` (a ``ParallelOptimizer``) holds after synchronisation (its
+    ``counted_gradients``, stage-3 slices included). ``divisor`` > 1 is pipeline ``enable_delay_scale_loss``:
     the micro-batch losses were not divided by the accumulation steps, so the gradients are, here.
     Returns None (and touches nothing) without a scaler and with ``divisor`` 1.
     """
@@ -69,6 +137,7 @@ def unscale_gradients(scaler, grads: Iterable[paddle.Tensor], divisor: float = 1
         # GradScaler.scale() turns itself off when it first runs outside an fp16 auto_cast.
         raise RuntimeError("the fp16 loss scaler was disabled by Paddle (was the forward outside auto_cast?); "
                            "refusing to step with unscaled fp16 gradients")
+    grads = [grad for grad, _ in optimizer.counted_gradients()]
     factor = paddle.to_tensor([float(divisor)], dtype="float32")
     if scaler is not None:
         factor = scaler._scale * factor

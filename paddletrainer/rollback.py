@@ -17,36 +17,18 @@ see ``overflow.nonfinite_action``) — the same on every rank, because the norm 
    ``NonFiniteLossError`` saying so, and so does a rollback with no checkpoint to go back to.
 
 The loop calls :meth:`Rollback.recover` where ``_optimizer_step`` raised; this module never communicates
-except through ``checkpoint.finish_pending_save``. Limits: only non-finite norms trigger it (a finite loss spike
+except through ``Trainer._finish_checkpoints`` (publishing an async save). Limits: only non-finite norms trigger it (a finite loss spike
 does not); the skipped samples count as consumed, so a run bounded by epochs ends after fewer optimizer steps.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Optional
 
 from . import checkpoint as ckpt
+from .configs import RollbackConfig  # built by TrainingArguments: args.rollback_config
 
 logger = logging.getLogger(__name__)
-
-ROLLBACK = "rollback"
-
-
-@dataclasses.dataclass(frozen=True)
-class RollbackConfig:
-    """What ``nan_inf_policy=rollback`` does; ``None`` from :meth:`from_args` when the policy is another one."""
-
-    output_dir: str
-    max_retries: int
-    lr_factor: float
-
-    @classmethod
-    def from_args(cls, args) -> Optional["RollbackConfig"]:
-        if args.nan_inf_policy != ROLLBACK:
-            return None
-        return cls(args.output_dir, args.nan_inf_rollback_max_retries, args.nan_inf_rollback_lr_factor)
-
 
 class Rollback:
     """The rollback state of one ``train()`` call: how many rollbacks happened, the current LR scale."""
@@ -68,7 +50,7 @@ class Rollback:
         if self.count >= self.config.max_retries:
             raise type(error)(f"{error}; gave up after {self.count} rollback(s) (nan_inf_rollback_max_retries="
                               f"{self.config.max_retries})") from None
-        ckpt.finish_pending_save()  # the newest checkpoint may still be in flight (async save)
+        trainer._finish_checkpoints()  # the newest checkpoint may still be in flight (async save)
         ours = ckpt.list_complete_checkpoints(self.config.output_dir)  # never a PaddleNLP dir: no pickles here
         path = ours[-1] if ours else None
         if path is None:

@@ -10,18 +10,18 @@ forward/backward per micro-batch with gradient sync deferred to the last one. Ev
 backward — clip, NaN policy, optimizer, schedule, callbacks, logging, saving — is the same for every layout.
 
 Override points (PaddleNLP/HF names): get_train_dataloader, get_eval_dataloader, get_test_dataloader,
-create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step,
-prediction_step, evaluate, predict, log, save_model.
+create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step, log here;
+evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; save_model,
+export_model, log_metrics, save_metrics, save_state ... from ``paddlenlp_hooks.PaddleNLPHooks`` (all of them
+methods of ``Trainer``, their bodies in the modules that own them).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import shutil
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -51,32 +51,33 @@ from .data import (
     default_data_collator,
     forward_argument_names,
     remove_unused_columns,
-    sum_over_data_ranks,
+    resume_position,
 )
 from .errors import NonFiniteLossError  # noqa: F401 (public here as paddletrainer.trainer.NonFiniteLossError)
-from .evaluation import EvalAccumulator, real_batches_of
+from .evaluation import TrainerEvaluation
 from .metrics.memory_tracker import MemoryTracker
-from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_from_config, peak_memory_bytes,
+from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_of_model, peak_memory_bytes,
                       reporting_callbacks)
 from .metrics.writers import check_report_to
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
+from .loss import batch_loss
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
+from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import (
-    EvalLoopOutput,
-    PREFIX_CHECKPOINT_DIR,
+    checkpoint_dir_name,
     EvalPrediction,
-    PredictionOutput,
     TrainOutput,
     has_length,
     is_paddlenlp_checkpoint,
     resolve_resume_checkpoint,
-    set_seed,
     speed_metrics,
 )
-from .rollback import Rollback, RollbackConfig
+from .rollback import Rollback
+from .seeding import set_seed
 from .runtime import GracefulStop, RobustnessCallback
+from .runtime.signals import check_interval
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -88,27 +89,7 @@ DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
-def enable_recompute(model: paddle.nn.Layer) -> int:
-    """Switch on activation recompute in every layer that supports it (PaddleNLP's ``enable_recompute``
-    attribute; ``config.recompute`` too when the model has a config). Returns how many layers changed.
-
-    A model with no such layer cannot recompute: that is an error, not a silent no-op.
-    """
-    layers = [m for m in model.sublayers(include_self=True) if hasattr(m, "enable_recompute")]
-    if not layers:
-        raise ValueError(
-            f"recompute=True but {type(model).__name__} has no layer with an `enable_recompute` attribute; "
-            "use a model that supports recompute or drop --recompute"
-        )
-    for layer in layers:
-        layer.enable_recompute = True
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "recompute"):
-        config.recompute = True
-    return len(layers)
-
-
-class Trainer(PaddleNLPHooks):
+class Trainer(TrainerEvaluation, PaddleNLPHooks):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -146,11 +127,11 @@ class Trainer(PaddleNLPHooks):
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
         # Checks that need no process group come first, so bad input never leaves a half-built job.
-        self.amp = AmpConfig.from_args(args)  # raises on CPU for fp16/bf16 unless a dry run was asked for
+        self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
             checks.check_model_for_layout(model, args.parallel_degrees)
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
-        self.topology = init_topology(args)  # the one place groups are created (idempotent)
+        self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
         set_seed(args.seed)
         if model is None:
             if model_init is None:
@@ -174,6 +155,7 @@ class Trainer(PaddleNLPHooks):
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
         self._wrapped = False
+        self._checkpointer = ckpt.Checkpointer()  # the save in flight (async saves); see _save_checkpoint
 
         self.state = TrainerState(
             is_local_process_zero=self.topology.local_rank == 0,
@@ -182,7 +164,8 @@ class Trainer(PaddleNLPHooks):
         self.control = TrainerControl()
         popped = self.label_names if criterion is not None else ()
         self._stop = GracefulStop()  # asked by the loop after each optimizer step; RobustnessCallback installs it
-        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped, stopper=self._stop)
+        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped, stopper=self._stop,
+                       remove_unused_columns=args.remove_unused_columns)
                     if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
         self.callback_handler = CallbackHandler(
             defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
@@ -190,7 +173,7 @@ class Trainer(PaddleNLPHooks):
             self.model, self.tokenizer, self.optimizer, self.lr_scheduler,
         )
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
-        self.timers = PhaseTimers(enabled=getattr(args, "log_phase_timers", False))
+        self.timers = PhaseTimers(enabled=args.log_phase_timers)
         self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
@@ -213,20 +196,12 @@ class Trainer(PaddleNLPHooks):
     def _collator_for(self, model) -> Callable:
         """The data collator; with ``remove_unused_columns`` its *output* keeps only the model's forward arguments
         and the labels. The collator itself gets the dataset's samples untouched (PaddleNLP's contract)."""
-        if not self.args.remove_unused_columns:
-            return self.data_collator
-        allowed = forward_argument_names(model)
+        allowed = forward_argument_names(model) if self.args.remove_unused_columns else None
         return self.data_collator if allowed is None else ColumnFilter(self.data_collator, allowed, self.label_names)
 
     def _loader(self, dataset, batch_sampler=None, batch_size=None) -> paddle.io.DataLoader:
-        return DataLoader(
-            dataset,
-            batch_sampler=batch_sampler,
-            batch_size=batch_size or 1,
-            collate_fn=self._collator_for(self.model),
-            num_workers=self.args.dataloader_num_workers,
-            return_list=True,
-        )
+        return DataLoader(dataset, batch_sampler=batch_sampler, batch_size=batch_size or 1, return_list=True,
+                          collate_fn=self._collator_for(self.model), num_workers=self.args.dataloader_num_workers)
 
     def _remove_unused_columns(self, dataset, description: Optional[str] = None):
         """PaddleNLP's hook: a Hugging Face ``datasets.Dataset`` without the columns the model's forward does not
@@ -241,16 +216,9 @@ class Trainer(PaddleNLPHooks):
         if self.train_dataset is None or not has_length(self.train_dataset):
             return None
         args, topo = self.args, self.topology
-        return GlobalBatchSampler(
-            len(self.train_dataset),
-            args.per_device_train_batch_size,
-            topo.data_rank,
-            topo.data_world_size,
-            seed=args.seed,
-            shuffle=True,
-            drop_last=args.dataloader_drop_last,
-            step_span=args.per_device_train_batch_size * args.gradient_accumulation_steps * topo.data_world_size,
-        )
+        return GlobalBatchSampler(len(self.train_dataset), args.per_device_train_batch_size, topo.data_rank,
+                                  topo.data_world_size, seed=args.seed, shuffle=True,
+                                  drop_last=args.dataloader_drop_last, step_span=args.global_batch_size)
 
     def get_train_dataloader(self) -> paddle.io.DataLoader:
         """This rank's training batches, from ``_get_train_sampler`` (streams: consecutive blocks per data rank)."""
@@ -266,8 +234,8 @@ class Trainer(PaddleNLPHooks):
             return self._loader(shard, batch_size=args.per_device_train_batch_size)
         sampler = self._get_train_sampler()
         if not isinstance(sampler, GlobalBatchSampler):
-            step_span = args.per_device_train_batch_size * args.gradient_accumulation_steps * topo.data_world_size
-            sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size, step_span)
+            sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
+                                           args.global_batch_size)
         return self._loader(dataset, batch_sampler=sampler)
 
     def _get_eval_sampler(self, eval_dataset) -> Optional[paddle.io.BatchSampler]:
@@ -316,7 +284,7 @@ class Trainer(PaddleNLPHooks):
         """The ``lr_scheduler_type`` schedule over ``num_training_steps`` with warmup."""
         if self.lr_scheduler is None:
             args = self.args
-            decay_steps = getattr(args, "decay_steps", 0) or num_training_steps
+            decay_steps = args.schedule_decay_steps(num_training_steps)
             self.lr_scheduler = get_scheduler(
                 args.lr_scheduler_type,
                 learning_rate=args.learning_rate,
@@ -325,7 +293,7 @@ class Trainer(PaddleNLPHooks):
                 num_cycles=args.num_cycles,
                 lr_end=args.lr_end,
                 power=args.power,
-                min_learning_rate=getattr(args, "min_learning_rate", 0.0) or 0.0,
+                min_learning_rate=args.min_learning_rate,
             )
         return self.lr_scheduler
 
@@ -340,7 +308,8 @@ class Trainer(PaddleNLPHooks):
         self.amp.warn_if_dry_run()
         self.model, self.optimizer = self.amp.decorate(self.model, self.optimizer)
         self.scaler = self.amp.grad_scaler()
-        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology, self.args)
+        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology,
+                                                         self.args.parallel_config)
         self.callback_handler.model = self.model
         self.callback_handler.optimizer = self.optimizer
         self.callback_handler.lr_scheduler = self.lr_scheduler
@@ -355,30 +324,8 @@ class Trainer(PaddleNLPHooks):
         return {k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
 
     def compute_loss(self, model, inputs: Dict[str, Any], return_outputs: bool = False):
-        """The loss of one micro-batch: the model's own loss, or ``criterion(logits, labels)``."""
-        labels = None
-        if self.criterion is not None:
-            present = [n for n in self.label_names if n in inputs]
-            if present:
-                labels = inputs.pop(present[0]) if len(present) == 1 else tuple(inputs.pop(n) for n in present)
-        outputs = model(**inputs)
-        if self.criterion is not None:
-            logits = outputs[0] if isinstance(outputs, (tuple, list)) and len(outputs) == 1 else outputs
-            loss = self.criterion(logits, labels)
-            outputs = (loss, logits)
-        elif isinstance(outputs, dict):
-            if "loss" not in outputs:
-                raise ValueError(f"the model returned a dict without 'loss' (keys: {sorted(outputs)}); pass labels or a criterion")
-            loss = outputs["loss"]
-        elif isinstance(outputs, (tuple, list)):
-            loss = outputs[0]
-        else:
-            loss = outputs
-        if not isinstance(loss, paddle.Tensor) or loss.size != 1:
-            raise ValueError(
-                "the model must return a scalar loss first (or give Trainer a criterion); got "
-                f"{type(loss).__name__} of shape {getattr(loss, 'shape', '?')}"
-            )
+        """The loss of one micro-batch: the model's own loss, or ``criterion(logits, labels)`` (``loss.batch_loss``)."""
+        loss, outputs = batch_loss(model, inputs, self.criterion, self.label_names)
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs: Dict[str, Any]) -> paddle.Tensor:
@@ -418,24 +365,17 @@ class Trainer(PaddleNLPHooks):
             return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
 
     def _optimizer_step(self) -> paddle.Tensor:
-        """Sync, unscale, clip by the global norm, then step or skip on every rank alike; returns the norm.
-
-        See ``overflow``: the verdict comes from the global norm (one host read per step), so every rank of
-        every axis takes the same branch; a skipped step leaves the LR schedule where it is.
+        """Unscale the synchronised gradients, clip by the global norm, then step or skip on every rank alike;
+        returns the norm, unread. See ``overflow``: the verdict comes from the global norm, so every rank of every
+        axis takes the same branch; only skip/rollback/fp16 read it here, and a skipped step holds the LR schedule.
         """
         optimizer = self.optimizer
-        optimizer.sync_gradients()
         divisor = overflow.delayed_loss_divisor(self.model_wrapped)
-        found_inf = overflow.unscale_gradients(self.scaler, [g for g, _ in optimizer.counted_gradients()], divisor)
+        found_inf = overflow.unscale_gradients(self.scaler, optimizer, divisor)
         grad_norm = clip_grad_norm(self.model_wrapped, optimizer, self.topology, self.args.max_grad_norm,
                                    nonfinite=found_inf)
-        norm_value = float(grad_norm)
-        action = overflow.nonfinite_action(math.isfinite(norm_value), self.args.nan_inf_policy, self.scaler)
-        if action == overflow.RAISE:
-            raise NonFiniteLossError(
-                f"step {self.state.global_step + 1}: gradient norm is {norm_value} (loss or grads are NaN/inf); "
-                "set nan_inf_policy='skip' to skip such steps"
-            )
+        action = self._nonfinite.decide(grad_norm, self.state.global_step + 1)  # may raise NonFiniteLossError
+        self._checkpointer.wait_for_snapshot()  # an async save's host copy is taken before the step writes weights
         with self.timers("optimizer"):
             if action == overflow.STEP:
                 optimizer.step()
@@ -444,7 +384,7 @@ class Trainer(PaddleNLPHooks):
         if action == overflow.SKIP:
             self.state.skipped_steps += 1
             logger.warning("step %d: gradient norm is %s; update skipped (%d skipped so far)%s",
-                           self.state.global_step + 1, norm_value, self.state.skipped_steps,
+                           self.state.global_step + 1, float(grad_norm), self.state.skipped_steps,
                            "" if self.scaler is None else f", loss scale now {overflow.loss_scale(self.scaler)}")
         else:
             self.lr_scheduler.step()
@@ -499,7 +439,9 @@ class Trainer(PaddleNLPHooks):
         self._loss_steps = 0
         self._total_loss = 0.0
         self._last_grad_norm = None
-        rollback_config = RollbackConfig.from_args(args)
+        self._nonfinite = overflow.NonfiniteGuard(args.nan_inf_policy, self.scaler)
+        self._stop.every = check_interval(args.logging_strategy, args.logging_steps)
+        rollback_config = args.rollback_config
         rollback = Rollback(rollback_config) if rollback_config is not None else None
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
@@ -527,19 +469,20 @@ class Trainer(PaddleNLPHooks):
                     if args.count_trained_tokens:
                         self._token_counter.update(micro_batches)
                     with self.timers("forward_backward"):
-                        step_loss = step_fn(micro_batches)
+                        step_loss = step_fn(micro_batches)  # Σ_m loss_m / GA on the device; grads summed over m
                     self.control = self.callback_handler.on_optimizer_begin(
                         args, self.state, self.control, scaler=self.scaler
                     )
-                    try:
-                        self._last_grad_norm = self._optimizer_step()
+                    self.optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
+                    try:  # g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step
+                        self._last_grad_norm = self._optimizer_step()  # no host read unless skip/rollback/fp16
                     except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
                         if rollback is None:
                             raise
                         rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
                         continue
                     self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
-                    self._tr_loss += step_loss
+                    self._tr_loss += step_loss  # summed on the device, read at the next logging step
                     self._loss_steps += 1
                     meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
                     self.state.global_step += 1
@@ -548,7 +491,7 @@ class Trainer(PaddleNLPHooks):
                     self.state.epoch = (
                         self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
                     )
-                    if self._stop.agreed(self.topology):  # collective: every rank stops after the same step
+                    if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
                         self.control.should_save = True
                         self.control.should_training_stop = True
                     self.control = self.callback_handler.on_step_end(args, self.state, self.control)
@@ -560,6 +503,7 @@ class Trainer(PaddleNLPHooks):
                 self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
                 if self.control.should_training_stop or self.state.global_step >= max_steps:
                     break
+            self._nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
         except BaseException:
             self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
@@ -609,16 +553,12 @@ class Trainer(PaddleNLPHooks):
         return value
 
     def _flops_per_token(self) -> Optional[float]:
-        config = getattr(self.model, "config", None)
-        if config is None or not hasattr(config, "num_hidden_layers"):
-            return None
-        try:
-            return flops_per_token_from_config(config)
-        except (AttributeError, TypeError, ValueError):
-            return None
+        return flops_per_token_of_model(self.model)
 
     def _maybe_log_save_evaluate(self, meter: ThroughputMeter, flops_per_token, ignore_keys_for_eval):
         args, control = self.args, self.control
+        if control.should_log or control.should_evaluate or control.should_save:
+            self._nonfinite.raise_if_seen(self.state)  # before a non-finite model is logged, evaluated or saved
         if control.should_log and self._loss_steps:
             steps = self._loss_steps
             loss_sum = self._reduce_loss()
@@ -633,7 +573,7 @@ class Trainer(PaddleNLPHooks):
             logs.update(
                 meter.report(
                     flops_per_token=flops_per_token,
-                    peak_flops=getattr(args, "peak_flops_per_device", None),
+                    peak_flops=args.peak_flops_per_device,
                     num_devices=self.topology.world_size,
                 )
             )
@@ -652,37 +592,19 @@ class Trainer(PaddleNLPHooks):
 
     # ----------------------------------------------------------------------------------- checkpoints
     def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
-        name = self.args.metric_for_best_model
-        if not metrics or not name:
-            return
-        key = name if name.startswith("eval_") else f"eval_{name}"
-        if key not in metrics:
-            raise ValueError(f"metric_for_best_model={name!r} is not among the evaluation metrics: {sorted(metrics)}")
-        value = float(metrics[key])
-        better = np.greater if self.args.greater_is_better else np.less
-        if self.state.best_metric is None or better(value, self.state.best_metric):
-            self.state.best_metric = value
-            self.state.best_model_checkpoint = checkpoint_dir
+        self.state.update_best(metrics, self.args.metric_for_best_model, self.args.greater_is_better, checkpoint_dir)
 
     def _save_checkpoint(self, metrics: Optional[Dict[str, float]] = None) -> str:
         """Write ``output_dir/checkpoint-<step>``: every rank its own shards, published atomically, then rotate."""
-        checkpoint_dir = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        checkpoint_dir = os.path.join(self.args.output_dir, checkpoint_dir_name(self.state.global_step))
         self._update_best(metrics, checkpoint_dir)
-        weights_only = bool(self.args.ignore_save_lr_and_optim)
-        return ckpt.save_checkpoint(
-            checkpoint_dir,
-            model=self.model,
-            optimizer=None if weights_only else self.optimizer,
-            lr_scheduler=None if weights_only else self.lr_scheduler,
-            scaler=None if weights_only else self.scaler,
-            trainer_state=dataclasses.asdict(self.state),
-            args=self.args,
-            data_state={"consumed_samples": self.state.consumed_samples},
-            topology=self.topology,
-            async_save=self.args.checkpoint_async_save,
-            save_total_limit=self.args.save_total_limit,
-            best_checkpoint=self.state.best_model_checkpoint,
-        )
+        resume_state = {} if self.args.ignore_save_lr_and_optim else dict(
+            optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, scaler=self.scaler)
+        return self._checkpointer.save(  # async: copied while the next step runs, see _optimizer_step
+            checkpoint_dir, model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state),
+            args=self.args, data_state={"consumed_samples": self.state.consumed_samples}, topology=self.topology,
+            async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
+            save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
 
     @staticmethod
     def _checkpoint_loader(checkpoint_dir: str) -> Callable:
@@ -701,6 +623,7 @@ class Trainer(PaddleNLPHooks):
         With ``ignore_load_lr_and_optim`` (PaddleNLP's warm start) only the weights are loaded: the step
         count, data position, optimizer, schedule, scaler and RNG start fresh.
         """
+        self._finish_checkpoints()  # a save in flight still reads the tensors this load writes
         load = self._checkpoint_loader(checkpoint_dir)
         if self.args.ignore_load_lr_and_optim:
             load(checkpoint_dir, model=self.model, topology=self.topology, load_rng=False)
@@ -731,194 +654,13 @@ class Trainer(PaddleNLPHooks):
         self.state = restored
         logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
 
-    def log_trained_tokens(self) -> None:
-        """Log the tokens trained so far in this ``train()`` over all data ranks (at each save and at the end;
-        collective over the data group). Sets ``trained_effective_tokens`` and ``trained_tokens``."""
-        if not self.args.count_trained_tokens:
-            return
-        effective, total = sum_over_data_ranks(list(self._token_counter.totals()), self.topology)
-        self.trained_effective_tokens, self.trained_tokens = int(effective), int(total)
-        if self.args.should_log:
-            logger.info("Update to now, trained_effective_tokens: %d, trained_tokens: %d",
-                        self.trained_effective_tokens, self.trained_tokens)
-
-    def _apply_minimum_eval_times(self, max_steps: int) -> None:
-        """PaddleNLP's ``minimum_eval_times``: lower ``eval_steps`` (to a multiple of 10, at least 10) so that a
-        run of ``max_steps`` evaluates at least that many times."""
-        args = self.args
-        if not args.minimum_eval_times or args.minimum_eval_times <= 0 or not args.eval_steps:
-            return
-        if max_steps // args.eval_steps < args.minimum_eval_times:
-            every = max_steps / args.minimum_eval_times
-            args.eval_steps = max(int(every - every % 10), 10)
-            logger.info("minimum_eval_times=%d: eval_steps set to %d", args.minimum_eval_times, args.eval_steps)
-
     def _data_start(self, resume, steps_per_epoch: Optional[int], global_batch: int) -> int:
-        """Samples of the global order to skip: all consumed ones on resume; with ``ignore_data_skip`` only the
-        finished epochs (PaddleNLP: the current epoch restarts at its beginning, a stream from its start)."""
-        consumed = self.state.consumed_samples
-        if resume is None or not self.args.ignore_data_skip:
-            return consumed
-        if not steps_per_epoch:
-            return 0
-        samples_per_epoch = steps_per_epoch * global_batch
-        return consumed - consumed % samples_per_epoch
+        """Samples of the global order to skip on (re)start (``data.resume_position``)."""
+        return resume_position(self.state.consumed_samples, resume is not None and self.args.ignore_data_skip,
+                               steps_per_epoch, global_batch)
 
     def _finish_checkpoints(self) -> None:
-        ckpt.finish_pending_save()  # an async save is on disk (and published) before train() returns
-
-    def save_model(self, output_dir: Optional[str] = None) -> None:
-        """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``.
-
-        Works on every layout: each rank contributes its shards to a weights-only checkpoint, which the
-        main process merges into full tensors.
-        """
-        output_dir = output_dir or self.args.output_dir
-        staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
-        ckpt.save_checkpoint(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
-        if self.args.should_save:
-            ckpt.export_for_from_pretrained(staging, output_dir, require_config=False)
-            shutil.rmtree(staging, ignore_errors=True)
-            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
-                self.tokenizer.save_pretrained(output_dir)
-            with open(os.path.join(output_dir, "training_args.json"), "w") as f:
-                f.write(self.args.to_json_string())
-
-    def export_model(self, input_spec=None, output_dir: Optional[str] = None) -> str:
-        """``paddle.jit.save`` an inference model (``do_export``); the spec is read from one eval batch if absent."""
-        output_dir = output_dir or os.path.join(self.args.output_dir, "export")
-        if input_spec is None:
-            dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
-            batch = next(iter(self.get_eval_dataloader(dataset)))
-            names = [n for n in (forward_argument_names(self.model) or batch) if n in batch and n not in self.label_names]
-            input_spec = [
-                paddle.static.InputSpec(shape=[None] + list(batch[n].shape[1:]), dtype=str(batch[n].dtype).split(".")[-1], name=n)
-                for n in names
-            ]
-        self.model.eval()
-        path = os.path.join(output_dir, "inference")
-        if self.args.should_save:
-            paddle.jit.save(self.model, path, input_spec=input_spec)
-        return path
-
-    # ----------------------------------------------------------------------------------- evaluation
-    def evaluate(self, eval_dataset=None, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "eval") -> Dict[str, float]:
-        """Loss (and ``compute_metrics``) over the eval set; logs the metrics and fires ``on_evaluate``."""
-        self._wrap_for_inference()
-        dataloader = self.get_eval_dataloader(eval_dataset)
-        start = time.time()
-        self._memory.start("eval")
-        output = self.evaluation_loop(
-            dataloader,
-            description="Evaluation",
-            prediction_loss_only=True if self.compute_metrics is None else None,
-            ignore_keys=ignore_keys,
-            metric_key_prefix=metric_key_prefix,
-            max_eval_iters=self.args.max_evaluate_steps,
-        )
-        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
-        output.metrics.update(self._memory.stop("eval"))
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics=output.metrics)
-        return output.metrics
-
-    def predict(self, test_dataset, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "test") -> PredictionOutput:
-        """Predictions (and metrics when labels are present) for ``test_dataset``."""
-        self._wrap_for_inference()
-        dataloader = self.get_test_dataloader(test_dataset)
-        start = time.time()
-        self._memory.start("test")
-        output = self.evaluation_loop(
-            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
-        )
-        output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
-        output.metrics.update(self._memory.stop("test"))
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
-
-    def _wrap_for_inference(self):
-        """Evaluation before/without training still needs the parallel wrappers (an optimizer is not needed)."""
-        if not self._wrapped and (self.topology.world_size > 1):
-            if self.optimizer is None:
-                self.create_optimizer_and_scheduler(num_training_steps=max(self.args.max_steps, 1))
-            self._wrap_model_and_optimizer()
-
-    def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
-        """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only."""
-        labels = self._labels_of(inputs)
-        has_labels = labels is not None
-        inputs = self._prepare_inputs(inputs)
-        with paddle.no_grad(), self.autocast_smart_context_manager():
-            if has_labels:
-                loss, outputs = self.compute_loss(model, dict(inputs), return_outputs=True)
-                loss = loss.detach()
-                logits = outputs[1:] if isinstance(outputs, (tuple, list)) else outputs
-                if isinstance(outputs, dict):
-                    logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []) + ["loss"])
-            else:
-                loss = None
-                inputs = {k: v for k, v in inputs.items() if k not in self.label_names}
-                outputs = model(**inputs)
-                logits = outputs
-                if isinstance(outputs, dict):
-                    logits = tuple(v for k, v in outputs.items() if k not in (ignore_keys or []))
-        if prediction_loss_only:
-            return loss, None, None
-        if isinstance(logits, (tuple, list)) and len(logits) == 1:
-            logits = logits[0]
-        return loss, logits, labels
-
-    def _labels_of(self, inputs: Dict[str, Any]):
-        """The batch's label tensor (a tuple for several ``label_names``), or None if any is missing."""
-        if not all(inputs.get(k) is not None for k in self.label_names):
-            return None
-        labels = [inputs[k] for k in self.label_names]
-        return labels[0] if len(labels) == 1 else tuple(labels)
-
-    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
-        """Under pipeline parallel: ``(loss, logits, labels)`` of one batch, the same on every pp rank.
-
-        The last stage computes logits and loss; both are broadcast over the pipeline group, so
-        ``compute_metrics`` sees predictions as without pipeline parallel.
-        """
-        labels = self._labels_of(inputs)
-        with self.autocast_smart_context_manager():
-            loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
-                                               return_logits=not prediction_loss_only)
-        if prediction_loss_only:
-            return loss, None, None
-        return loss, logits, labels
-
-    def evaluation_loop(
-        self,
-        dataloader,
-        description: str = "Evaluation",
-        prediction_loss_only: Optional[bool] = None,
-        ignore_keys: Optional[List[str]] = None,
-        metric_key_prefix: str = "eval",
-        max_eval_iters: int = -1,
-    ) -> EvalLoopOutput:
-        """Run ``prediction_step`` over this rank's share, then combine the data ranks in dataset order
-        (see :mod:`paddletrainer.evaluation`)."""
-        if prediction_loss_only is None:
-            prediction_loss_only = self.args.prediction_loss_only
-        model = self.model_wrapped
-        model.eval()
-        collected = EvalAccumulator(real_batches_of(dataloader))
-        self.callback_handler.eval_dataloader = dataloader
-        for inputs in dataloader:
-            bs = int(next(iter(inputs.values())).shape[0])
-            if self._is_pipeline:
-                loss, logits, batch_labels = self._pipeline_prediction_step(inputs, prediction_loss_only)
-            else:
-                loss, logits, batch_labels = self.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-            if logits is not None and self.preprocess_logits_for_metrics is not None:
-                logits = self.preprocess_logits_for_metrics(logits, batch_labels)
-            collected.add(loss, logits, batch_labels, bs)
-            self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
-            if max_eval_iters is not None and 0 < max_eval_iters <= collected.batches:
-                break
-        return collected.finish(self.topology, self.compute_metrics, metric_key_prefix)
+        self._checkpointer.finish()  # an async save is on disk (and published) before train() returns
 
     # ----------------------------------------------------------------------------------- logging & state
     def log(self, logs: Dict[str, float]) -> None:
@@ -927,46 +669,3 @@ class Trainer(PaddleNLPHooks):
             logs["epoch"] = round(self.state.epoch, 4)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.callback_handler.on_log(self.args, self.state, self.control, logs=logs)
-
-    def metrics_format(self, metrics: Dict[str, float]) -> Dict[str, Any]:
-        """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
-        out = {}
-        for k, v in metrics.items():
-            if k.endswith("_runtime"):
-                out[k] = time.strftime("%H:%M:%S", time.gmtime(v)) + f".{int((v % 1) * 100):02d}"
-            elif isinstance(v, float):
-                out[k] = round(v, 4)
-            else:
-                out[k] = v
-        return out
-
-    def log_metrics(self, split: str, metrics: Dict[str, float]) -> None:
-        """Print ``metrics`` as an aligned table on the main process."""
-        if not self.args.should_log:
-            return
-        print(f"***** {split} metrics *****")
-        formatted = self.metrics_format(metrics)
-        width = max((len(k) for k in formatted), default=0)
-        for k in sorted(formatted):
-            print(f"  {k:<{width}} = {formatted[k]}")
-
-    def save_metrics(self, split: str, metrics: Dict[str, float], combined: bool = True) -> None:
-        """Write ``<split>_results.json`` (and merge into ``all_results.json``) in output_dir."""
-        if not self.args.should_save:
-            return
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        with open(os.path.join(self.args.output_dir, f"{split}_results.json"), "w") as f:
-            json.dump(metrics, f, indent=2, sort_keys=True)
-        if combined:
-            path = os.path.join(self.args.output_dir, "all_results.json")
-            merged = json.load(open(path)) if os.path.exists(path) else {}
-            merged.update(metrics)
-            with open(path, "w") as f:
-                json.dump(merged, f, indent=2, sort_keys=True)
-
-    def save_state(self) -> None:
-        """Write ``trainer_state.json`` in output_dir."""
-        if self.args.should_save:
-            os.makedirs(self.args.output_dir, exist_ok=True)
-            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
-

@@ -1,17 +1,18 @@
 """Small types and helpers shared by the trainer, its arguments and its callbacks.
 
 The names mirror ``paddlenlp.trainer.trainer_utils`` so that code written against PaddleNLP keeps working.
-This module imports only the standard library, numpy and paddle: everything else in the package may import it.
+This module imports only the standard library and numpy (never paddle: ``TrainingArguments`` imports it, and
+importing the arguments must stay cheap); everything else in the package may import it. ``set_seed`` and
+``_get_distributed_seeds`` are defined in :mod:`paddletrainer.seeding` and resolved here on first use.
 """
 
 import datetime
 import os
-import random
 import re
 import socket
 import time
 from enum import Enum
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -33,6 +34,7 @@ __all__ = [
     "requested_resume",
     "speed_metrics",
     "default_logdir",
+    "normalize_report_to",
     "has_length",
     "find_batch_size",
     "_get_distributed_seeds",
@@ -45,6 +47,18 @@ PREFIX_CHECKPOINT_DIR = "checkpoint"
 CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
 
 _CHECKPOINT_DIR_RE = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """``checkpoint-<step>``: the one spelling of a checkpoint directory's name (``checkpoint.layout`` re-exports
+    it and :func:`parse_checkpoint_step`)."""
+    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+def parse_checkpoint_step(dir_name: str) -> Optional[int]:
+    """Step of a published ``checkpoint-N`` directory name; None for anything else (tmp dirs too)."""
+    match = _CHECKPOINT_DIR_RE.match(dir_name)
+    return int(match.group(1)) if match else None
 
 
 class ExplicitEnum(str, Enum):
@@ -140,18 +154,6 @@ class TrainOutput(NamedTuple):
     metrics: Dict[str, float]
 
 
-def set_seed(seed: int = 42) -> None:
-    """Seed Python's ``random``, numpy and paddle (which seeds the CPU and every visible accelerator).
-
-    Per-rank seed offsets for tensor/pipeline parallel dropout are the topology's job, not this function's.
-    """
-    random.seed(seed)
-    np.random.seed(seed)
-    import paddle  # deferred: keeps this module importable (and fast) where only the small types are needed
-
-    paddle.seed(seed)
-
-
 def sorted_checkpoints(folder: str) -> List[str]:
     """The completed ``checkpoint-N`` directories in ``folder``, oldest (lowest N) first.
 
@@ -163,10 +165,10 @@ def sorted_checkpoints(folder: str) -> List[str]:
         return []
     found = []
     for name in os.listdir(folder):
-        match = _CHECKPOINT_DIR_RE.match(name)
+        step = parse_checkpoint_step(name)
         path = os.path.join(folder, name)
-        if match is not None and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
-            found.append((int(match.group(1)), path))
+        if step is not None and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
+            found.append((step, path))
     return [path for _, path in sorted(found)]
 
 
@@ -194,8 +196,8 @@ def get_last_checkpoint(folder: str) -> Optional[str]:
     if ours:
         return ours[-1]
     names = os.listdir(folder) if os.path.isdir(folder) else []
-    theirs = [(int(m.group(1)), os.path.join(folder, name)) for name in names
-              for m in [_CHECKPOINT_DIR_RE.match(name)] if m is not None]
+    theirs = [(step, os.path.join(folder, name)) for name in names
+              for step in [parse_checkpoint_step(name)] if step is not None]
     theirs = [(step, path) for step, path in theirs if is_paddlenlp_checkpoint(path)]
     return max(theirs)[1] if theirs else None
 
@@ -280,6 +282,15 @@ def default_logdir() -> str:
     return os.path.join("runs", current_time + "_" + socket.gethostname())
 
 
+def normalize_report_to(report_to: Union[None, str, Iterable[str]]) -> List[str]:
+    """PaddleNLP's ``args.report_to`` normalisation: None → ``["visualdl"]`` (its default), a string → a
+    one-item list, ``"none"`` → ``[]``; names are kept as given (``metrics.writers.writer_names`` validates them)."""
+    if report_to is None:
+        return ["visualdl"]
+    items = [report_to] if isinstance(report_to, str) else list(report_to)
+    return [] if items == ["none"] else items
+
+
 def has_length(dataset: Any) -> bool:
     """True if ``len(dataset)`` works (map-style datasets); False for iterable/streaming ones."""
     try:
@@ -305,40 +316,14 @@ def find_batch_size(tensors: Any) -> Optional[int]:
     return None
 
 
-def _get_distributed_seeds(seed: int = 1234, topo: Any = None) -> Tuple[int, int, int]:
-    """PaddleNLP's per-rank seeds ``(global_seed, local_seed, random_seed)`` for hybrid parallel runs.
+# set_seed and _get_distributed_seeds live in ``seeding`` (they need paddle); this module is importable without
+# paddle (TrainingArguments imports it), so they are resolved here on first use, at PaddleNLP's module path.
+_SEEDING_NAMES = ("set_seed", "_get_distributed_seeds")
 
-    * global_seed: the same on the ranks of one tensor-parallel group, different across pp/dp/sharding ranks
-      (dropout outside tensor-parallel layers);
-    * local_seed: different on every rank (dropout inside tensor-parallel layers);
-    * random_seed: ``seed + 100 * pp_rank`` (Python and NumPy).
 
-    ``topo`` is a :class:`paddletrainer.parallel.Topology` (or anything with ``tp_degree/tp_rank``,
-    ``pp_degree/pp_rank``, ``dp_degree/dp_rank``, ``sharding_rank``); None reads fleet's hybrid group when one
-    exists, else every rank is 0 (one process). PaddleNLP's separate ``sep`` axis is degree 1 here.
-    """
-    import paddle  # deferred, as in set_seed
+def __getattr__(name):
+    if name in _SEEDING_NAMES:
+        from . import seeding
 
-    world = paddle.distributed.get_world_size()
-    mp = pp = dp = sharding_rank = 0
-    mp_size = pp_size = dp_size = 1
-    if topo is not None and world > 1:
-        mp, mp_size = topo.tp_rank, topo.tp_degree
-        pp, pp_size = topo.pp_rank, topo.pp_degree
-        dp, dp_size = topo.dp_rank, topo.dp_degree
-        sharding_rank = topo.sharding_rank
-    elif world > 1:
-        from paddle.distributed import fleet
-
-        hcg = fleet.get_hybrid_communicate_group() if getattr(fleet.fleet, "_hcg", None) is not None else None
-        if hcg is not None:
-            mp, mp_size = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
-            pp, pp_size = hcg.get_stage_id(), hcg.get_pipe_parallel_world_size()
-            dp, dp_size = hcg.get_data_parallel_rank(), hcg.get_data_parallel_world_size()
-            sharding_rank = hcg.get_sharding_parallel_rank()
-    # Offsets of each axis, innermost first (mp, then pp, dp, sharding): the rank's coordinates as one number.
-    coordinate = pp * mp_size + dp * mp_size * pp_size + sharding_rank * mp_size * pp_size * dp_size
-    global_seed = seed + coordinate
-    local_seed = seed + world + mp + coordinate
-    random_seed = seed + 100 * pp
-    return global_seed, local_seed, random_seed
+        return getattr(seeding, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,37 +1,44 @@
 """``TrainingArguments``: every option of ``paddlenlp.trainer.TrainingArguments`` (3.0.0b4), same names, defaults
 and meanings, plus a few of ours; validated and resolved at construction, with no distributed side effects.
 
-Construction reads the launch environment (``PADDLE_TRAINERS_NUM``, ``PADDLE_TRAINER_ID``,
-``PADDLE_RANK_IN_NODE``/``PADDLE_LOCAL_RANK``) so that parallel degrees are checked before any process group
-exists; it never creates one. The resolved layout is ``args.parallel_degrees``. The user's degree fields
-(``tensor_parallel_degree`` ...) keep the values given — PaddleNLP overwrites them in place.
+Construction reads the launch environment (``PADDLE_TRAINERS_NUM``, ``PADDLE_RANK_IN_NODE``/``PADDLE_LOCAL_RANK``,
+via ``parallel.layout``) so that parallel degrees are checked before any process group exists; it never creates
+one. It exposes the typed config of each subsystem (``parallel_config``, whose construction runs every layout
+check and is redone when a script changes a field it is built from; ``amp_config``, ``rollback_config``,
+``metrics_config``), built by :mod:`paddletrainer.configs`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
 ``paddletrainer.parallel.topology.init_topology(self)``. That function-level import is the one place where the
-arguments reach into ``parallel`` (imports otherwise flow the other way).
+arguments reach into ``parallel.topology`` (which imports paddle; this module stays importable without it).
 
-Which PaddleNLP options are refused, accepted without effect or translated (and where we differ from PaddleNLP
-on purpose) is listed in :mod:`paddletrainer.compat`, which also holds those checks except the layout rules
-(``_resolve_parallel``/``_check_parallel_combinations`` below).
+PaddleNLP options refused, accepted without effect or translated (and where we differ on purpose): the tables and
+checks of :mod:`paddletrainer.compat`; the layout rules: :mod:`paddletrainer.parallel.config`.
 """
 
 import json
 import logging
 import math
 import os
-import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from enum import Enum
-from typing import Any, Dict, FrozenSet, List, Literal, Optional
+from typing import Any, Dict, List, Literal, Optional
 
 from . import compat
 from .argparser import RAW_VALUE, PdArgumentParser
 # re-exported: these names have been importable from here
 from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
-                     TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config)
+                     TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
+from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
+                      rollback_config_of)
+from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
+from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
-                            ShardingOption, default_logdir, resolve_resume_checkpoint)
+                            ShardingOption, default_logdir, normalize_report_to, resolve_resume_checkpoint)
+
+# The resolved layout type and its arithmetic, under the names this module has always exported.
+ParallelDegrees = Layout
+resolve_parallel_degrees = resolve_layout
 
 __all__ = [
     "TrainingArguments",
@@ -50,44 +57,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SECRET_SUFFIXES = ("_token", "_api_key")
-
-
-@dataclass(frozen=True)
-class ParallelDegrees:
-    """The resolved process layout: ``world_size == dp * sharding * tp * pp``."""
-
-    world_size: int
-    dp: int
-    sharding: int
-    tp: int
-    pp: int
-
-    @property
-    def use_hybrid(self) -> bool:
-        """True when any axis other than plain data parallel is active (fleet hybrid groups are needed)."""
-        return self.sharding > 1 or self.tp > 1 or self.pp > 1
-
-
-def _env_int(name: str, default: Optional[int]) -> Optional[int]:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def _launch_world_size() -> int:
-    world = _env_int("PADDLE_TRAINERS_NUM", 1)
-    if world < 1:
-        raise ValueError(f"environment variable PADDLE_TRAINERS_NUM={world} is invalid: must be >= 1")
-    return world
-
-
-def _launch_local_rank() -> Optional[int]:
-    local = _env_int("PADDLE_RANK_IN_NODE", None)
-    return local if local is not None else _env_int("PADDLE_LOCAL_RANK", None)
 
 
 def _enum(enum_cls, value, option: str):
@@ -111,46 +80,9 @@ def _positive(value, option: str, allow_none: bool = False) -> None:
         raise ValueError(f"{option}={value!r} is invalid: must be a positive number")
 
 
-def parse_sharding(value: Any) -> List[ShardingOption]:
-    """``"stage2 offload"``, ``["stage2", "offload"]``, ``True`` (= stage1), ``False``/``""`` → ShardingOptions."""
-    if isinstance(value, bool):
-        value = "stage1" if value else ""
-    items = re.split(r"[,\s]+", value.strip()) if isinstance(value, str) else list(value or [])
-    options = [_enum(ShardingOption, item, "sharding") for item in items if item != ""]
-    stages = [o for o in options if o != ShardingOption.OFFLOAD]
-    if options and not stages:
-        raise ValueError("sharding='offload' needs a stage: use 'stage3 offload' (the only stage with offload "
-                         "paddletrainer supports)")
-    if len(stages) > 1:
-        raise ValueError(f"sharding={value!r} names {len(stages)} stages; give exactly one of stage1, stage2, stage3")
-    return options
-
-
-def resolve_parallel_degrees(
-    world_size: int, sharding_requested: bool, sharding_degree: int, tp_degree: int, pp_degree: int
-) -> ParallelDegrees:
-    """PaddleNLP's topology arithmetic: degrees are ``max(x, 1)``; an unset (-1) sharding degree with sharding
-    requested takes what tp·pp leave; dp is the rest. Raises if a product does not divide the world size."""
-    for option, degree in (("sharding_parallel_degree", sharding_degree), ("tensor_parallel_degree", tp_degree),
-                           ("pipeline_parallel_degree", pp_degree)):
-        if isinstance(degree, bool) or not isinstance(degree, int) or degree == 0 or degree < -1:
-            raise ValueError(f"{option}={degree!r} is invalid: use -1 (unset) or a positive integer")
-    tp, pp = max(tp_degree, 1), max(pp_degree, 1)
-    if world_size % (tp * pp):
-        raise ValueError(
-            f"tensor_parallel_degree={tp} x pipeline_parallel_degree={pp} = {tp * pp} does not divide the world "
-            f"size {world_size} (PADDLE_TRAINERS_NUM); launch a multiple of {tp * pp} processes or lower the degrees"
-        )
-    if sharding_degree == -1:
-        sharding = world_size // (tp * pp) if sharding_requested else 1
-    else:
-        sharding = sharding_degree
-    if world_size % (sharding * tp * pp):
-        raise ValueError(
-            f"sharding_parallel_degree={sharding} x tensor_parallel_degree={tp} x pipeline_parallel_degree={pp} = "
-            f"{sharding * tp * pp} does not divide the world size {world_size} (PADDLE_TRAINERS_NUM)"
-        )
-    return ParallelDegrees(world_size=world_size, dp=world_size // (sharding * tp * pp), sharding=sharding, tp=tp, pp=pp)
+def _view(getter, doc: str) -> property:
+    """A read-only derived attribute (PaddleNLP scripts read these names as attributes)."""
+    return property(getter, doc=doc)
 
 
 def _help(text: str, **extra) -> Dict[str, Any]:
@@ -412,7 +344,8 @@ class TrainingArguments:
 
     # ---------------------------------------------------------------- paddletrainer's own options
     checkpoint_async_save: bool = field(default=False, metadata=_help(
-        "Write checkpoints in a background thread; training continues once the state is copied to host memory."))
+        "Write checkpoints in a background thread; the state is copied to host memory before the next optimizer "
+        "step, and nothing (e.g. an on_save callback) may change weights in place until then: it would be saved."))
     nan_inf_policy: Literal["error", "skip", "rollback"] = field(default="error", metadata=_help(
         "On a NaN/Inf loss or gradient: error (stop with a report), skip (drop the step and go on) or rollback "
         "(reload the newest checkpoint and skip the samples trained on since it). Under fp16 with a loss scale "
@@ -429,14 +362,14 @@ class TrainingArguments:
         "Peak FLOP/s of one device, to report MFU (None: MFU is not logged)."))
     amp_on_cpu: Literal["error", "fp32_dry_run"] = field(default="error", metadata=_help(
         "What fp16/bf16 does on a CPU-only Paddle: error, or fp32_dry_run (run in float32 with a loud warning)."))
-    sharding_stage3_segment_size: int = field(default=2**20, metadata=_help(
+    sharding_stage3_segment_size: int = field(default=STAGE3_DEFAULT_SEGMENT_SIZE, metadata=_help(
         "Sharding stage3: parameters with more elements than this are sliced across the sharding group; "
         "smaller ones stay whole on every rank (Paddle's default 2**20; lower it to slice a small model, "
         "0 slices every parameter)."))
 
     # ================================================================ construction
     def __post_init__(self):
-        self._world_size = _launch_world_size()
+        self._world_size = launch_world_size()
         self._normalize_paths()
         self._normalize_schedule_and_strategies()
         self._check_sizes()
@@ -444,15 +377,13 @@ class TrainingArguments:
         self._check_precision()
         compat.apply_paddleformers_names(self)
         self._resolve_parallel()
-        compat.check_data_parallel_size(self.data_parallel_size, self._parallel_degrees)
         compat.apply_options_without_behaviour(self)
-        self._check_parallel_combinations()
         self._normalize_checkpoint_and_misc()
         # checkable before training: a bad resume path is a usage error, not a failure after model building
         resolve_resume_checkpoint(self.resume_from_checkpoint, self.output_dir)
 
     def _normalize_paths(self) -> None:
-        local = _launch_local_rank()
+        local = launch_local_rank()
         if local is not None and self._world_size > 1:
             self.local_rank = local
         if self.output_dir is not None:
@@ -519,9 +450,6 @@ class TrainingArguments:
         _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
         _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
         _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
-        if isinstance(self.sharding_stage3_segment_size, bool) or self.sharding_stage3_segment_size < 0:
-            raise ValueError(f"sharding_stage3_segment_size={self.sharding_stage3_segment_size!r} is invalid: "
-                             "must be >= 0 (0 slices every parameter)")
         if self.dataloader_num_workers < 0:
             raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
 
@@ -550,25 +478,43 @@ class TrainingArguments:
             self.amp_master_grad = False
 
     def _resolve_parallel(self) -> None:
+        """The layout (PaddleNLP's arithmetic) and the typed :class:`ParallelConfig`, whose construction runs
+        every layout check; what stays here is PaddleNLP's option handling around it."""
         self.sharding = parse_sharding(self.sharding)
         compat.apply_deprecated_sharding_degree(self)
-        compat.refuse_unsupported_parallel(self)
+        compat.refuse_unsupported_parallel(self, [a.option for a in option_axes()])
         if self.sharding_parallel_degree > 1 and not self.sharding:
             raise ValueError(
                 f"sharding_parallel_degree={self.sharding_parallel_degree} has no effect without sharding: "
                 f"set sharding to stage1, stage2 or stage3, or drop the degree")
-        degrees = resolve_parallel_degrees(
-            self._world_size, bool(self.sharding), self.sharding_parallel_degree,
-            self.tensor_parallel_degree, self.pipeline_parallel_degree)
-        if self.sharding and degrees.sharding == 1:
+        layout = resolve_layout(  # each axis's degree from the option its AXES entry names
+            self._world_size, bool(self.sharding), {a.name: getattr(self, a.option) for a in option_axes()},
+            self.hybrid_parallel_topo_order)
+        if self.sharding and layout.sharding == 1:
             self._drop_sharding_of_degree_one()
-        self._parallel_degrees = degrees
-        self._pipeline_parallel_options = parse_parallel_config(
-            self.pipeline_parallel_config, PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_config")
-        self._sharding_parallel_options = parse_parallel_config(
-            self.sharding_parallel_config, SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config")
-        self._tensor_parallel_options = parse_parallel_config(
-            self.tensor_parallel_config, TENSOR_PARALLEL_OPTIONS, "tensor_parallel_config")
+        compat.check_data_parallel_size(self.data_parallel_size, layout)
+        self._parallel = parallel_config_of(self, layout)
+        self._parallel_inputs = self._current_parallel_inputs()
+        if self.amp_master_grad and layout.world_size > 1:
+            raise ValueError(
+                f"amp_master_grad=True is supported in one process only (world size {layout.world_size}): Paddle's "
+                "master-grad hook replaces gradients behind the data/tensor/pipeline/sharding wrappers; use it "
+                "without amp_master_grad (O2 keeps fp32 master weights either way)")
+        if self.distributed_dataloader and layout.tp <= 1 and layout.pp <= 1:
+            logger.warning("distributed_dataloader needs tensor or pipeline parallel: turning it off")
+            self.distributed_dataloader = False
+        if self.flatten_param_grads and self.device != "npu":
+            raise ValueError(f"flatten_param_grads=True is only supported on npu, but device={self.device!r}")
+
+    def _current_parallel_inputs(self) -> tuple:
+        return tuple(tuple(v) if isinstance(v, list) else v for v in (getattr(self, f) for f in parallel_inputs()))
+
+    def _parallel_config(self):
+        """The parallel config, rebuilt (and re-checked) when a script changed one of its fields after parsing."""
+        if self._current_parallel_inputs() != self._parallel_inputs:
+            self._check_sizes()
+            self._resolve_parallel()
+        return self._parallel
 
     def _drop_sharding_of_degree_one(self) -> None:
         requested = " ".join(o.value for o in self.sharding)
@@ -592,125 +538,49 @@ class TrainingArguments:
         ModelArguments, and a second option of that name would make their parser fail."""
         return self.virtual_pipeline_model_parallel_size or 1
 
-    def _check_virtual_pipeline(self) -> None:
-        """virtual_pipeline_model_parallel_size: Paddle's interleaved schedules (fleet picks one from
-        gradient_accumulation_steps = accumulate_steps: >= 2·pp the interleaved 1F1B, pp..2·pp-1
-        all-forward-then-backward)."""
-        raw, pp = self.virtual_pipeline_model_parallel_size, self._parallel_degrees.pp
-        if raw is not None and (not isinstance(raw, int) or raw < 1):
-            raise ValueError(f"virtual_pipeline_model_parallel_size={raw!r} must be an integer >= 1 (1: no interleaving)")
-        vpp = self.virtual_pp_degree
-        if vpp > 1 and pp < 2:
-            raise ValueError(f"virtual_pipeline_model_parallel_size={vpp} needs pipeline_parallel_degree >= 2 (got "
-                             f"{pp}): the chunks interleave over pipeline stages")
-        ga = self.gradient_accumulation_steps
-        if vpp > 1 and pp < ga < 2 * pp:
-            raise ValueError(f"gradient_accumulation_steps={ga} with virtual_pipeline_model_parallel_size={vpp} and pipeline_parallel_degree="
-                             f"{pp}: Paddle's interleaved schedules need {pp} (all forward, then all backward) or "
-                             f">= {2 * pp} (interleaved 1F1B) micro-batches")
-
-    def _check_parallel_combinations(self) -> None:
-        d = self._parallel_degrees
-        if d.pp > 1 and self.sharding_stage in (2, 3):
-            raise ValueError(
-                f"sharding='stage{self.sharding_stage}' cannot be combined with pipeline_parallel_degree={d.pp}: "
-                f"use sharding='stage1' with pipeline parallel")
-        if d.pp > 1 and self.gradient_accumulation_steps < d.pp:
-            raise ValueError(
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps} is below pipeline_parallel_degree="
-                f"{d.pp}: the pipeline needs at least one micro-batch per stage")
-        self._check_virtual_pipeline()
-        compat.refuse_unproven_parallel_options(d, self._pipeline_parallel_options, self._sharding_parallel_options,
-                                                self._tensor_parallel_options)
-        if self.amp_master_grad and d.world_size > 1:
-            raise ValueError(
-                f"amp_master_grad=True is supported in one process only (world size {d.world_size}): Paddle's "
-                "master-grad hook replaces gradients behind the data/tensor/pipeline/sharding wrappers; use it "
-                "without amp_master_grad (O2 keeps fp32 master weights either way)")
-        if self.sharding_offload and self.sharding_stage == 1:
-            raise ValueError("sharding='stage1 offload': stage1 has no offload; use 'stage3 offload'")
-        if self.sharding_offload and self.sharding_stage == 2:
-            # Refused in every configuration (fp32, fp16/bf16 O2, with or without dp), so no other hint.
-            raise ValueError("sharding='stage2 offload' is not supported by paddletrainer: Paddle steps one fused "
-                             "host offload buffer that a checkpoint cannot map back to parameters; use 'stage3 offload'")
-        if self.distributed_dataloader and d.tp <= 1 and d.pp <= 1:
-            logger.warning("distributed_dataloader needs tensor or pipeline parallel: turning it off")
-            self.distributed_dataloader = False
-        if self.flatten_param_grads and self.device != "npu":
-            raise ValueError(f"flatten_param_grads=True is only supported on npu, but device={self.device!r}")
-
     def _normalize_checkpoint_and_misc(self) -> None:
         self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)
-        if self.report_to is None:
-            self.report_to = ["visualdl"]
-        elif isinstance(self.report_to, str):
-            self.report_to = [self.report_to]
-        if self.report_to == ["none"]:
-            self.report_to = []
-        self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel_degrees.tp)
+        self.report_to = normalize_report_to(self.report_to)
+        self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
 
-    # ================================================================ derived values
-    @property
-    def parallel_degrees(self) -> ParallelDegrees:
-        """The resolved layout (world size from the launch environment)."""
-        return self._parallel_degrees
+    # ================================================================ derived values (read-only attributes)
+    parallel_config = _view(_parallel_config, "The typed :class:`ParallelConfig` the parallel package takes; "
+                            "rebuilt and re-checked when a field it is built from has changed.")
+    amp_config = _view(amp_settings_of, "The mixed precision asked for (``configs.AmpSettings``).")
+    rollback_config = _view(rollback_config_of, "``configs.RollbackConfig``; None unless nan_inf_policy='rollback'.")
+    metrics_config = _view(metrics_config_of, "``configs.MetricsConfig``: the writers, logging_dir, run_name.")
+    parallel_degrees = _view(lambda self: self.parallel_config.layout, "The resolved :class:`Layout`.")
+    use_hybrid_parallel = _view(lambda self: self.parallel_config.layout.use_hybrid,
+                                "PaddleNLP's flag: sharding, tensor or pipeline parallel is active.")
+    data_parallel_degree = _view(lambda self: self.parallel_config.layout.dp, "The resolved data-parallel degree "
+                                 "(PaddleNLP sets this attribute in ``__post_init__``).")
+    sharding_stage = _view(lambda self: self.parallel_config.sharding_stage, "0 when sharding is off, else 1, 2 or 3.")
+    sharding_offload = _view(lambda self: self.parallel_config.sharding_offload,
+                             "Whether sharded state is kept in host memory.")
+    pipeline_parallel_options = _view(lambda self: self.parallel_config.pipeline_options,
+                                      "The names given in ``pipeline_parallel_config`` (a frozenset).")
+    sharding_parallel_options = _view(lambda self: self.parallel_config.sharding_options,
+                                      "The names given in ``sharding_parallel_config`` (a frozenset).")
+    tensor_parallel_options = _view(lambda self: self.parallel_config.tensor_options,
+                                    "The names given in ``tensor_parallel_config`` (a frozenset).")
+    unified_checkpoint_options = _view(lambda self: self._unified_checkpoint_options, "The names given in "
+                                       "``unified_checkpoint_config`` (empty unless ``unified_checkpoint``).")
+    train_batch_size = _view(lambda self: self.per_device_train_batch_size,
+                             "Samples per process per micro-step (as PaddleNLP: ``per_device_train_batch_size``).")
+    eval_batch_size = _view(lambda self: self.per_device_eval_batch_size,
+                            "Samples per process per evaluation step.")
+    global_batch_size = _view(lambda self: self.per_device_train_batch_size * self.gradient_accumulation_steps
+                              * self.dataset_world_size,
+                              "Samples per optimizer step over all processes: batch × accumulation × dp × sharding.")
+    world_size = _view(lambda self: self.parallel_config.layout.world_size,
+                       "Number of processes (from the launch environment; equals the topology's).")
+    dataset_world_size = _view(lambda self: self.parallel_config.layout.data_world_size,
+                               "Number of distinct data streams: dp × sharding (tensor/pipeline ranks share one).")
 
-    @property
-    def use_hybrid_parallel(self) -> bool:
-        """PaddleNLP's flag: sharding, tensor or pipeline parallel is active."""
-        return self._parallel_degrees.use_hybrid
-
-    @property
-    def data_parallel_degree(self) -> int:
-        """The resolved data-parallel degree (PaddleNLP sets this attribute in ``__post_init__``)."""
-        return self._parallel_degrees.dp
-
-    @property
-    def sharding_stage(self) -> int:
-        """0 when sharding is off, else 1, 2 or 3."""
-        stages = {ShardingOption.SHARD_OP: 1, ShardingOption.SHARD_GRAD_OP: 2, ShardingOption.FULL_SHARD: 3}
-        return max((stages.get(o, 0) for o in self.sharding), default=0)
-
-    @property
-    def sharding_offload(self) -> bool:
-        """Whether sharded state is kept in host memory."""
-        return ShardingOption.OFFLOAD in self.sharding
-
-    @property
-    def pipeline_parallel_options(self) -> FrozenSet[str]:
-        """The names given in ``pipeline_parallel_config``."""
-        return self._pipeline_parallel_options
-
-    @property
-    def sharding_parallel_options(self) -> FrozenSet[str]:
-        """The names given in ``sharding_parallel_config``."""
-        return self._sharding_parallel_options
-
-    @property
-    def tensor_parallel_options(self) -> FrozenSet[str]:
-        """The names given in ``tensor_parallel_config``."""
-        return self._tensor_parallel_options
-
-    @property
-    def unified_checkpoint_options(self) -> FrozenSet[str]:
-        """The names given in ``unified_checkpoint_config`` (empty unless ``unified_checkpoint``)."""
-        return self._unified_checkpoint_options
-
-    @property
-    def train_batch_size(self) -> int:
-        """Samples per process per micro-step (as PaddleNLP: ``per_device_train_batch_size``)."""
-        return self.per_device_train_batch_size
-
-    @property
-    def eval_batch_size(self) -> int:
-        """Samples per process per evaluation step."""
-        return self.per_device_eval_batch_size
-
-    @property
-    def global_batch_size(self) -> int:
-        """Samples per optimizer step over all processes: batch × accumulation × dp × sharding."""
-        d = self._parallel_degrees
-        return self.per_device_train_batch_size * self.gradient_accumulation_steps * d.dp * d.sharding
+    def schedule_decay_steps(self, num_training_steps: int) -> int:
+        """Steps the LR schedule decays over: PaddleNLP's llm scripts add a ``decay_steps`` option to their own
+        arguments class (read here when a subclass has it and it is set), else ``num_training_steps``."""
+        return getattr(self, "decay_steps", 0) or num_training_steps
 
     def get_warmup_steps(self, num_training_steps: int) -> int:
         """``warmup_steps`` if set, else ``ceil(warmup_ratio × num_training_steps)``."""
@@ -726,54 +596,18 @@ class TrainingArguments:
         return init_topology(self)
 
     def _rank(self, attribute: str) -> int:
-        if self._parallel_degrees.world_size == 1:
+        if self._parallel_config().layout.world_size == 1:
             return 0
         return getattr(self._topology(), attribute)
 
-    @property
-    def world_size(self) -> int:
-        """Number of processes (from the launch environment; equals the topology's)."""
-        return self._parallel_degrees.world_size
-
-    @property
-    def dataset_world_size(self) -> int:
-        """Number of distinct data streams: dp × sharding (tensor/pipeline ranks share one)."""
-        return self._parallel_degrees.dp * self._parallel_degrees.sharding
-
-    @property
-    def process_index(self) -> int:
-        """Global rank of this process."""
-        return self._rank("rank")
-
-    @property
-    def local_process_index(self) -> int:
-        """Rank of this process on its node."""
-        return self._rank("local_rank")
-
-    @property
-    def tensor_parallel_rank(self) -> int:
-        """Rank in the tensor-parallel group."""
-        return self._rank("tp_rank")
-
-    @property
-    def pipeline_parallel_rank(self) -> int:
-        """Pipeline stage of this process."""
-        return self._rank("pp_rank")
-
-    @property
-    def sharding_parallel_rank(self) -> int:
-        """Rank in the sharding group."""
-        return self._rank("sharding_rank")
-
-    @property
-    def data_parallel_rank(self) -> int:
-        """Rank in the data-parallel group."""
-        return self._rank("dp_rank")
-
-    @property
-    def dataset_rank(self) -> int:
-        """Which data stream this process reads: dp_rank × sharding + sharding_rank."""
-        return self._rank("data_rank")
+    process_index = _view(lambda self: self._rank("rank"), "Global rank of this process.")
+    local_process_index = _view(lambda self: self._rank("local_rank"), "Rank of this process on its node.")
+    tensor_parallel_rank = _view(lambda self: self._rank("tp_rank"), "Rank in the tensor-parallel group.")
+    pipeline_parallel_rank = _view(lambda self: self._rank("pp_rank"), "Pipeline stage of this process.")
+    sharding_parallel_rank = _view(lambda self: self._rank("sharding_rank"), "Rank in the sharding group.")
+    data_parallel_rank = _view(lambda self: self._rank("dp_rank"), "Rank in the data-parallel group.")
+    dataset_rank = _view(lambda self: self._rank("data_rank"),
+                         "Which data stream this process reads: dp_rank × sharding + sharding_rank.")
 
     @property
     def should_log(self) -> bool:
@@ -858,7 +692,7 @@ class TrainingArguments:
         logger.info("\n".join(lines))
 
     def __str__(self) -> str:
-        lines = [f"  parallel_degrees={self._parallel_degrees}"]
+        lines = [f"  parallel_degrees={self._parallel_config().layout}"]
         lines += [f"  {k}={v!r}" for k, v in sorted(self.to_dict().items())]
         return f"{type(self).__name__}(\n" + ",\n".join(lines) + "\n)"
 

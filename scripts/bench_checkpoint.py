@@ -4,17 +4,25 @@ A model of fp32 matrices plus its AdamW state (moment1, moment2: 2x the weights;
 ``--size-mb`` in total (default 1024; ``--tiny`` 20), is saved and loaded through
 ``save_checkpoint``/``load_checkpoint``:
 
-* **1 process**: sync save, async save (``async_save=True``: how long the call blocks — the host snapshot —
-  and the full time until :func:`finish_pending_save` returns, waiting right away), load;
+* **1 process**: sync save; async save as the Trainer runs it: the save call, one forward/backward of the
+  model (the host copy runs meanwhile in the writer thread), ``wait_for_snapshot`` (where the Trainer waits
+  before the optimizer step), then ``finish`` (the publish); load, checksummed in the same pass;
 * **4 ranks** (``paddle.distributed.launch``, tensor-parallel slices, each rank owning 1/4 of every matrix and
   its moments, so each writes a quarter): the same, timed between barriers (slowest rank).
 
-Raw disk speed is measured in the same run and the same directory: the same byte count written in 64 MiB
-chunks from memory with ``fsync`` (one file per rank under 4 ranks, all at once), and read back. Loads are
+Raw disk speed is measured in the same run and the same directory, with the same parallelism as the save
+and the load: every rank writes files of the same sizes as the shard files it writes in the save (its model
+and optimizer files), each in its own thread, in 64 MiB chunks from memory with ``fsync``, all ranks at once;
+then reads them back, again one thread per file (as the load reads its files in parallel). Loads are
 measured cold where possible: every file is dropped from the page cache first (``posix_fadvise DONTNEED``
 after an fsync, no root needed); ``cold`` says whether that was possible.
 
-Targets: save ≥ 80% of the raw write bandwidth; async blocking ≤ 10% of the sync save time.
+Async blocking is what the training thread waits for: the save call plus the wait before the optimizer
+step. The forward/backward is timed with and without a copy running beside it (on this CPU the copy and
+the matmuls share the cores; on a GPU the copy runs on a side stream). ``--batch`` sets its size.
+
+Targets: save ≥ 80% of the raw write bandwidth; load ≥ 80% of the raw read bandwidth; async blocking ≤ 10%
+of the sync save time.
 
     python scripts/bench_checkpoint.py --tiny
     python scripts/bench_checkpoint.py --size-mb 1024 --ranks4 --markdown
@@ -29,6 +37,7 @@ import sys
 import tempfile
 import time
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -104,6 +113,31 @@ def drop_cache(path: str) -> bool:
     return True
 
 
+def raw_write_parallel(paths_sizes: list, buf: np.ndarray) -> float:
+    """Write the files concurrently (one thread and one fsync each); wall seconds until all are durable."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(paths_sizes)) as pool:
+        list(pool.map(lambda ps: raw_write(ps[0], ps[1], buf), paths_sizes))
+    return time.perf_counter() - t0
+
+
+def raw_read_parallel(paths: list) -> float:
+    """Read the files concurrently (one thread each); wall seconds."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=len(paths)) as pool:
+        list(pool.map(raw_read, paths))
+    return time.perf_counter() - t0
+
+
+def shard_file_sizes(ckpt: str, tp_rank: int) -> list:
+    """Sizes of the shard files this (tensor-parallel) rank wrote in the checkpoint ``ckpt``."""
+    from paddletrainer.checkpoint import layout as L
+
+    files = json.loads(Path(ckpt, L.INDEX_NAME).read_text())["files"]
+    names = [L.model_file_name(tp_rank, 0), L.optimizer_file_name(tp_rank, 0, 0)]
+    return [int(files[n]["size"]) for n in names]
+
+
 def raw_write(path: str, nbytes: int, buf: np.ndarray) -> float:
     t0 = time.perf_counter()
     with open(path, "wb") as f:
@@ -127,11 +161,22 @@ def raw_read(path: str) -> float:
 
 
 # ------------------------------------------------------------------------------------ one rank's work
-def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, tiny: bool) -> dict:
+def forward_backward(net, x) -> None:
+    """A training step's forward/backward over every matrix (writes gradients, never the weights)."""
+    loss = None
+    for w in net.ws:
+        part = (x @ w).mean()
+        loss = part if loss is None else loss + part
+    loss.backward()
+
+
+def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, tiny: bool, batch: int) -> dict:
     """Every measurement for this rank; collective (barriers) when degree > 1."""
     import paddle.distributed as dist
 
-    from paddletrainer.checkpoint import finish_pending_save, load_checkpoint, save_checkpoint
+    import paddle
+
+    from paddletrainer.checkpoint import Checkpointer, load_checkpoint
 
     multi = degree > 1
     os.makedirs(work, exist_ok=True)
@@ -142,27 +187,39 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
 
     net, opt, local_bytes = make_state(size_bytes, rank, degree, tiny)
     topo = topo_ns(rank, degree)
+    saver = Checkpointer()
+    x = paddle.randn([batch, net.ws[0].shape[0]])
+    forward_backward(net, x)  # warm up (gradient buffers allocated once)
     buf = np.random.default_rng(rank).integers(0, 255, size=CHUNK, dtype=np.uint8)
-    out = {k: [] for k in ("raw_write", "raw_read", "save", "async_block", "async_total", "load", "load_warm")}
+    out = {k: [] for k in ("raw_write", "raw_read", "save", "async_call", "async_wait", "async_total", "load",
+                           "load_warm", "fb_plain", "fb_during_copy")}
     cold = True
+    # a first save tells the sizes of this rank's shard files: the raw baseline writes the same files
+    probe = os.path.join(work, "ckpts", "checkpoint-probe")
+    saver.save(probe, model=net, optimizer=opt, topology=topo, save_rng=False)
+    sizes = shard_file_sizes(probe, rank)
+    barrier()
+    if rank == 0:
+        shutil.rmtree(probe)
     for rep in range(reps):
-        # raw disk: the same byte count, this rank's share, all ranks at once
-        raw = os.path.join(work, f"raw.rank{rank}")
+        # raw disk: files of the same sizes as this rank's shard files, one writer thread each, all ranks at once
+        raws = [(os.path.join(work, f"raw.rank{rank}.{i}"), n) for i, n in enumerate(sizes)]
         barrier()
-        out["raw_write"].append(raw_write(raw, local_bytes, buf))
+        out["raw_write"].append(raw_write_parallel(raws, buf))
         barrier()
-        cold &= drop_cache(raw)
+        for path, _ in raws:
+            cold &= drop_cache(path)
         barrier()
-        out["raw_read"].append(raw_read(raw))
+        out["raw_read"].append(raw_read_parallel([path for path, _ in raws]))
         barrier()
-        if rank == 0:
-            os.remove(raw)
+        for path, _ in raws:
+            os.remove(path)
 
         # sync save
         ckpt = os.path.join(work, "ckpts", f"checkpoint-{rep}")
         barrier()
         t0 = time.perf_counter()
-        save_checkpoint(ckpt, model=net, optimizer=opt, topology=topo, save_rng=False)
+        saver.save(ckpt, model=net, optimizer=opt, topology=topo, save_rng=False)
         out["save"].append(time.perf_counter() - t0)
 
         # load (cold, then warm)
@@ -181,27 +238,44 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
         if rank == 0:
             shutil.rmtree(ckpt)
 
-        # async save: the blocking call, then waiting at once for the publish
+        # a forward/backward alone, then the async save as the Trainer runs it
+        barrier()
+        t0 = time.perf_counter()
+        forward_backward(net, x)
+        out["fb_plain"].append(time.perf_counter() - t0)
         ackpt = os.path.join(work, "ckpts", f"checkpoint-async{rep}")
         barrier()
         t0 = time.perf_counter()
-        save_checkpoint(ackpt, model=net, optimizer=opt, topology=topo, save_rng=False, async_save=True)
-        out["async_block"].append(time.perf_counter() - t0)
-        finish_pending_save()
+        saver.save(ackpt, model=net, optimizer=opt, topology=topo, save_rng=False, async_save=True)
+        t1 = time.perf_counter()
+        forward_backward(net, x)
+        t2 = time.perf_counter()
+        saver.wait_for_snapshot()
+        t3 = time.perf_counter()
+        opt.clear_grad()
+        out["async_call"].append(t1 - t0)
+        out["fb_during_copy"].append(t2 - t1)
+        out["async_wait"].append(t3 - t2)
+        saver.finish()
         out["async_total"].append(time.perf_counter() - t0)
         barrier()
         if rank == 0:
             shutil.rmtree(ackpt)
     out["local_bytes"] = local_bytes
+    out["raw_files"] = len(sizes)
     out["cold"] = cold
     return out
 
 
 def combine(per_rank: list, reps: int) -> dict:
     """Slowest rank per repetition, then the median over repetitions; bytes summed over ranks."""
-    res = {"bytes": sum(r["local_bytes"] for r in per_rank), "cold": all(r["cold"] for r in per_rank)}
-    for key in ("raw_write", "raw_read", "save", "async_block", "async_total", "load", "load_warm"):
+    res = {"bytes": sum(r["local_bytes"] for r in per_rank), "cold": all(r["cold"] for r in per_rank),
+           "raw_files": sum(r["raw_files"] for r in per_rank)}
+    for key in ("raw_write", "raw_read", "save", "async_call", "async_wait", "async_total", "load", "load_warm",
+                "fb_plain", "fb_during_copy"):
         res[key] = median(max(r[key][i] for r in per_rank) for i in range(reps))
+    # blocked = call + wait, per rank and repetition (the slowest rank's sum, not a sum of maxima)
+    res["async_block"] = median(max(r["async_call"][i] + r["async_wait"][i] for r in per_rank) for i in range(reps))
     return res
 
 
@@ -210,7 +284,7 @@ def worker(a) -> None:
 
     dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
-    out = bench_rank(a.work, int(a.size_mb * 2**20), a.reps, rank, world, a.tiny)
+    out = bench_rank(a.work, int(a.size_mb * 2**20), a.reps, rank, world, a.tiny, a.batch)
     gathered = []
     dist.all_gather_object(gathered, out)
     if rank == 0:
@@ -223,12 +297,17 @@ def rows_for(label: str, r: dict) -> list:
     bw = lambda s: mb / s  # noqa: E731
     save_frac = r["raw_write"] / r["save"]
     rows = [
-        [label, "raw disk write (fsync)", mb, r["raw_write"], bw(r["raw_write"]), "100%"],
+        [label, f"raw disk write ({r['raw_files']} fsync'd files in parallel, as the save)", mb, r["raw_write"], bw(r["raw_write"]), "100%"],
         [label, "save_checkpoint (sync)", mb, r["save"], bw(r["save"]), f"{100 * save_frac:.0f}% of raw write"],
-        [label, "save_checkpoint async: call blocks", mb, r["async_block"], bw(r["async_block"]),
+        [label, "async save: the save call", mb, r["async_call"], bw(r["async_call"]), ""],
+        [label, "async save: wait before the optimizer step", mb, r["async_wait"], bw(r["async_wait"]), ""],
+        [label, "async save: training thread blocked (call + wait)", mb, r["async_block"], bw(r["async_block"]),
          f"{100 * r['async_block'] / r['save']:.1f}% of sync save"],
-        [label, "save_checkpoint async: until published", mb, r["async_total"], bw(r["async_total"]), ""],
-        [label, f"raw disk read ({'cold' if r['cold'] else 'page cache'})", mb, r["raw_read"], bw(r["raw_read"]), "100%"],
+        [label, "async save: until published", mb, r["async_total"], bw(r["async_total"]), ""],
+        [label, "forward/backward alone", "", r["fb_plain"], "", "100%"],
+        [label, "forward/backward beside the host copy", "", r["fb_during_copy"], "",
+         f"{100 * r['fb_during_copy'] / r['fb_plain']:.0f}% of alone"],
+        [label, f"raw disk read ({r['raw_files']} files in parallel, {'cold' if r['cold'] else 'page cache'})", mb, r["raw_read"], bw(r["raw_read"]), "100%"],
         [label, f"load_checkpoint ({'cold' if r['cold'] else 'page cache'})", mb, r["load"], bw(r["load"]),
          f"{100 * r['raw_read'] / r['load']:.0f}% of raw read"],
         [label, "load_checkpoint (page cache)", mb, r["load_warm"], bw(r["load_warm"]), ""],
@@ -238,8 +317,10 @@ def rows_for(label: str, r: dict) -> list:
 
 def target_rows(label: str, r: dict) -> list:
     frac = r["raw_write"] / r["save"]
+    read = r["raw_read"] / r["load"]
     block = r["async_block"] / r["save"]
     return [[label, "save >= 80% of raw write bandwidth", f"{100 * frac:.0f}%", met(frac >= 0.8)],
+            [label, "load >= 80% of raw read bandwidth", f"{100 * read:.0f}%", met(read >= 0.8)],
             [label, "async blocking <= 10% of sync save", f"{100 * block:.1f}%", met(block <= 0.10)]]
 
 
@@ -252,6 +333,7 @@ def main(argv=None):
     p.add_argument("--size-mb", type=float, default=None, help="weights + optimizer state in MiB (default 1024)")
     p.add_argument("--reps", type=int, default=None, help="repetitions (default 3; tiny 1)")
     p.add_argument("--ranks4", action="store_true", help="also run on 4 ranks (a launch)")
+    p.add_argument("--batch", type=int, default=None, help="rows of the forward/backward's input (default 32; tiny 8)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir under /tmp)")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -260,6 +342,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     a.size_mb = a.size_mb or (20 if a.tiny else 1024)
     a.reps = a.reps or (1 if a.tiny else 3)
+    a.batch = a.batch or (8 if a.tiny else 32)
     if a.worker:
         return worker(a)
 
@@ -267,14 +350,15 @@ def main(argv=None):
     base = tempfile.mkdtemp(prefix="pt-bench-ckpt-", dir=a.dir)
     try:
         results = {}
-        single = bench_rank(os.path.join(base, "single"), int(a.size_mb * 2**20), a.reps, 0, 1, a.tiny)
+        single = bench_rank(os.path.join(base, "single"), int(a.size_mb * 2**20), a.reps, 0, 1, a.tiny, a.batch)
         results["1 proc"] = combine([single], a.reps)
         if a.ranks4:
             work = os.path.join(base, "ranks4")
             os.makedirs(work)
             res = os.path.join(base, "ranks4.json")
             launch(__file__, 4, ["--worker", "--work", work, "--result", res, "--size-mb", a.size_mb,
-                                 "--reps", a.reps] + (["--tiny"] if a.tiny else []), os.path.join(base, "logs"))
+                                 "--reps", a.reps, "--batch", a.batch] + (["--tiny"] if a.tiny else []),
+                   os.path.join(base, "logs"))
             results["4 ranks"] = json.loads(Path(res).read_text())
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -20,6 +20,8 @@ baseline (paddle and paddlenlp imported), so compare differences.
 Workloads: a tiny ERNIE sequence-classification fine-tune (``ErnieForSequenceClassification``, random
 ids) and a tiny Llama causal LM (``LlamaForCausalLM``); ``--tiny`` shrinks both for the smoke test.
 ``--dp2`` repeats the comparison on 2 processes (``paddle.distributed.launch``, one launch per runner).
+The single-process runs hold the machine's multi-process lock (``/tmp/paddletrainer-mp.lock``), each dp2 launch
+takes it too, and the load average is recorded at the start, after the 1-process runs and after dp2.
 ``--profile`` runs cProfile over paddletrainer's and the bare loop's steps and prints where the per-step time
 goes (inclusive seconds per step of the loop's parts).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import contextlib
+import fcntl
 import io
 import json
 import logging
@@ -47,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from bench_common import (  # noqa: E402
-    launch, machine_line, markdown_table, median, met, peak_rss_bytes, peak_rss_reset, print_table,
+    LOCK, launch, machine_line, markdown_table, median, met, peak_rss_bytes, peak_rss_reset, print_table,
     update_markdown_section,
 )
 
@@ -290,8 +293,9 @@ def micro_costs(spec, repeat: int = 200) -> list:
     inputs = {k: paddle.to_tensor(np.stack([b[k] for b in batch])) for k in batch[0]}
     _first(model(**inputs)).backward()
     params_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
-    topo = types.SimpleNamespace(tp_rank=0, tp_group=None, pp_group=None, sharding_group=None, sharding_degree=1)
+    topo = types.SimpleNamespace(tp_rank=0, sharding_degree=1, sharding_rank=0, hcg=None)  # one process
     popt = ParallelOptimizer(paddle.optimizer.AdamW(parameters=model.parameters()), mode=LOCAL, topology=topo)
+    popt.sync_gradients()
     # max_norm so large that neither clips: clip_grad_norm scales in place, so an active clip would make
     # every later call see an already-clipped gradient; this compares the norm computations alike.
     big = 1e9
@@ -310,12 +314,11 @@ def micro_costs(spec, repeat: int = 200) -> list:
 
     n = len(params_grads)
     return [
-        (f"paddletrainer clip_grad_norm ({n} grads; norm, float(coef), no clip needed)", per_call(lambda: clip_grad_norm(model, popt, topo, big))),
+        (f"paddletrainer clip_grad_norm ({n} grads; squared-L2 norm + clip, no host read)", per_call(lambda: clip_grad_norm(model, popt, topo, big))),
         ("paddle ClipGradByGlobalNorm, same grads (bare loop and PaddleNLP)", per_call(lambda: paddle_clip(params_grads))),
-        ("  counted_gradients() (called 1-2x per step)", per_call(popt.counted_gradients)),
-        ("  grad.astype('float32') on fp32 grads (a copy per grad)", per_call(lambda: [g.astype("float32") for _, g in params_grads])),
-        ("model.train() (every micro-batch in training_step)", per_call(model.train)),
-        ("float(norm) host read (2 per step: coef, grad_norm)", per_call(lambda: float(norm))),
+        ("  counted_gradients() (called 2x per step)", per_call(popt.counted_gradients)),
+        ("model.train() (only after an evaluation now)", per_call(model.train)),
+        ("float(norm) host read (now only at logging steps)", per_call(lambda: float(norm))),
     ]
 
 
@@ -361,7 +364,7 @@ def measure_dp2(a, specs) -> dict:
                 res = os.path.join(tmp, "res.json")
                 try:
                     launch(__file__, 2, ["--worker", runner, "--workload", name, "--steps", a.steps, "--warmup",
-                                         a.warmup, "--reps", min(a.reps, 3), "--logging-steps", a.logging_steps,
+                                         a.warmup, "--reps", a.reps, "--logging-steps", a.logging_steps,
                                          "--result", res] + (["--tiny"] if a.tiny else []),
                            os.path.join(tmp, "logs"), timeout=600)
                     runs[runner] = json.loads(Path(res).read_text())
@@ -403,6 +406,10 @@ def targets(results_by_layout: dict) -> list:
     return rows
 
 
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="small models and few steps (smoke test, < 60 s)")
@@ -433,14 +440,18 @@ def main(argv=None):
     specs = {k: v for k, v in workloads(a.tiny).items() if k in a.workloads.split(",")}
     print(machine_line())
     print(f"steps={a.steps} warmup={a.warmup} reps={a.reps} logging_steps={a.logging_steps} tiny={a.tiny}")
-    with contextlib.redirect_stdout(io.StringIO()):  # the trainers' own printed logs
+    loads = [f"start {_load()}"]
+    with contextlib.redirect_stdout(io.StringIO()), open(LOCK, "a") as lock:  # the trainers' own printed logs
+        fcntl.flock(lock, fcntl.LOCK_EX)  # no test launch of the others while the 1-process runs are timed
         runners = tuple(r for r in RUNNERS if r in a.runners.split(","))
         single = measure_single(specs, a.steps, a.warmup, a.reps, a.logging_steps, runners=runners)
+    loads.append(f"after 1 proc {_load()}")
     by_layout = {"1 proc": single}
     rows = table_rows(single, "1 proc")
     if a.dp2:  # print the single-process table now: the launches can wait a while for the machine's lock
         print_table("Training-loop overhead, 1 process (median steps/s after warmup)", HEADERS, rows)
-        dp2 = measure_dp2(a, specs)
+        dp2 = measure_dp2(a, specs)  # each launch takes the lock itself
+        loads.append(f"after dp2 {_load()}")
         by_layout["dp2"] = dp2
         rows += table_rows(dp2, "dp2")
     print_table("Training-loop overhead (median steps/s after warmup)", HEADERS, rows)
@@ -466,7 +477,8 @@ def main(argv=None):
     if a.markdown:
         body = [f"Machine: {machine_line()}.",
                 f"`python scripts/bench_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
-                f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps}, logging every {a.logging_steps}).", "",
+                f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps}, logging every {a.logging_steps}).",
+                f"Load average (1/5/15 min) during the run: {'; '.join(loads)}.", "",
                 markdown_table(HEADERS, rows), "", "Targets:", "", markdown_table(["workload", "layout", "target", "value", "status"], trows)]
         if prof_rows:
             body += ["", "Per-step breakdown of paddletrainer vs the bare loop (cProfile; inflates Python-heavy parts):", "",

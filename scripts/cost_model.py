@@ -68,6 +68,8 @@ class Layout:
     tp_output_gathered: bool = True  # tensor_parallel_output=False: logits all-gathered (what the Trainer demos use)
     fused_qkv: bool = False  # PaddleNLP Llama's fuse_attention_qkv (default False: separate q, k, v projections)
     fused_ffn: bool = False  # fuse_attention_ffn (default False: separate gate and up projections)
+    split_param: bool = False  # sharding stage1 V2 (sharding_parallel_config=split_param)
+    sequence_parallel: bool = False  # Megatron sequence parallel inside tp (sequence_parallel)
 
     @property
     def data_world(self) -> int:
@@ -128,8 +130,13 @@ def memory(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
     # Recomputation", no sequence parallel): s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes with 2-byte activations
     # and 1-byte dropout masks. For fp32 we double it (the masks are a small part). A Llama MLP (SwiGLU, I ≈ 2.7h)
     # keeps about as much as GPT's 4h GeLU MLP, so we keep the formula; it is an estimate (±30%).
+    # Sequence parallel (same paper) splits the 10·s·b·h the tp ranks would otherwise each keep whole (norm
+    # and dropout inputs) along the sequence: s·b·h·(34 + 5·a·s/h)/t — every activation divided by tp.
     s, b, h, a, t = c.seq, lay.micro_batch, c.hidden, c.heads, lay.tp
-    per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (2 if dtype == "fp32" else 1)
+    if lay.sequence_parallel and t > 1:
+        per_layer = s * b * h * (34 + 5 * a * s / h) / t * (2 if dtype == "fp32" else 1)
+    else:
+        per_layer = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * (2 if dtype == "fp32" else 1)
     # 1F1B: stage 0 holds min(pp, m) micro-batches' activations at its peak; without pp, one. Interleaved
     # (v chunks): (1 + (p-1)/(p·v)) times that (Narayanan et al. 2021), in units of a whole stage's layers.
     inflight = min(lay.pp, lay.grad_accum) if lay.pp > 1 else 1
@@ -162,16 +169,22 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
     if lay.sharding > 1:
         S = lay.sharding
         f = (S - 1) / S
-        if lay.stage <= 1:
+        if lay.stage <= 1 and lay.split_param:
+            # V2: reduce-scatter the fused gradient buffers (payload G, counted at its input), all-gather the
+            # updated parameter buffers (W). Minimum: the same algorithm, (S-1)/S·(G + W).
+            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
+                               "what": "reduce-scatter grad buffers + all-gather param buffers, once per step"}
+        elif lay.stage <= 1:
             # fleet's V1: reduce each grad to its owner (payload G), owners broadcast updated params (payload W).
             # Minimum: reduce-scatter + all-gather = (S-1)/S·(G + W).
             out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
                                "what": "reduce grads to owners + broadcast params, once per step"}
         elif lay.stage == 2:
-            # GroupShardedStage2 reduces every gradient to its owner in the backward hook of EVERY micro-batch
-            # (m·G), then owners broadcast updated params once (W). Minimum: once per step, (S-1)/S·(G + W).
-            out["sharding"] = {"payload": m * G + W, "min_wire": f * (G + W),
-                               "what": f"reduce grads to owners each micro-batch (x{m}) + broadcast params"}
+            # GroupShardedStage2 reduces every gradient to its owner in a backward hook; paddletrainer's no_sync
+            # keeps the hooks disarmed on all micro-batches but the last (G once), then owners broadcast the
+            # updated params (W). Minimum: (S-1)/S·(G + W).
+            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
+                               "what": "reduce grads to owners on the last micro-batch + broadcast params"}
         else:
             # Stage 3: all-gather params before forward and again before backward of every micro-batch (2·W each),
             # grads reduced into slices (G) each micro-batch. Minimum is the same algorithm: (S-1)/S·m·(2W + G).
@@ -187,19 +200,38 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
         # and the LM head's input (backward): 2 per micro-batch. Logits gathered (tensor_parallel_output=False):
         # an all-gather of [b,s,V] fp32.
         bwd = (1 if lay.fused_qkv else 3) + (1 if lay.fused_ffn else 2)
-        n_ar = (2 + bwd) * L + 2
-        n_min = 4 * L + 2
+        unfused = (2 + 5) * L + 2
         gather = lay.micro_batch * c.seq * c.vocab * 4 if lay.tp_output_gathered else 0
-        out["tp"] = {"payload": m * (n_ar * act + gather),
-                     "min_wire": m * (2 * (t - 1) / t * n_min * act + (t - 1) / t * gather),
-                     "what": f"{n_ar} all-reduces of [b,s,h] (min {n_min}, fused qkv/ffn) + logits all-gather, "
-                             f"per micro-batch (x{m})"}
+        if not lay.sequence_parallel:
+            n_ar = (2 + bwd) * L + 2
+            n_min = 4 * L + 2
+            out["tp"] = {"payload": m * (n_ar * act + gather),
+                         "min_wire": m * (2 * (t - 1) / t * n_min * act + (t - 1) / t * gather),
+                         "what": f"{n_ar} all-reduces of [b,s,h] (unfused q/k/v, gate/up: {unfused}; min {n_min}, "
+                                 f"fused) + logits all-gather, per micro-batch (x{m})"}
+        else:
+            # Sequence parallel: each column projection all-gathers its [s/t,b,h] input forward (reduce-scatter
+            # backward), o_proj and down_proj reduce-scatter forward (all-gather backward): 2·(bwd + 2) per layer,
+            # each moving (t-1)/t of [b,s,h] at least — the wire of the (bwd + 2) all-reduces they replace. Plus
+            # the embedding's all-reduce, the scatter/gather around the layers (an all-gather each way) and the
+            # head's input-grad all-reduce. The CPU reduce-scatter is an all-reduce (cpu_sp_ops), so its wire
+            # is 2x the minimum for the reduce-scatter half: about 1.5x overall.
+            # Once per step, the tp all-reduce of the norm weights' gradients (sequence-parallel parameters).
+            n_ag, n_rs = (bwd + 2) * L + 2, (bwd + 2) * L
+            norms = (2 * L + 1) * c.hidden * 4
+            out["tp"] = {"payload": m * ((n_ag + n_rs + 2) * act + gather) + norms,
+                         "min_wire": m * ((t - 1) / t * (n_ag + n_rs) * act + 2 * (t - 1) / t * 2 * act
+                                          + (t - 1) / t * gather) + 2 * (t - 1) / t * norms,
+                         "what": f"SP: {n_ag} all-gathers + {n_rs} reduce-scatters of [b,s,h] (fused: {4 * L + 2} + "
+                                 f"{4 * L}) + 2 all-reduces + logits all-gather, per micro-batch (x{m}); norm grads"}
     if lay.pp > 1:
         p, v = lay.pp, lay.vpp
         # Per micro-batch each chunk boundary carries the activation forward and its gradient backward: p·v
         # chunks have p·v-1 boundaries (v = 1: p-1). Averaged over the p stages: (p·v-1) × 2 directions / p
         # sends of [b,s,h]. Payload counts both ends of a p2p transfer (the send and the recv): 2x.
-        per_rank = m * act * 2 * (p * v - 1) / p
+        # Under sequence parallel the stages exchange the sequence-split [s/t,b,h] (the embedding scatters it).
+        boundary = act / lay.tp if lay.sequence_parallel and lay.tp > 1 else act
+        per_rank = m * boundary * 2 * (p * v - 1) / p
         out["pp"] = {"payload": 2 * per_rank, "min_wire": per_rank,
                      "what": f"send/recv [b,s,h] fwd+bwd per chunk boundary ({p * v - 1}), per micro-batch "
                              f"(x{m}), avg over stages; bubble {100 * pipeline_bubble(lay):.1f}%"}
@@ -227,9 +259,12 @@ def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
 LAYOUTS = {  # name: (nproc, Layout kwargs)
     "dp2": dict(dp=2),
     "stage1x2": dict(sharding=2, stage=1),
+    "stage1v2x2": dict(sharding=2, stage=1, split_param=True),
     "stage2x2": dict(sharding=2, stage=2),
     "stage3x2": dict(sharding=2, stage=3),
-    "tp2": dict(tp=2),
+    "tp2": dict(tp=2, fused_qkv=True, fused_ffn=True),  # fused q/k/v and gate/up, as llm_examples/llama runs
+    "tp2_unfused": dict(tp=2),  # PaddleNLP's default projections
+    "tp2_sp": dict(tp=2, fused_qkv=True, fused_ffn=True, sequence_parallel=True),
     "pp2": dict(pp=2),
 }
 MEASURE = dict(micro_batch=2, grad_accum=2, seq=32, warmup_steps=1, steps=2, stage3_segment=1024)
@@ -324,6 +359,10 @@ def measure_worker(a) -> None:
               remove_unused_columns=False)
     if lay.get("sharding", 1) > 1:
         kw.update(sharding=f"stage{lay['stage']}", sharding_parallel_degree=lay["sharding"])
+        if lay.get("split_param"):
+            kw.update(sharding_parallel_config="split_param")
+    if lay.get("sequence_parallel"):
+        kw.update(sequence_parallel=True)
     args = TrainingArguments(**kw)
 
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
@@ -332,6 +371,10 @@ def measure_worker(a) -> None:
     cfg.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
     cfg.tensor_parallel_rank = args.tensor_parallel_rank
     cfg.tensor_parallel_output = False
+    cfg.sequence_parallel = bool(lay.get("sequence_parallel"))
+    cfg.seq_length = MEASURE["seq"]  # sequence parallel reshapes [s·b, h] back with the config's seq_length
+    cfg.fuse_attention_qkv = bool(lay.get("fused_qkv"))  # on the object: LlamaConfig drops them from config.json
+    cfg.fuse_attention_ffn = bool(lay.get("fused_ffn"))
     paddle.seed(3)
     model = (LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM)(cfg)
     seq = MEASURE["seq"]
@@ -371,9 +414,10 @@ def measure_worker(a) -> None:
     Path(a.result_dir, f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 
-def single_optim_bytes(c: Config) -> int:
+def single_optim_bytes(c: Config, fused_qkv: bool = False, fused_ffn: bool = False) -> int:
     # AdamW over every parameter: moment1 + moment2 (fp32) plus two fp32 scalars (beta1^t, beta2^t) per param
-    n_tensors = 2 + c.layers * 9 + 1 + (0 if c.tie else 1)  # emb, 9 per layer, final norm, head
+    per_layer = 9 - (2 if fused_qkv else 0) - (1 if fused_ffn else 0)  # q,k,v,o,gate,up,down,2 norms; fused fewer
+    n_tensors = 2 + c.layers * per_layer + 1 + (0 if c.tie else 1)  # emb, per layer, final norm, head
     return param_counts(c, Layout())["total"] * 8 + n_tensors * 2 * 4
 
 
@@ -410,7 +454,7 @@ def run_measure(names) -> tuple:
                      fmt_bytes(model_wire), fmt_bytes(wire), f"{wire / model_wire:.2f}x", top])
         trows.append([name, "wire within 1.1x of the model minimum", f"{wire / model_wire:.2f}x", met(wire <= 1.1 * model_wire)])
         if kw.get("sharding", 1) > 1:
-            total_opt = single_optim_bytes(c)
+            total_opt = single_optim_bytes(c, kw.get("fused_qkv", False), kw.get("fused_ffn", False))
             total_par = param_counts(c, Layout())["total"] * 4
             for r in ranks:
                 srows.append([name, r["rank"], fmt_bytes(r["optim_bytes"]), f"{r['optim_bytes'] / (total_opt / nproc):.2f}",
@@ -443,9 +487,12 @@ def main(argv=None):
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--fused-qkv", action="store_true", help="fused q/k/v projection (fuse_attention_qkv)")
     p.add_argument("--fused-ffn", action="store_true", help="fused gate/up projection (fuse_attention_ffn)")
+    p.add_argument("--sequence-parallel", action="store_true", help="sequence parallel inside tp (activations / tp)")
     p.add_argument("--measure", action="store_true", help="measure the tiny Llama on CPU launches (2 procs each)")
     p.add_argument("--layouts", default=None, help=f"comma list of {','.join(LAYOUTS)} (default all; tiny: dp2,stage1x2)")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--section", default="Cost model (cost_model.py)",
+                   help="the docs/benchmarks.md section --markdown replaces (e.g. one per group of layouts)")
     p.add_argument("--measure-worker", help=argparse.SUPPRESS)
     p.add_argument("--result-dir", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -455,12 +502,14 @@ def main(argv=None):
 
     if a.tiny:
         c = tiny_config()
-        lay = Layout(dp=2, sharding=2, stage=1, tp=2, pp=2, micro_batch=2, global_batch=16)
+        lay = Layout(dp=2, sharding=2, stage=1, tp=2, pp=2, micro_batch=2, global_batch=16, fused_qkv=a.fused_qkv,
+                     fused_ffn=a.fused_ffn, sequence_parallel=a.sequence_parallel)
     else:
         c = Config(a.hidden, a.layers, a.heads, a.vocab, a.seq, a.intermediate, a.kv_heads, a.tie)
         gb = a.global_batch or a.micro_batch * a.dp * a.sharding * max(a.pp, 1) * 2
         lay = Layout(dp=a.dp, sharding=a.sharding, stage=a.stage if a.sharding > 1 else 0, tp=a.tp, pp=a.pp,
-                     vpp=a.vpp, micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn)
+                     vpp=a.vpp, micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn,
+                     sequence_parallel=a.sequence_parallel)
     print(machine_line())
     mrows, crows = print_model(c, lay, a.dtype)
 
@@ -496,7 +545,7 @@ def main(argv=None):
             body += ["", markdown_table(["layout", "rank", "optimizer state", "vs 1/N", "params held", "vs 1/N"], srows)]
         if trows:
             body += ["", "Targets:", "", markdown_table(["layout", "target", "value", "status"], trows)]
-        update_markdown_section("Cost model (cost_model.py)", "\n".join(body))
+        update_markdown_section(a.section, "\n".join(body))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,10 @@ class ModelArguments:
     use_flash_attention: bool = field(default=False, metadata={"help": "GPU only."})
     recompute_granularity: str = field(default="full", metadata={"help": "full, full_attn or core_attn."})
     virtual_pp_degree: int = field(default=1, metadata={"help": "Virtual pipeline stages per rank (interleaved)."})
+    # On by default here (PaddleNLP's default is off): one q/k/v and one gate/up projection bring tensor
+    # parallel's all-reduces to the model's minimum (2 forward + 2 backward per layer instead of 2 + 5).
+    fuse_attention_qkv: bool = field(default=True, metadata={"help": "One fused q/k/v projection (qkv_proj)."})
+    fuse_attention_ffn: bool = field(default=True, metadata={"help": "One fused gate/up projection."})
 
 
 @dataclass
@@ -91,7 +95,11 @@ def build_model(model_args, data_args, training_args):
     config.tensor_parallel_degree = training_args.tensor_parallel_degree
     config.tensor_parallel_rank = training_args.tensor_parallel_rank
     config.tensor_parallel_output = model_args.tensor_parallel_output
-    config.sequence_parallel = getattr(training_args, "sequence_parallel", False)
+    config.sequence_parallel = training_args.sequence_parallel
+    # Set on the config object: PaddleNLP 3.0.0b4's LlamaConfig drops these two keys when it reads config.json.
+    # Weights saved unfused (or fused) load either way: from_pretrained fuses/splits the projections.
+    config.fuse_attention_qkv = model_args.fuse_attention_qkv
+    config.fuse_attention_ffn = model_args.fuse_attention_ffn
     config.recompute = getattr(training_args, "recompute", False)
     config.recompute_granularity = model_args.recompute_granularity
     config.virtual_pp_degree = model_args.virtual_pp_degree

@@ -13,7 +13,8 @@ not meant to be read by other tools. Our own format is small and fits the proble
   ``paddle.save`` (Q4 benchmark) and can be sliced on read without loading whole files.
 * **one index** — ``checkpoint_index.json`` written by rank 0 from everybody's metadata: per tensor its
   global key (``model/<state_dict name>``, ``optim/<param name>/<moment1|moment2|beta1_pow_acc|...|master_weight>``),
-  global shape, dtype and pieces (file, offsets, shape, optional flat range); per file its size and crc32.
+  global shape, dtype and pieces (file, offsets, shape, optional flat range); per file its size and crc32,
+  and the crc32 of its header and of each tensor (``parts``: a rank reading a few tensors verifies just those).
 * **written once** — the lowest rank holding a piece writes it, decided by a pure function over the
   all-gathered candidate lists, so dp/tp replicas and tied weights cost nothing extra.
 * **resharding without collectives** — a loading rank computes which stored pieces overlap its slice
@@ -21,8 +22,9 @@ not meant to be read by other tools. Our own format is small and fits the proble
   one process, on CPU, for TP/PP/sharding/DP changes, for optimizer state as well as weights.
 * **atomic publish** — write into ``checkpoint-N.tmp-<id>/``, index, marker ``.checkpoint_complete``
   LAST, rename. Readers only accept marked ``checkpoint-N`` dirs; stale tmp dirs are removed by the
-  next save. Async saves snapshot to host memory, write in a thread, and publish at the next collective
-  ``finish_pending_save`` point.
+  next save. Async saves copy the tensors to host memory in a thread while the next forward/backward
+  runs (waited for before the next optimizer step), write in that thread, and publish at the next
+  collective ``Checkpointer.finish`` point.
 * **per-rank state** — RNG (python, numpy, paddle, the hybrid RNG tracker) per rank coordinates, restored
   only into the same layout (else skipped with a warning); the data position (``data_state``) is
   layout-free and always restored.
@@ -31,11 +33,13 @@ not meant to be read by other tools. Our own format is small and fits the proble
 
 Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation — pure), :mod:`.local_state`
 (what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
-(save + atomic publish), :mod:`.async_writer`, :mod:`.load`, :mod:`.reshard` (slice reads + crc32),
+(``Checkpointer``: save + atomic publish), :mod:`.snapshot` (the async host copy), :mod:`.async_writer`,
+:mod:`.load`, :mod:`.verified_read` (files read once, checksummed as read), :mod:`.reshard` (slices),
 :mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`.
 The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
 
-Public API: :func:`save_checkpoint`, :func:`finish_pending_save`, :func:`load_checkpoint`,
+Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one
+synchronous save), :func:`load_checkpoint`,
 :func:`rotate_checkpoints`, :func:`list_complete_checkpoints`, :func:`get_last_complete_checkpoint`,
 :func:`export_for_from_pretrained` (CLI: ``scripts/merge_checkpoint.py``).
 """
@@ -49,7 +53,7 @@ from .files import (
     remove_stale_tmp_dirs,
     rotate_checkpoints,
 )
-from .io import finish_pending_save, save_checkpoint
+from .io import Checkpointer, save_checkpoint
 from .load import LoadedCheckpoint, load_checkpoint
 from .layout import (
     CHECKPOINT_COMPLETE_MARKER,
@@ -62,12 +66,12 @@ from .layout import (
 __all__ = [
     "CHECKPOINT_COMPLETE_MARKER",
     "CheckpointCorruptError",
+    "Checkpointer",
     "CheckpointError",
     "CheckpointMismatchError",
     "LoadedCheckpoint",
     "Placement",
     "export_for_from_pretrained",
-    "finish_pending_save",
     "get_last_complete_checkpoint",
     "is_complete_checkpoint",
     "list_complete_checkpoints",

@@ -13,7 +13,6 @@ import shutil
 import struct
 import threading
 import uuid
-import zlib
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -21,6 +20,7 @@ import paddle
 
 from ..trainer_utils import sorted_checkpoints
 from . import layout as L
+from .checksum import crc32
 from .local_state import unwrap_model
 from .reshard import verify_files
 
@@ -88,7 +88,7 @@ def write_file(path: str, data: bytes) -> Dict[str, int]:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return {"size": len(data), "crc32": zlib.crc32(data)}
+    return {"size": len(data), "crc32": crc32(data)}
 
 
 # safetensors dtype codes (https://github.com/huggingface/safetensors, "Format"); bfloat16 arrives as uint16 bits
@@ -100,13 +100,19 @@ _SAFETENSORS_DTYPES = {
 }
 
 
+_CRC_STEP = 16 << 20
+HEADER_PART = "__header__"  # key of the header's crc32 in a file record's ``parts``
+
+
 def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int]:
-    """Write ``arrays`` as one safetensors file straight from their memory; return its size and crc32.
+    """Write ``arrays`` as one safetensors file straight from their memory; return its size and crc32, and
+    ``parts``: the crc32 of the header (``HEADER_PART``) and of each array's bytes, so that a reader that
+    needs a few arrays of the file verifies just those.
 
     The file is the format's 8-byte little-endian header length, the JSON header (padded with spaces to a
     multiple of 8 bytes) and every array's bytes in header order. The crc32 is computed from the same
-    buffers in a second thread while this one writes them (``zlib.crc32`` and large ``write`` calls both
-    release the GIL), so the file is never read back.
+    buffers in a second thread while this one writes them (large ``write`` calls release the GIL; the crc
+    runs in 16 MiB steps, so it never holds the GIL long), so the file is never read back.
     """
     header: Dict[str, object] = {"__metadata__": {"format": "np"}}
     chunks: List[memoryview] = []
@@ -129,10 +135,14 @@ def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int
 
     def crc_of_chunks():
         try:
-            crc = 0
+            crc, parts = 0, []
             for chunk in chunks:
-                crc = zlib.crc32(chunk, crc)
-            checksum["crc32"] = crc
+                part = 0
+                for lo in range(0, chunk.nbytes, _CRC_STEP):
+                    crc = crc32(chunk[lo: lo + _CRC_STEP], crc)
+                    part = crc32(chunk[lo: lo + _CRC_STEP], part)
+                parts.append(part)
+            checksum["crc32"], checksum["parts"] = crc, parts
         except BaseException as e:  # noqa: BLE001 - re-raised in the writing thread
             checksum["error"] = e
 
@@ -148,7 +158,8 @@ def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int
         worker.join()
     if "error" in checksum:
         raise checksum["error"]
-    return {"size": sum(c.nbytes for c in chunks), "crc32": checksum["crc32"]}
+    parts = dict(zip([HEADER_PART] + sorted(arrays), checksum["parts"]))
+    return {"size": sum(c.nbytes for c in chunks), "crc32": checksum["crc32"], "parts": parts}
 
 
 def fsync_dir(path: str) -> None:

@@ -31,7 +31,10 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Directory naming and the completion marker are shared with trainer_utils.get_last_checkpoint.
 from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
-from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, PREFIX_CHECKPOINT_DIR  # noqa: F401 (re-exported as L.*)
+from ..parallel.layout import Layout
+# defined there (the one home of checkpoint naming, importable without paddle); re-exported as L.*
+from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, PREFIX_CHECKPOINT_DIR  # noqa: F401
+from ..trainer_utils import checkpoint_dir_name, parse_checkpoint_step  # noqa: F401
 
 FORMAT_NAME = "paddletrainer-checkpoint"
 # 2: pieces record their in-file ``key`` (model tensors under bare names); 1: in-file key = global key
@@ -50,7 +53,6 @@ CONFIG_NAME = "config.json"
 MODEL_PREFIX = "model/"
 OPTIM_PREFIX = "optim/"
 
-_CKPT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 _TMP_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+){re.escape(TMP_INFIX)}.+$")
 
 
@@ -89,8 +91,9 @@ def optimizer_file_name(tp_rank: int, pp_rank: int, sharding_rank: int) -> str:
 
 
 def rank_coords(dp_rank: int, sharding_rank: int, tp_rank: int, pp_rank: int) -> str:
-    """Key of per-rank state (RNG): the full coordinates, so it can only be restored into the same cell."""
-    return f"dp{dp_rank:02d}_shard{sharding_rank:02d}_tp{tp_rank:02d}_pp{pp_rank:02d}"
+    """Key of per-rank state (RNG): the full coordinates, so it can only be restored into the same cell
+    (``Layout.cell_name``, which the checkpoint calls with a topology's coordinates)."""
+    return Layout(world_size=1).cell_name({"dp": dp_rank, "sharding": sharding_rank, "tp": tp_rank, "pp": pp_rank})
 
 
 def rng_file_name(coords: str) -> str:
@@ -132,18 +135,8 @@ def split_optim_key(key: str) -> Tuple[str, str]:
     return name, kind
 
 
-def checkpoint_dir_name(step: int) -> str:
-    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
-
-
 def tmp_dir_name(step: int, unique_id: str) -> str:
     return f"{PREFIX_CHECKPOINT_DIR}-{step}{TMP_INFIX}{unique_id}"
-
-
-def parse_checkpoint_step(dir_name: str) -> Optional[int]:
-    """Step of a published ``checkpoint-N`` directory name; None for anything else (tmp dirs too)."""
-    m = _CKPT_RE.match(dir_name)
-    return int(m.group(1)) if m else None
 
 
 def is_tmp_dir_name(dir_name: str) -> bool:
@@ -413,6 +406,16 @@ def compare_to_index(
             if key.startswith(prefix) and key not in expected:
                 problems.append(f"unexpected in checkpoint: {key} {stored[key]['shape']}")
     return problems
+
+
+def unplaced_optimizer_states(index: dict, stepped: Iterable[str], placed: Iterable[str]) -> List[str]:
+    """Optimizer states in the checkpoint of parameters this rank's optimizer updates (``stepped``: global
+    parameter names) that have no local tensor to go to (``placed``: the keys being loaded): they would
+    silently not be restored (e.g. AdamW moments into an optimizer without them, or a layout whose states
+    were never created). States of parameters another rank updates (sharding) are not listed."""
+    stepped, placed = set(stepped), set(placed)
+    return [key for key in sorted(index["tensors"]) if key.startswith(OPTIM_PREFIX) and key not in placed
+            and split_optim_key(key)[0] in stepped]
 
 
 # ------------------------------------------------------------------------------------- rotation

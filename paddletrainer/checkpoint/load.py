@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
 
 from . import layout as L
 from . import rng as rng_mod
 from .files import from_json, read_index, read_json, read_small
-from .local_state import (dtype_name, ensure_accumulators, layout_dict, model_tensors, offload_master_weights,
-                          optimizer_tensors, topology_info)
-from .reshard import PieceReader, read_placement, verify_files
+from .local_state import (LocalTensor, dtype_name, ensure_accumulators, layout_dict, model_tensors,
+                          offload_master_weights, optimizer_tensors, stepped_parameter_names, topology_info,
+                          writable_host_view)
+from .reshard import read_placement
+from .verified_read import read_verified
 
 
 @dataclasses.dataclass
@@ -42,6 +46,15 @@ def load_checkpoint(
     checkpoint's pickled RNG state is skipped with a warning, a pickle in place of any other file is an
     error). Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that does not fit, and
     :class:`~.layout.CheckpointCorruptError` naming bad files.
+
+    A corrupt checkpoint is detected while it is read, not before: bytes are read straight into the model's
+    and optimizer's tensors and each file's crc32 is compared at its end, so after a
+    ``CheckpointCorruptError`` those tensors hold a mix of loaded and previous values. Do not keep training or
+    evaluating them (e.g. after ``load_best_model_at_end``): reload another checkpoint or rebuild the model.
+
+    Optimizer states the checkpoint holds for parameters this rank's optimizer updates, but which have no
+    local tensor to go to (another optimizer or precision than the checkpoint's), are not restored and are
+    listed in a warning (``LoadedCheckpoint.warnings``).
     """
     topo = topology_info(topology)
     index = read_index(ckpt_dir)
@@ -68,19 +81,30 @@ def load_checkpoint(
             )
             targets.update(optims)
             optimizer_restored = True
+            unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), targets)
+            if unplaced:
+                warnings.append(
+                    f"{len(unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
+                    f"although its optimizer updates their parameters, and are not restored: "
+                    f"{', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''} (a different optimizer or "
+                    "precision than the checkpoint's, or states this optimizer has not created)"
+                )
         else:
             warnings.append("checkpoint has no optimizer state; the optimizer starts fresh")
     if problems:
         raise L.CheckpointMismatchError(problems)
 
     wanted = {k: lt.placement for k, lt in targets.items()}
-    verify_files(ckpt_dir, index, L.files_for_reads(index, wanted))
-    reader = PieceReader(ckpt_dir)
-    try:
-        for key, lt in targets.items():
-            lt.assign(read_placement(index, key, lt.placement, reader), index["tensors"][key]["dtype"])
-    finally:
-        reader.close()
+    direct, keep_alive = _direct_targets(index, targets)
+    needed: Dict[str, set] = {}
+    for key, target in wanted.items():
+        for piece in L.pieces_for(index, key, target) if key in index["tensors"] else ():
+            needed.setdefault(piece["file"], set()).add(L.stored_key(piece, key))
+    files = read_verified(ckpt_dir, index, sorted(needed), direct, needed)
+    for key, lt in targets.items():
+        if key not in keep_alive:  # the rest: slices of the verified file buffers, assembled or converted
+            lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])
+    del keep_alive
     for key, (master, mastered) in masters.items():
         if key not in targets:
             master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
@@ -101,7 +125,7 @@ def load_checkpoint(
 
     rng_restored = False
     if load_rng and index.get("rng_files"):
-        coords = L.rank_coords(topo.dp_rank, topo.sharding_rank, topo.tp_rank, topo.pp_rank)
+        coords = topo.layout.cell_name(topo.coords)
         name = L.rng_file_name(coords)
         if index.get("topology") != layout_dict(topo):
             warnings.append(
@@ -123,3 +147,23 @@ def load_checkpoint(
     for w in warnings:
         logging.getLogger(__name__).warning(w)
     return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
+
+
+def _direct_targets(index: dict, targets: Dict[str, LocalTensor]) -> Tuple[Dict[str, Dict[str, np.ndarray]], dict]:
+    """``{file: {in-file key: the tensor's own memory}}`` for every target that one stored piece fills exactly
+    (same box, same dtype, a dense host tensor without padding): those bytes are read straight into the
+    tensor. Also returns the tensors by key, to keep them alive while their memory is written."""
+    direct: Dict[str, Dict[str, np.ndarray]] = {}
+    alive = {}
+    for key, lt in targets.items():
+        info, target = index["tensors"][key], lt.placement
+        if target.flat is not None or info["dtype"] != dtype_name(lt.tensor) or lt.storage_numel != target.local_numel:
+            continue
+        whole = [p for p in info["pieces"] if not p.get("flat") and tuple(p["offsets"]) == tuple(target.offsets)
+                 and tuple(p["shape"]) == tuple(target.shape)]
+        view = writable_host_view(lt.tensor) if whole else None
+        if view is None:
+            continue
+        direct.setdefault(whole[0]["file"], {})[L.stored_key(whole[0], key)] = view
+        alive[key] = lt.tensor
+    return direct, alive

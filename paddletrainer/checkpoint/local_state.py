@@ -7,6 +7,9 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   maps pipeline-layer names back to the non-pipeline names, so a pp2 stage and a single process agree.
 * tensor parallel: Paddle's mp layers (and PaddleNLP's LM head) set ``is_distributed`` and ``split_axis``.
 * sharding stage 3: a parameter's ``fw_storage`` slice is saved/loaded as a flat range of it.
+* sharding stage 1 V2 (``split_param``): the optimizer steps flat "slice parameters" named like their
+  parameter, each declaring the flat range of it that it covers as ``ckpt_flat_range`` (set by
+  ``parallel.sharding.SplitParamSharding``); their states are saved/loaded as that range.
 * anything else can declare itself with a ``ckpt_placement`` attribute
   holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
 * optimizer: unwrap ``_optimizer`` / ``_inner_opt`` / ``_optim`` to the Paddle optimizer, whose ``_accumulators`` hold
@@ -18,37 +21,39 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
-import types
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 import paddle
+from paddle.base.framework import EagerParamBase
 
-from .layout import CheckpointError, Placement, flat_placement, model_key, optim_key, replicated, tp_placement
+from ..parallel.layout import AXES
+from ..parallel.topology import Topology
+from ..parallel.wrappers import unwrap_model  # noqa: F401 (re-exported: checkpoint.files uses it from here)
+from .layout import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
+                     tp_placement)
 
 MASTER_WEIGHT = "master_weight"
+POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
 
 
 # ------------------------------------------------------------------------------------- topology
-def topology_info(topology) -> types.SimpleNamespace:
-    """Degrees and ranks from a paddletrainer Topology (duck-typed); without one: plain data parallel."""
+def topology_info(topology) -> Topology:
+    """This rank's :class:`~paddletrainer.parallel.topology.Topology`; a duck-typed stand-in (``<axis>_degree``,
+    ``<axis>_rank``, ``rank``: tools, tests) is converted; without one: plain data parallel."""
+    if isinstance(topology, Topology):
+        return topology
     if topology is None:
-        world = paddle.distributed.get_world_size()
-        rank = paddle.distributed.get_rank()
-        return types.SimpleNamespace(
-            world_size=world, rank=rank, dp_degree=world, dp_rank=rank, sharding_degree=1, sharding_rank=0,
-            tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0,
-        )
-    fields = ("world_size", "rank", "dp_degree", "dp_rank", "sharding_degree", "sharding_rank",
-              "tp_degree", "tp_rank", "pp_degree", "pp_rank")
-    return types.SimpleNamespace(**{f: int(getattr(topology, f)) for f in fields})
+        return Topology.of(rank=paddle.distributed.get_rank(), dp_degree=paddle.distributed.get_world_size())
+    fields = {f"{a.name}_{kind}": int(getattr(topology, f"{a.name}_{kind}")) for a in AXES for kind in ("degree", "rank")}
+    return Topology.of(rank=int(topology.rank), **fields)
 
 
-def layout_dict(t: types.SimpleNamespace) -> Dict[str, int]:
-    """The degrees that decide whether per-rank state (RNG) can be restored."""
-    return {"world_size": t.world_size, "dp_degree": t.dp_degree, "sharding_degree": t.sharding_degree,
-            "tp_degree": t.tp_degree, "pp_degree": t.pp_degree}
+def layout_dict(t: Topology) -> Dict[str, int]:
+    """The degrees that decide whether per-rank state (RNG) can be restored (``Layout.as_dict``)."""
+    return t.layout.as_dict()
 
 
 # ----------------------------------------------------------------------------------------- dtypes
@@ -77,6 +82,25 @@ def host_array(t, copy: bool) -> np.ndarray:
             return to_numpy(t)
         return np.array(view, order="C", copy=True) if copy else np.ascontiguousarray(view)
     return to_numpy(t)
+
+
+def writable_host_view(t) -> Optional[np.ndarray]:
+    """A writable NumPy array over a host tensor's own memory (bfloat16 as uint16 bits), or None when the
+    tensor is not a dense C-contiguous host tensor. A load reads stored bytes straight into it.
+    (NumPy marks DLPack views read-only, so the array is built over the same address with ctypes; the
+    caller keeps ``t`` alive while using it.)"""
+    if not t.place.is_cpu_place():
+        return None
+    try:
+        view = np.from_dlpack((t.view(paddle.uint16) if t.dtype == paddle.bfloat16 else t).detach())
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        return None
+    if not view.flags.c_contiguous:
+        return None
+    if view.nbytes == 0:
+        return np.empty(view.shape, dtype=view.dtype)
+    memory = (ctypes.c_uint8 * view.nbytes).from_address(view.__array_interface__["data"][0])
+    return np.frombuffer(memory, dtype=view.dtype).reshape(view.shape)
 
 
 def from_stored(arr: np.ndarray, stored_dtype: str, target_dtype: str) -> np.ndarray:
@@ -115,19 +139,7 @@ def set_in_place(tensor, arr: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------------------------- model
-def unwrap_model(model):
-    """The innermost Layer whose ``state_dict`` has the user's names."""
-    seen = set()
-    while id(model) not in seen:
-        seen.add(id(model))
-        inner = getattr(model, "_layers", None) or getattr(model, "_layer", None)
-        if inner is None or not isinstance(inner, paddle.nn.Layer):
-            break
-        model = inner
-    return model
-
-
-def tensor_placement(t, topo: types.SimpleNamespace, name: str = "") -> Placement:
+def tensor_placement(t, topo: Topology, name: str = "") -> Placement:
     declared = getattr(t, "ckpt_placement", None)
     if declared is not None:
         return declared
@@ -144,10 +156,13 @@ def tensor_placement(t, topo: types.SimpleNamespace, name: str = "") -> Placemen
 @dataclasses.dataclass
 class LocalTensor:
     """A tensor this rank holds and where it sits. ``storage`` may be longer than the placement says
-    (a stage-3 slice padded for alignment): only the first ``placement.local_numel`` elements are data."""
+    (a stage-3 slice padded for alignment): only the first ``placement.local_numel`` elements are data.
+    ``forward_may_write``: the forward/backward may change it in place (buffers, BatchNorm statistics),
+    unlike trained parameters and optimizer states, which only the optimizer step writes."""
 
     tensor: object
     placement: Placement
+    forward_may_write: bool = False
 
     @property
     def storage_numel(self) -> int:
@@ -182,13 +197,20 @@ def _stage3_slice(t, topo) -> Optional[LocalTensor]:
     return LocalTensor(fw, flat_placement(tensor_placement(t, topo), topo.sharding_rank * n, (topo.sharding_rank + 1) * n))
 
 
+def _forward_may_write(t) -> bool:
+    """Buffers, and parameters without gradients: BatchNorm keeps its running statistics in parameters
+    with ``stop_gradient`` and updates them in the forward (a frozen weight is treated the same way)."""
+    return not isinstance(t, EagerParamBase) or bool(t.stop_gradient)
+
+
 def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, LocalTensor]]:
     """``{global key: LocalTensor}`` and, for the optimizer, ``{param (or slice) name: (name, LocalTensor)}``."""
     inner = unwrap_model(model)
     out: Dict[str, LocalTensor] = {}
     by_param: Dict[str, Tuple[str, LocalTensor]] = {}
     for name, t in inner.state_dict().items():
-        lt = _stage3_slice(t, topo) or LocalTensor(t, tensor_placement(t, topo, name))
+        lt = _stage3_slice(t, topo) or LocalTensor(t, tensor_placement(t, topo, name),
+                                                   forward_may_write=_forward_may_write(t))
         out[model_key(name)] = lt
         # tied weights: the first name wins for the optimizer; both model keys are saved
         by_param.setdefault(t.name, (name, lt))
@@ -235,10 +257,7 @@ def ensure_accumulators(optimizer) -> None:
     they are created here for a stand-in of the same name (the step then finds and reuses them by name).
     """
     inner = unwrap_optimizer(optimizer)
-    params = []
-    for entry in inner._parameter_list or []:  # plain parameters, or param groups {"params": [...], ...}
-        params.extend(entry["params"] if isinstance(entry, dict) else [entry])
-    params = [p for p in params if not p.stop_gradient]
+    params = _stepped_parameters(inner)
     if not params or not hasattr(inner, "_create_accumulators"):
         return
     # sharding offload runs the optimizer step in host memory (Paddle wraps it in device_guard())
@@ -246,6 +265,37 @@ def ensure_accumulators(optimizer) -> None:
     with _host_device() if offload else contextlib.nullcontext():
         block = paddle.static.default_main_program().global_block()
         inner._create_accumulators(block, [_optimized_tensor(p) for p in params])
+
+
+def _stepped_parameters(inner) -> list:
+    """The parameters (split_param: slice parameters) the Paddle optimizer ``inner`` updates on this rank."""
+    params = []
+    for entry in inner._parameter_list or []:  # plain parameters, or param groups {"params": [...], ...}
+        params.extend(entry["params"] if isinstance(entry, dict) else [entry])
+    # an uninitialised parameter is a split_param slice this rank owns nothing of: the step never updates it.
+    # Not a sliced stage-3 parameter: GroupShardedStage3 frees its memory between steps (``_clear_data``) and
+    # steps its ``fw_storage`` slice; skipping it would leave the slice's moments and beta powers unloaded.
+    return [p for p in params if not p.stop_gradient
+            and (p._is_initialized() or isinstance(getattr(p, "fw_storage", None), paddle.Tensor))]
+
+
+def stepped_parameter_names(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]],
+                            models: Dict[str, LocalTensor]) -> set:
+    """Global names of the parameters whose optimizer states belong on this rank: the ones this rank's
+    optimizer updates (under sharding stage 1/2 only its own; a split_param slice holding only the
+    buffer's padding has no state to keep), and every parameter this rank holds a non-empty stage-3 slice
+    of (stage 3 steps each rank's slice of every parameter; told from the model, not from the optimizer,
+    so a slice whose states were never created is still noticed)."""
+    names = {key[len(MODEL_PREFIX):] for key, lt in models.items()
+             if lt.placement.flat is not None and lt.placement.local_numel}
+    for p in _stepped_parameters(unwrap_optimizer(optimizer)):
+        if p.name not in by_param:
+            continue
+        gname, plt = by_param[p.name]
+        flat = getattr(p, "ckpt_flat_range", None)
+        if flat is None or flat_placement(plt.placement, *flat).local_numel:
+            names.add(gname)
+    return names
 
 
 def _host_device():
@@ -261,8 +311,6 @@ def _optimized_tensor(param):
     slice_ = getattr(param, "fw_storage", None)
     if not isinstance(slice_, paddle.Tensor) or slice_.name == param.name:
         return param
-    from paddle.base.framework import EagerParamBase
-
     master = getattr(param, "master_weight", None)
     dtype = master.dtype if isinstance(master, paddle.Tensor) else slice_.dtype
     stand_in = EagerParamBase(shape=slice_.shape, dtype=dtype, name=slice_.name)
@@ -280,13 +328,24 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -
     inner = unwrap_optimizer(optimizer)
     masters = dict(getattr(inner, "_master_weights", None) or {})
     master_to_param = {mw.name: pname for pname, mw in masters.items()}
+    flat_ranges = {p.name: p.ckpt_flat_range for p in (inner._parameter_list or [])
+                   if not isinstance(p, dict) and hasattr(p, "ckpt_flat_range")}
     out: Dict[str, LocalTensor] = {}
 
     def add(pname: str, kind: str, t):
         if pname not in by_param:
             raise CheckpointError(f"optimizer state {kind} of {pname} belongs to no parameter of the model")
         gname, plt = by_param[pname]
-        same = int(np.prod(t.shape)) == plt.storage_numel
+        # beta powers hold one value per parameter: never a slice of it, even when the parameter (or its
+        # split_param slice) has a single element and the element counts agree
+        per_param = kind.endswith(POW_ACC_SUFFIX)
+        flat = None if per_param else flat_ranges.get(pname)
+        if flat is not None and int(np.prod(t.shape)) == flat[1] - flat[0]:  # a split_param slice's state
+            placement = flat_placement(plt.placement, *flat)
+            if placement.local_numel:  # else the slice holds only the buffer's padding: nothing to keep
+                out[optim_key(gname, kind)] = LocalTensor(t, placement)
+            return
+        same = not per_param and int(np.prod(t.shape)) == plt.storage_numel
         out[optim_key(gname, kind)] = LocalTensor(t, plt.placement if same else replicated(t.shape))
 
     for kind, accs in (getattr(inner, "_accumulators", None) or {}).items():

@@ -2,7 +2,7 @@
 from .callback import (MetricsCallback, TensorBoardCallback, VisualDLCallback, WandbCallback, default_logging_dir,
                        reporting_callbacks, rewrite_logs)
 from .memory import memory_logs, peak_memory_bytes
-from .throughput import ThroughputMeter, TokenCounter, batch_counts, causal_lm_flops_per_token, flops_per_token_from_config, mfu
+from .throughput import ThroughputMeter, TokenCounter, batch_counts, causal_lm_flops_per_token, flops_per_token_from_config, flops_per_token_of_model, mfu
 from .timers import PHASES, PhaseTimers
 from .writers import JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, WandbWriter, build_writers
 
@@ -10,6 +10,7 @@ __all__ = [
     "MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
     "MetricsCallback", "VisualDLCallback", "TensorBoardCallback", "WandbCallback", "reporting_callbacks",
     "default_logging_dir", "rewrite_logs",
-    "causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter", "TokenCounter",
+    "causal_lm_flops_per_token", "flops_per_token_from_config", "flops_per_token_of_model", "mfu", "batch_counts",
+    "ThroughputMeter", "TokenCounter",
     "PhaseTimers", "PHASES", "peak_memory_bytes", "memory_logs",
 ]

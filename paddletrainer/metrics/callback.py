@@ -6,27 +6,28 @@ their attributes ``vdl_writer`` / ``tb_writer`` / ``_wandb``), or a ``MetricsCal
 """
 from __future__ import annotations
 
-import datetime
 import logging
 import os
-import socket
 import weakref
 from typing import Dict, List, Optional
 
 from ..callbacks import TrainerCallback
+from ..configs import MetricsConfig  # noqa: F401  (built by TrainingArguments: args.metrics_config)
+from ..parallel.wrappers import unwrap_model
+from ..trainer_utils import default_logdir
 from .writers import (JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, _is_number, build_writers,
                       import_backend, writer_names)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MetricsCallback", "VisualDLCallback", "TensorBoardCallback", "WandbCallback", "reporting_callbacks",
-           "default_logging_dir", "rewrite_logs"]
+           "default_logging_dir", "rewrite_logs", "MetricsConfig"]
 
 
 def default_logging_dir(output_dir: str) -> str:
-    """``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>``: the PaddleNLP/HF default, one directory per run."""
-    stamp = datetime.datetime.now().strftime("%b%d_%H-%M-%S")
-    return os.path.join(output_dir or ".", "runs", f"{stamp}_{socket.gethostname()}")
+    """``<output_dir>/runs/<Mon DD_HH-MM-SS>_<host>``: the PaddleNLP/HF default, one directory per run
+    (``trainer_utils.default_logdir``, which ``TrainingArguments`` uses too)."""
+    return os.path.join(output_dir or ".", default_logdir())
 
 
 def rewrite_logs(logs: Dict[str, object]) -> Dict[str, object]:
@@ -40,13 +41,6 @@ def rewrite_logs(logs: Dict[str, object]) -> Dict[str, object]:
         else:
             out["train/" + key] = value
     return out
-
-
-def _unwrap(model):
-    # paddle.DataParallel and fleet wrappers keep the user's model in `_layers`.
-    while model is not None and hasattr(model, "_layers"):
-        model = model._layers
-    return model
 
 
 def _close_writers(writers: List[MetricsWriter]) -> None:
@@ -90,10 +84,10 @@ class MetricsCallback(TrainerCallback):
         if not (self.every_rank or state.is_world_process_zero):
             return False
         if self.writers is None:
-            report_to = self.report_to if self.report_to is not None else getattr(args, "report_to", None)
-            self.logging_dir = (self.logging_dir or getattr(args, "logging_dir", None)
-                                or default_logging_dir(getattr(args, "output_dir", ".")))
-            run_name = args.run_name
+            config = args.metrics_config
+            report_to = self.report_to if self.report_to is not None else writer_names(config.report_to)
+            self.logging_dir = self.logging_dir or config.logging_dir
+            run_name = config.run_name
             self.writers = build_writers(report_to, self.logging_dir, run_name=state.trial_name or run_name,
                                          run_group=run_name)
             # Closed by close(), or when this callback is garbage-collected, or at interpreter exit; the
@@ -108,7 +102,7 @@ class MetricsCallback(TrainerCallback):
         texts = {}
         if hasattr(args, "to_json_string"):
             texts["args"] = args.to_json_string()
-        config = getattr(_unwrap(model), "config", None)
+        config = getattr(unwrap_model(model), "config", None)
         if config is not None:
             texts["model_config"] = config.to_json_string() if hasattr(config, "to_json_string") else str(config)
         hparams = args.to_sanitized_dict() if hasattr(args, "to_sanitized_dict") else None

@@ -4,13 +4,11 @@ from __future__ import annotations
 import resource
 import sys
 
+import paddle
+
+from ..device import on_cuda_device
+
 __all__ = ["peak_memory_bytes", "memory_logs"]
-
-
-def _on_gpu() -> bool:
-    import paddle
-
-    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
 
 
 def peak_memory_bytes() -> int:
@@ -20,9 +18,7 @@ def peak_memory_bytes() -> int:
     allocator's cache). CPU: the peak resident set size from ``getrusage``; it is a high-water mark the OS
     keeps and cannot be reset.
     """
-    if _on_gpu():
-        import paddle
-
+    if on_cuda_device():
         return int(paddle.device.cuda.max_memory_allocated())
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # Linux reports kilobytes, macOS bytes.

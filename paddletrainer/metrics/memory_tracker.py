@@ -20,6 +20,7 @@ from typing import Dict, Optional
 
 import paddle
 
+from ..device import on_cuda_device
 from .memory import peak_memory_bytes
 
 __all__ = ["MemoryTracker", "current_rss_bytes"]
@@ -34,10 +35,6 @@ def current_rss_bytes() -> int:
             return int(f.read().split()[1]) * _PAGE
     except OSError:
         return peak_memory_bytes()
-
-
-def _on_gpu() -> bool:
-    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
 
 
 class MemoryTracker:
@@ -63,9 +60,7 @@ class MemoryTracker:
             return
         self._stage = stage
         self._begin = self._peak = current_rss_bytes()
-        if _on_gpu():
-            import paddle
-
+        if on_cuda_device():
             paddle.device.cuda.reset_max_memory_allocated()
             self._gpu_begin = int(paddle.device.cuda.memory_allocated())
         self._done.clear()
@@ -82,9 +77,7 @@ class MemoryTracker:
         self._peak = max(self._peak, end)
         metrics = {f"{stage}_mem_cpu_alloc_delta": end - self._begin,
                    f"{stage}_mem_cpu_peaked_delta": max(0, self._peak - end)}
-        if _on_gpu():
-            import paddle
-
+        if on_cuda_device():
             now, peak = int(paddle.device.cuda.memory_allocated()), int(paddle.device.cuda.max_memory_allocated())
             metrics.update({f"{stage}_mem_gpu_alloc_delta": now - self._gpu_begin,
                             f"{stage}_mem_gpu_peaked_delta": max(0, peak - now),

@@ -12,7 +12,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
-__all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "mfu", "batch_counts", "ThroughputMeter",
+import numpy as np
+import paddle
+
+__all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "flops_per_token_of_model", "mfu", "batch_counts", "ThroughputMeter",
            "TokenCounter"]
 
 
@@ -46,6 +49,18 @@ def causal_lm_flops_per_token(num_layers: int, hidden_size: int, num_heads: int,
     # halve it for the causal mask, which over-counts slightly; keep that in mind when comparing to Megatron.
     attention_flops = 12 * L * h * s
     return weight_flops + attention_flops
+
+
+def flops_per_token_of_model(model) -> Optional[float]:
+    """:func:`flops_per_token_from_config` of ``model.config``, or None when the model has no (usable) LlamaConfig-like
+    config (then MFU is not reported)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "num_hidden_layers"):
+        return None
+    try:
+        return flops_per_token_from_config(config)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def flops_per_token_from_config(config: Any, seq_len: Optional[int] = None) -> int:
@@ -185,16 +200,11 @@ class TokenCounter:
     ``pad_token_id``. The non-pad count is summed on the device and read only by :meth:`totals`."""
 
     def __init__(self, pad_token_id: int) -> None:
-        import paddle
-
         self.pad_token_id = pad_token_id
         self._effective = paddle.zeros([], dtype="int64")
         self._all = 0
 
     def update(self, micro_batches: Sequence[Any]) -> None:
-        import numpy as np
-        import paddle
-
         for batch in micro_batches:
             ids = batch.get("input_ids") if isinstance(batch, dict) else None
             if ids is None:

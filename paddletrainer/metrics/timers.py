@@ -15,6 +15,10 @@ import functools
 import time
 from typing import Callable, Dict, Optional
 
+import paddle
+
+from ..device import on_cuda_device
+
 __all__ = ["PhaseTimers", "PHASES", "device_synchronize"]
 
 # The phases the Trainer times; other names work too.
@@ -25,16 +29,12 @@ _NOOP = contextlib.nullcontext()
 
 @functools.lru_cache(maxsize=None)
 def _device_is_async() -> bool:
-    import paddle  # imported late: the timers module stays importable without paddle
-
-    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
+    return on_cuda_device()
 
 
 def device_synchronize() -> None:
     """Wait for queued device work; a no-op on CPU, where paddle runs ops synchronously."""
     if _device_is_async():
-        import paddle
-
         paddle.device.synchronize()
 
 

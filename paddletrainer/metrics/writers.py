@@ -18,6 +18,8 @@ import importlib.util
 import time
 from typing import Any, Dict, Iterable, List, Optional, Union
 
+from ..trainer_utils import normalize_report_to
+
 __all__ = ["MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
            "WRITERS", "JSONL_FILE_NAME", "import_backend"]
 
@@ -243,9 +245,7 @@ _OPTIONAL_LIBRARY = {"tensorboard": "tensorboardX", "wandb": "wandb"}
 
 
 def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
-    if report_to is None:
-        return ["visualdl"]  # PaddleNLP's default report_to
-    items = [report_to] if isinstance(report_to, str) else list(report_to)
+    items = normalize_report_to(report_to)
     names: List[str] = []
     for item in items:
         # "visualdl,jsonl" is accepted too: it is what a CLI or YAML value often looks like.

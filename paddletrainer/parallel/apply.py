@@ -15,16 +15,25 @@ Order (each step names the function that does it):
    (``HybridParallelOptimizer``: dp all-reduce, tp replicated-gradient checks).
 
 The optimizer comes back as a :class:`~.optimizer.ParallelOptimizer` in every case, so the Trainer has one
-interface: ``clip_grad_norm`` then ``optimizer.step()``.
+interface: ``sync_gradients``, ``clip_grad_norm``, then ``optimizer.step()``.
+
+Sequence parallel (a tensor-parallel option, not an axis of its own) registers its gradient hooks first:
+:func:`apply_sequence_parallel` (the hooks are in :mod:`.sequence`). Under tp > 1 the model and the option must
+agree (:func:`~.sequence.check_sequence_parallel_model`): a model built for sequence parallel without the option
+would never sum its norms' gradients over tp, and the ranks would drift apart silently.
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from paddle.distributed import fleet
+
+from .config import ParallelConfig
 from .data_parallel import apply_data_parallel
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
-from .sharding import STAGE3_DEFAULT_SEGMENT_SIZE, apply_sharding
+from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
+from .sharding import apply_sharding
 from .tensor import apply_tensor_parallel
 
 __all__ = ["parallelize"]
@@ -39,64 +48,81 @@ def _check_optimizer(optimizer) -> None:
         )
 
 
-def _register_sequence_parallel_hooks(model, args) -> None:
+def apply_sequence_parallel(model, config: ParallelConfig) -> None:
     """Sequence parallel: parameters replicated across tp ranks (norms) see only their rank's part of the
     sequence, so their gradients are all-reduced over the tp group after the step's last micro-batch
-    (Paddle's hooks, as PaddleNLP registers them). On CPU sequence parallel is refused before this runs."""
-    from paddle.distributed.fleet.utils.sequence_parallel_utils import register_sequence_parallel_allreduce_hooks
-
-    register_sequence_parallel_allreduce_hooks(model, args.gradient_accumulation_steps,
-                                               bool(getattr(args, "fuse_sequence_parallel_allreduce", False)))
+    (Paddle's hooks, as PaddleNLP registers them; see :mod:`.sequence`)."""
+    register_sequence_parallel_hooks(model, config.accumulate_steps, config.fuse_sequence_parallel_allreduce)
 
 
-def _find_unused_parameters(model, args) -> bool:
-    """``args.ddp_find_unused_parameters``; unset, PaddleNLP's default: True unless a layer uses recompute
+def enable_recompute(model) -> int:
+    """Switch on activation recompute in every layer that supports it (PaddleNLP's ``enable_recompute``
+    attribute; ``config.recompute`` too when the model has a config). Returns how many layers changed.
+
+    A model with no such layer cannot recompute: that is an error, not a silent no-op.
+    """
+    layers = [m for m in model.sublayers(include_self=True) if hasattr(m, "enable_recompute")]
+    if not layers:
+        raise ValueError(
+            f"recompute=True but {type(model).__name__} has no layer with an `enable_recompute` attribute; "
+            "use a model that supports recompute or drop --recompute"
+        )
+    for layer in layers:
+        layer.enable_recompute = True
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "recompute"):
+        config.recompute = True
+    return len(layers)
+
+
+def _find_unused_parameters(model, chosen: Optional[bool]) -> bool:
+    """``ddp_find_unused_parameters``; unset (None), PaddleNLP's default: True unless a layer uses recompute
     (searching for unused parameters breaks recomputed backward passes)."""
-    chosen = getattr(args, "ddp_find_unused_parameters", None)
     if chosen is not None:
         return bool(chosen)
     return not any(getattr(layer, "enable_recompute", False) for layer in model.sublayers(include_self=True))
 
 
-def parallelize(model, optimizer, topology, args, *, stage3_segment_size: Optional[int] = None):
+def parallelize(model, optimizer, topology, config=None, *, stage3_segment_size: Optional[int] = None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
-    ``args`` supplies ``sharding_stage`` (0..3), ``sharding_offload``, ``virtual_pp_degree`` and
-    ``sharding_stage3_segment_size``
-    (under sharding stage 3, parameters with more elements than this are sliced across the sharding group;
-    the keyword ``stage3_segment_size`` overrides it). The model must already be built
-    for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their config), a
-    ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
+    ``config``: the :class:`~.config.ParallelConfig` (or the ``TrainingArguments`` whose ``parallel_config``
+    it is; None: every option's default); it supplies the sharding stage and offload, sequence parallel, the
+    virtual pipeline degree and ``stage3_segment_size`` (under sharding stage 3, parameters with more elements
+    than this are sliced across the sharding group; the keyword overrides it). The model must already be built for the layout: tp-split
+    layers when tp > 1 (PaddleNLP models do this from their config), a ``PipelineLayer`` when pp > 1. See the
+    module docstring for the order of the axis functions.
     """
+    if config is None:
+        config = ParallelConfig(layout=topology.layout)  # the defaults of every option
+    elif not isinstance(config, ParallelConfig):
+        config = config.parallel_config
     _check_optimizer(optimizer)
-    if topology.tp_degree > 1 and getattr(args, "sequence_parallel", False):
-        _register_sequence_parallel_hooks(model, args)
+    if topology.tp_degree > 1:
+        check_sequence_parallel_model(model, config.sequence_parallel)
+        if config.sequence_parallel:
+            apply_sequence_parallel(model, config)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
-        model = apply_data_parallel(model, topology=topology, find_unused_parameters=_find_unused_parameters(model, args))
+        model = apply_data_parallel(model, topology=topology,
+                                    find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
 
-    from paddle.distributed import fleet
-
-    stage = int(getattr(args, "sharding_stage", 0) or 0) if topology.sharding_degree > 1 else 0
-    if topology.sharding_degree > 1 and stage == 0:
-        stage = 1  # a sharding degree without a stage: PaddleNLP's default is stage1
-    offload = bool(getattr(args, "sharding_offload", False))
+    # ParallelConfig checked every combination (stage 2/3 with pp, stage 3 with tp, offload) at construction.
+    stage = config.sharding_stage if topology.sharding_degree > 1 else 0
     if stage3_segment_size is None:
-        stage3_segment_size = getattr(args, "sharding_stage3_segment_size", STAGE3_DEFAULT_SEGMENT_SIZE)
+        stage3_segment_size = config.stage3_segment_size
 
     if topology.pp_degree > 1:
-        if stage > 1:
-            raise ValueError(f"sharding stage{stage} cannot be combined with pipeline parallel (use stage1)")
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,
-                                          virtual_pp_degree=args.virtual_pp_degree)
+                                          virtual_pp_degree=config.virtual_pp_degree)
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
     model = apply_tensor_parallel(model, topology=topology)
     if stage in (2, 3):
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, stage=stage, offload=offload,
-                                          segment_size=stage3_segment_size)
+        model, optimizer = apply_sharding(model, optimizer, topology=topology, stage=stage,
+                                          offload=config.sharding_offload, segment_size=stage3_segment_size)
         mode = STAGE2 if stage == 2 else STAGE3
         return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
     if stage == 1:

@@ -1,8 +1,9 @@
-"""Reductions across the parallel groups: loss averaging, object gathering, the global gradient norm."""
+"""Reductions across the parallel groups: loss averaging, object gathering, the global gradient norm and clip."""
 from __future__ import annotations
 
 import paddle
 import paddle.distributed as dist
+from paddle import _C_ops
 
 __all__ = [
     "mean_over_data_group",
@@ -43,20 +44,27 @@ def all_gather_object_over_data_group(obj, topology) -> list:
     return all_gather_object(obj, group=topology.data_group)
 
 
-def _norm_groups(topology):
-    # The partial sums are disjoint across tp, pp and sharding (see ParallelOptimizer.counted_gradients);
-    # dp ranks hold identical synchronised gradients, so dp is never summed.
-    return [g for g in (topology.tp_group, topology.pp_group, topology.sharding_group) if g is not None]
+def _check_group(topology):
+    """The group whose ranks together hold every counted gradient once: Paddle's hybrid "check" group (all
+    ranks with this rank's dp coordinate: tp × pp × sharding), or None when no reduction is needed."""
+    # dp ranks hold identical synchronised gradients, so dp is never summed; the partial sums over tp, pp and
+    # sharding are disjoint (see ParallelOptimizer.counted_gradients).
+    if topology.hcg is None:
+        return None
+    group = topology.hcg.get_check_parallel_group()
+    return group if group is not None and group.nranks > 1 else None
 
 
 @paddle.no_grad()
 def global_grad_norm(optimizer, topology, nonfinite=None):
-    """The L2 norm of the full model's gradient (float32 scalar tensor, equal on every rank).
+    """The L2 norm of the full model's gradient (float32 scalar tensor, equal on every rank; never read here).
 
-    ``optimizer`` is a :class:`~paddletrainer.parallel.optimizer.ParallelOptimizer`; its gradients are
-    synchronised first. Each rank sums the squares of the gradients it counts; those partial sums are
-    added over the tp, pp and sharding groups, so the result equals one process's
-    ``sqrt(Σ_p Σ g_p²)`` over all parameters.
+    ``optimizer`` is a :class:`~paddletrainer.parallel.optimizer.ParallelOptimizer`. Its gradients are first
+    synchronised (``optimizer.sync_gradients()``, which does nothing when this step's gradients already are, as
+    in the Trainer's loop, which calls it visibly). Each rank sums the squares of the gradients it counts — one
+    ``squared_l2_norm`` kernel per gradient, each result cast to float32 before they are added, so bf16/fp16
+    squares are summed in float32 — and one all-reduce over the hybrid check group adds those partial sums, so
+    the result equals one process's ``sqrt(Σ_p Σ g_p²)`` over all parameters.
 
     ``nonfinite`` (optional bool tensor): this rank saw an inf/NaN in a gradient it does not count (a
     replicated tp gradient on tp rank > 0, a sharding non-owner's copy). It makes this rank's partial sum
@@ -64,36 +72,58 @@ def global_grad_norm(optimizer, topology, nonfinite=None):
     without an extra collective.
     """
     optimizer.sync_gradients()
-    square_sum = paddle.zeros([], dtype="float32")
-    for grad, counted in optimizer.counted_gradients():
-        if counted:
-            g = grad if grad.dtype == paddle.float32 else grad.astype("float32")  # no copy for fp32 grads
-            square_sum = square_sum + paddle.sum(paddle.square(g))
+    return _global_norm(optimizer.counted_gradients(), topology, nonfinite)
+
+
+def _squares(grad):
+    """``Σ grad²`` as a float32 ``[1]`` tensor, so that the squares of all gradients are summed in float32 (a
+    bf16 sum of many squares would drop the small ones). The kernel's output has its input's dtype: fp16 is cast
+    before it (fp16 tops out at 65504), bf16 after it (one scalar), except on CPU, whose kernel is float32/64 only."""
+    if grad.dtype == paddle.float16 or (grad.dtype == paddle.bfloat16 and grad.place.is_cpu_place()):
+        grad = grad.astype("float32")
+    square = _C_ops.squared_l2_norm(grad)
+    return square if square.dtype == paddle.float32 else square.astype("float32")
+
+
+def _global_norm(gradients, topology, nonfinite):
+    parts = [_squares(grad) for grad, counted in gradients if counted]
+    if not parts:
+        square_sum = paddle.zeros([1], dtype="float32")
+    else:
+        square_sum = paddle.add_n(parts) if len(parts) > 1 else parts[0]
     if nonfinite is not None:
-        square_sum = paddle.where(nonfinite.reshape([]), paddle.full([], float("inf"), dtype="float32"), square_sum)
-    for group in _norm_groups(topology):
+        square_sum = paddle.where(nonfinite.reshape([1]), paddle.full([1], float("inf"), dtype="float32"), square_sum)
+    group = _check_group(topology)
+    if group is not None:
         dist.all_reduce(square_sum, group=group)
-    return paddle.sqrt(square_sum)
+    return paddle.sqrt(square_sum).reshape([])
 
 
 @paddle.no_grad()
 def clip_grad_norm(model, optimizer, topology, max_norm: float | None, nonfinite=None):
-    """Synchronise gradients, clip them to ``max_norm`` by global norm, and return the pre-clip norm.
+    """Clip the synchronised gradients to ``max_norm`` by global norm; return the pre-clip norm.
 
     The arithmetic is that of ``paddle.nn.ClipGradByGlobalNorm``: every gradient is multiplied by
     ``max_norm / max(norm, max_norm)`` (so nothing changes when the norm is below ``max_norm``).
-    ``max_norm`` None or <= 0 only measures. Call between the last backward and ``optimizer.step()``.
+    ``max_norm`` None or <= 0 only measures. Call before ``optimizer.step()``. The gradients are synchronised
+    first (``optimizer.sync_gradients()``: nothing to do when this step's already are, as after the Trainer
+    loop's explicit call); nothing here reads a value on the host.
     ``model`` is accepted for symmetry with the training step; the optimizer knows the parameters.
     ``nonfinite``: see :func:`global_grad_norm`.
     """
     del model
-    norm = global_grad_norm(optimizer, topology, nonfinite)
+    optimizer.sync_gradients()
+    gradients = optimizer.counted_gradients()  # listed once for the norm and the clip
+    norm = _global_norm(gradients, topology, nonfinite)
     if max_norm is None or max_norm <= 0:
         return norm
     limit = paddle.full([], float(max_norm), dtype="float32")
     coef = limit / paddle.maximum(norm, limit)
     # Multiply unconditionally (by exactly 1.0 when under the limit) rather than test `coef < 1` on the
-    # host: reading it would stall the device every step.
-    for grad, _ in optimizer.counted_gradients():
-        grad.multiply_(coef.astype(grad.dtype))
+    # host: reading it would stall the device every step. One cast of coef per gradient dtype.
+    coef_of = {paddle.float32: coef}
+    for grad, _ in gradients:
+        if grad.dtype not in coef_of:
+            coef_of[grad.dtype] = coef.astype(grad.dtype)
+        grad.multiply_(coef_of[grad.dtype])
     return norm

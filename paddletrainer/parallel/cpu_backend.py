@@ -16,17 +16,25 @@ The fills:
 3. ``hybrid_parallel_util.broadcast_input_data`` is a no-op,
 4. ``ParallelEnv.device_id`` defaults to 0 and pipeline p2p uses plain blocking send/recv,
 5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
-6. sequence parallel is rejected (:func:`reject_sequence_parallel`),
+6. (retired: sequence parallel used to be refused here; fill 9 made it run),
 7. sharding stage 3 offload: host<->device moves that copy instead of aliasing (``group_sharded_stage3``'s
    ``_device2cpu``/``_cpu2device`` and the unsliced-parameter part of ``_clear_gradients``),
 8. the interleaved pipeline (virtual stages): p2p batches and shape metadata in a ring-safe order for
    gloo's blocking send/recv (``p2p_communication._batched_p2p_ops``, ``P2pHelper``), which also makes two
    stages correct, so Paddle's "pp degree > 2" sanity check is relaxed to 2 (they live in
-   :mod:`paddletrainer.parallel.cpu_interleave`).
+   :mod:`paddletrainer.parallel.cpu_interleave`),
+9. an exact reduce-scatter over ``all_reduce`` for gloo, which has none (``stream.reduce_scatter``'s
+   ``_reduce_scatter_tensor_in_dygraph`` / ``_reduce_scatter_in_dygraph`` and ``paddle.distributed.reduce_scatter``;
+   it lives in :mod:`paddletrainer.parallel.cpu_sp_ops`): sequence parallel's ``ReduceScatterOp`` / ``AllGatherOp``
+   backward and sharding stage1 V2's gradient buffers run on it,
+10. sharding stage1 V2 (``split_param``): ``tensor_fusion_helper.alignment`` gets an entry for the device type
+   it reports on CPU ("unknown"), with the GPU's 256 bytes, so the comm buffers (and the slices each rank
+   owns) are laid out exactly as on a GPU.
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import os
 import socket
@@ -36,6 +44,7 @@ import paddle
 import paddle.distributed as dist
 
 from .cpu_interleave import install_interleave
+from .cpu_sp_ops import STREAM_MODULE as _REDUCE_SCATTER_MODULE, install_reduce_scatter
 from .cpu_tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
 
 __all__ = [
@@ -43,7 +52,6 @@ __all__ = [
     "is_installed",
     "check_paddle_assumptions",
     "group_sharded_construction",
-    "reject_sequence_parallel",
     "store_port_for_group",
     "parallel_softmax_cross_entropy",
 ]
@@ -322,20 +330,15 @@ def group_sharded_construction():
 
 
 # --------------------------------------------------------------------------------------------------
-# Fill 6: sequence parallel
+# Fill 10: sharding stage1 V2 comm-buffer alignment
 # --------------------------------------------------------------------------------------------------
-def reject_sequence_parallel(enabled: bool) -> None:
-    """Raise when sequence parallel is requested on CPU.
+CPU_FUSION_DEVICE_TYPE = "unknown"  # what tensor_fusion_helper.get_current_device_type finds for CPUPlace
 
-    Megatron-style sequence parallel needs reduce_scatter, which has no CPU kernel
-    ("Unimplemented cpu kernel for CReduceScatterOp"); emulating it with all_reduce would cost a full
-    all-reduce per layer and still be untested here, so we refuse it instead.
-    """
-    if enabled and not paddle.is_compiled_with_cuda():
-        raise NotImplementedError(
-            "sequence_parallel needs reduce_scatter, which Paddle's CPU (gloo) build does not have; "
-            "turn sequence_parallel off on CPU"
-        )
+
+def _install_tensor_fusion_alignment():
+    from paddle.distributed.fleet.utils import tensor_fusion_helper
+
+    tensor_fusion_helper.alignment.setdefault(CPU_FUSION_DEVICE_TYPE, tensor_fusion_helper.alignment["gpu"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -431,6 +434,8 @@ def install() -> None:
         _install_pipeline()
         _install_stage3_offload()
         install_interleave()
+        install_reduce_scatter()
+        _install_tensor_fusion_alignment()
         _INSTALLED = True
 
 
@@ -461,7 +466,7 @@ def check_paddle_assumptions() -> None:
         group_sharded_stage3 as gs3,
         group_sharded_storage,
     )
-    from paddle.distributed.fleet.utils import hybrid_parallel_util
+    from paddle.distributed.fleet.utils import hybrid_parallel_util, sequence_parallel_utils
 
     problems = []
 
@@ -553,6 +558,33 @@ def check_paddle_assumptions() -> None:
                 pipeline_parallel.PipelineParallelWithInterleaveFthenB):
         expect(lambda: "self.num_stages > 2" in _source_of(cls._check_sanity),
                f"{cls.__name__}._check_sanity no longer requires pp > 2 (review fill 8)")
+    # 9. reduce-scatter
+    rs_module = importlib.import_module(_REDUCE_SCATTER_MODULE)
+    expect(lambda: _params_of(rs_module._reduce_scatter_tensor_in_dygraph)[:6]
+           == ["out_tensor", "in_tensor", "op", "group", "sync_op", "use_calc_stream"],
+           "stream.reduce_scatter._reduce_scatter_tensor_in_dygraph(out_tensor, in_tensor, op, group, sync_op, "
+           "use_calc_stream) signature changed")
+    expect(lambda: _params_of(rs_module._reduce_scatter_in_dygraph)[:6]
+           == ["tensor", "tensor_list", "op", "group", "sync_op", "use_calc_stream"],
+           "stream.reduce_scatter._reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, "
+           "use_calc_stream) signature changed")
+    expect(lambda: all(f"{name}(" in _source_of(rs_module.reduce_scatter) for name in
+                       ("_reduce_scatter_tensor_in_dygraph", "_reduce_scatter_in_dygraph")),
+           "stream.reduce_scatter no longer ends in _reduce_scatter_(tensor_)in_dygraph (review fill 9)")
+    expect(lambda: _params_of(dist.reduce_scatter)[:5] == ["tensor", "tensor_list", "op", "group", "sync_op"],
+           "paddle.distributed.reduce_scatter(tensor, tensor_list, op, group, sync_op) signature changed")
+    expect(lambda: "dist.stream.reduce_scatter(" in _source_of(sequence_parallel_utils.reduce_scatter)
+           and "process_group.all_gather(" in _source_of(sequence_parallel_utils.all_gather),
+           "sequence_parallel_utils no longer reduce-scatters via dist.stream.reduce_scatter and all-gathers via "
+           "ProcessGroup.all_gather (review fill 9)")
+    # 10. stage1 V2 alignment
+    from paddle.distributed.fleet.utils import tensor_fusion_helper
+
+    expect(lambda: "gpu" in tensor_fusion_helper.alignment
+           and '"unknown"' in _source_of(tensor_fusion_helper.get_current_device_type)
+           and "alignment[get_current_device_type()]" in _source_of(tensor_fusion_helper.build_reduce_scatter_buffer),
+           "tensor_fusion_helper no longer pads V2 comm buffers by alignment[get_current_device_type()] with "
+           "'unknown' for a CPU place (review fill 10)")
     if problems:
         raise RuntimeError("paddletrainer's CPU backend no longer matches this Paddle version:\n  - "
                            + "\n  - ".join(problems))

@@ -5,6 +5,8 @@ import contextlib
 
 import paddle
 
+from .sharding import is_stage2_model, stage2_no_sync
+
 __all__ = ["apply_data_parallel", "no_sync"]
 
 
@@ -25,12 +27,15 @@ def apply_data_parallel(model, *, topology, find_unused_parameters: bool = False
 def no_sync(model):
     """Context manager that skips the gradient all-reduce of the next backward passes.
 
-    Use it around every micro-batch but the last of a gradient-accumulation step. It is a real
-    ``no_sync`` only for ``paddle.DataParallel``, the one wrapper that synchronises during backward.
-    Every other wrapper either synchronises at step time (fleet's hybrid optimizer) or reduces every
-    backward into the owners' gradients (sharding stage 2/3: the sum of per-micro-batch reductions equals
-    the reduction of the sum, so correctness does not depend on skipping), so the context does nothing.
+    Use it around every micro-batch but the last of a gradient-accumulation step. It skips the
+    reduction of the wrappers that synchronise during backward: ``paddle.DataParallel`` and sharding
+    stage 2 (:func:`~.sharding.stage2_no_sync`: one reduction per optimizer step instead of one per
+    micro-batch). Fleet's hybrid optimizer synchronises at step time anyway; sharding stage 3 still reduces
+    every backward (its hooks also release the gathered parameters; the sum of per-micro-batch reductions
+    equals the reduction of the sum, so only traffic, not correctness, depends on it): nothing to skip.
     """
     if isinstance(model, paddle.DataParallel):
         return model.no_sync()
+    if is_stage2_model(model):
+        return stage2_no_sync(model)
     return contextlib.nullcontext()

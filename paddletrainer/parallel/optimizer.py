@@ -18,6 +18,9 @@ to the global norm, so that a sum over the tp, pp and sharding groups counts eve
 from __future__ import annotations
 
 import paddle
+from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
+
+from .sharding import SplitParamSharding
 
 __all__ = ["ParallelOptimizer"]
 
@@ -43,6 +46,8 @@ class ParallelOptimizer:
         self._topology = topology
         self._model = model
         self._synced = False
+        # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
+        self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
 
     # -- what the Trainer uses -------------------------------------------------------------------
     @property
@@ -54,12 +59,26 @@ class ParallelOptimizer:
     def mode(self) -> str:
         return self._mode
 
+    @property
+    def split_param(self):
+        """The :class:`~.sharding.SplitParamSharding` view under sharding stage 1 V2, else None."""
+        return self._split_param
+
     @paddle.no_grad()
     def sync_gradients(self) -> None:
-        """Finish this step's gradient synchronisation (idempotent until the next :meth:`step`)."""
+        """Finish this step's gradient synchronisation.
+
+        Idempotent until :meth:`clear_grad`: every mode's synchronisation (reducing to the owners, stage 2's
+        1/sharding scale, the dp all-reduce, stage 3's slice moves) must run once per step, so later calls —
+        :func:`~.collectives.clip_grad_norm` and :func:`~.collectives.global_grad_norm` call it too, and so
+        may code that measures the norm after :meth:`step` — do nothing.
+        """
         if self._synced:
             return
         if self._mode == HYBRID:
+            if self._split_param is not None:
+                # before the sync: its dp all-reduce runs over the slice parameters' gradients
+                self._split_param.link_slice_gradients()
             self._optimizer._hybrid_sync_grad(self._hybrid_parameters())
         elif self._mode == STAGE2:
             # Exactly what GroupShardedStage2's redefined step runs before the update.
@@ -71,35 +90,32 @@ class ParallelOptimizer:
 
     @paddle.no_grad()
     def step(self) -> None:
-        """Update the parameters; synchronises first unless :meth:`sync_gradients` already did."""
-        if not self._synced:
-            if self._mode == LOCAL:
+        """Update the parameters; synchronises first unless :meth:`sync_gradients` already did (this step's
+        gradients stay marked synchronised until :meth:`clear_grad`)."""
+        self.sync_gradients()
+        if self._mode == LOCAL:
+            self._optimizer.step()
+        elif self._mode == HYBRID:
+            self._optimizer._step(self._hybrid_parameters())
+        elif self._mode == STAGE2:
+            # The class's step (skipping the instance-level wrapper that would scale again).
+            type(self._optimizer).step(self._optimizer)
+        else:
+            # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
+            previous = getattr(self._optimizer, "update_scaler", None)
+            self._optimizer.update_scaler = True
+            try:
                 self._optimizer.step()
-                return
-            self.sync_gradients()
-        try:
-            if self._mode == LOCAL:
-                self._optimizer.step()
-            elif self._mode == HYBRID:
-                self._optimizer._step(self._hybrid_parameters())
-            elif self._mode == STAGE2:
-                # The class's step (skipping the instance-level wrapper that would scale again).
-                type(self._optimizer).step(self._optimizer)
-            else:
-                # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
-                previous = getattr(self._optimizer, "update_scaler", None)
-                self._optimizer.update_scaler = True
-                try:
-                    self._optimizer.step()
-                finally:
-                    self._optimizer.update_scaler = previous
-        finally:
-            self._synced = False
+            finally:
+                self._optimizer.update_scaler = previous
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Clear gradients (the stage 2/3 wrappers replace this with their own buffer-aware version)."""
+        """Clear gradients and end the step: the next :meth:`sync_gradients` synchronises again (the stage 2/3
+        wrappers replace the inner ``clear_grad`` with their own buffer-aware version)."""
         self._synced = False
-        if self._mode in (STAGE2, STAGE3):
+        if self._split_param is not None:
+            self._split_param.zero_gradients()  # see SplitParamSharding.zero_gradients: never clear_grad
+        elif self._mode in (STAGE2, STAGE3):
             self._optimizer.clear_grad()
         else:
             self._optimizer.clear_grad(set_to_zero)
@@ -126,8 +142,9 @@ class ParallelOptimizer:
 
         ``counted`` says whether this rank adds the gradient's squares to the global norm:
 
-        * sharding: only the owner of a parameter (stage 1/2), every rank for its own slice (stage 3)
-          and sharding rank 0 for stage 3's unsliced (replicated) parameters;
+        * sharding: only the owner of a parameter (stage 1/2), every rank for its own slice (stage 3, and
+          stage 1 V2, whose slices are flat ranges of the reduce-scattered gradient buffers) and sharding
+          rank 0 for stage 3's unsliced (replicated) parameters;
         * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
           rank 0 only;
         * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker).
@@ -151,6 +168,8 @@ class ParallelOptimizer:
         topo = self._topology
         if self._mode == LOCAL:
             return [(p, p.grad, True) for p in self._local_parameters()]
+        if self._mode == HYBRID and self._split_param is not None:
+            return [(p, g, True) for p, g in self._split_param.slice_gradients()]
         if self._mode == HYBRID:
             params = self._hybrid_parameters()
             owner = getattr(self._optimizer._inner_opt, "_param2rank", None) if topo.sharding_degree > 1 else None
@@ -170,6 +189,4 @@ class ParallelOptimizer:
         return list(params)
 
     def _hybrid_parameters(self):
-        from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
-
         return list(obtain_optimizer_parameters_list(self._optimizer._inner_opt))

@@ -7,6 +7,8 @@ micro-batches and returns the loss; gradients are synchronised and applied by th
 """
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import paddle
 
@@ -105,6 +107,34 @@ def _prepare(model, data, train: bool):
     return data
 
 
+def _broadcast_final_loss_on_device(self, return_micro_batch_loss=False):
+    """``PipelineParallel._broadcast_final_loss`` without its two host reads per step.
+
+    Paddle's version stacks the last stage's micro-batch losses with ``paddle.to_tensor`` (a read of each
+    loss) and the other stages read a broadcast dtype flag (``is_fp32.item()``) to allocate the receive buffer.
+    Here the last stage adds the losses on the device and every stage uses float32 (the Trainer casts the loss
+    to float32 anyway), so the dtype needs no exchange. Same losses, same group, same source rank.
+    """
+    src = self._hcg.get_rank_from_stage(self.num_stages - 1)
+    shape = [self.accumulate_steps] if return_micro_batch_loss else [1]
+    losses = []
+    for idx in range(len(self._layers._loss_fn)):
+        if self.is_pipeline_last_stage(ignore_virtual=True):
+            assert self.total_loss is not None, "train_batch() in last stage should obtain valid loss"
+            parts = [loss.detach().astype("float32").reshape([1]) for loss in self.total_loss[idx]]
+            if return_micro_batch_loss:
+                loss = paddle.concat(parts)
+            else:
+                loss = paddle.add_n(parts) if len(parts) > 1 else parts[0]
+                if self._delay_scale_loss:
+                    loss = loss / self.accumulate_steps
+        else:
+            loss = paddle.zeros(shape, dtype="float32")
+        paddle.distributed.broadcast(loss, src=src, sync_op=True, group=self.pp_group)
+        losses.append(loss)
+    return losses[0] if len(losses) == 1 else losses
+
+
 def train_batch(model, micro_batches: list, scaler=None):
     """Forward and backward over the micro-batches with the 1F1B schedule; return the mean loss.
 
@@ -117,6 +147,8 @@ def train_batch(model, micro_batches: list, scaler=None):
         raise ValueError(f"train_batch got {len(micro_batches)} micro-batches; the pipeline was configured for "
                          f"accumulate_steps={model.accumulate_steps} (gradient_accumulation_steps)")
     data = _prepare(model, stack_micro_batches(micro_batches, model._layers), train=True)
+    if "_broadcast_final_loss" not in model.__dict__:  # once per model: see _broadcast_final_loss_on_device
+        model._broadcast_final_loss = types.MethodType(_broadcast_final_loss_on_device, model)
     loss = model.forward_backward_pipeline(data, scaler)
     # The last stage returns the loss with its own shape, the others a [1] tensor: make them agree.
     return loss.astype("float32").reshape([])

@@ -3,7 +3,10 @@
 * stage 1: ``fleet.distributed_optimizer`` → ``HybridParallelOptimizer`` → ``DygraphShardingOptimizer``
   (V1): whole parameters are assigned to sharding ranks greedily by size; each rank keeps the optimizer
   state of its own parameters, gradients are reduced to the owner and updated parameters broadcast back.
-  V2 (``split_param``) is rejected on CPU by ``init_topology``.
+  V2 (``split_param``, ``DygraphShardingOptimizerV2``): parameters and gradients live in flat comm buffers;
+  each rank owns one contiguous range of every buffer (parameters cut at any element), gradients are
+  reduce-scattered into it and updated ranges all-gathered back. :class:`SplitParamSharding` is what the
+  rest of paddletrainer needs to know about it (gradient slices, clearing, checkpoint ranges).
 * stage 2: ``GroupShardedOptimizerStage2`` + ``GroupShardedStage2`` on the sharding group (state and
   gradients sharded; dp, if any, all-reduces on top).
 * stage 3: ``GroupShardedStage3`` (parameters sharded too: each rank keeps a flat slice of every
@@ -17,15 +20,23 @@ from __future__ import annotations
 import contextlib
 
 import paddle
+from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+    DygraphShardingOptimizerV2,
+)
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 
 from .topology import needs_cpu_backend
 
-__all__ = ["apply_sharding", "check_stage2_offload", "STAGE3_DEFAULT_SEGMENT_SIZE"]
+__all__ = ["apply_sharding", "check_stage2_offload", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
+           "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 # Parameters with more elements than this are sliced across the sharding group under stage 3; smaller
 # ones stay whole (replicated) on every rank. Paddle's default is 2**20; on CPU every slice is padded to a
 # 4096-byte boundary (1024 fp32 elements), so slicing tiny tensors only adds padding.
-STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
+from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # noqa: E402  (one definition, re-exported here)
 
 
 def _construction_scope():
@@ -74,8 +85,6 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
     if topology.sharding_degree == 1:
         raise ValueError("apply_sharding needs sharding_degree > 1")
     if stage == 1:
-        from paddle.distributed import fleet
-
         if offload:
             raise ValueError("sharding stage1 has no offload; use stage2/stage3 offload")
         if wrap_model:
@@ -95,12 +104,6 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
         if not cpu_backend.is_installed():  # without fill 7 Paddle's offload moves free the only copy
             raise RuntimeError("sharding offload on CPU needs paddletrainer's CPU backend: create the topology "
                                "with paddletrainer.parallel.init_topology before apply_sharding")
-    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
-        GroupShardedOptimizerStage2,
-    )
-    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
-    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
-
     group, dp_group, device = topology.sharding_group, topology.dp_group, _device()
     with _construction_scope():
         if stage == 2:
@@ -113,3 +116,125 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
                                        segment_size=segment_size, offload=offload, dp_group=dp_group,
                                        device=device, exclude_layer=["GroupNorm"])
     return model, optimizer
+
+
+class SplitParamSharding:
+    """Sharding stage 1 V2 (``split_param``) seen through its comm buffers.
+
+    ``DygraphShardingOptimizerV2`` copies every parameter into a flat, padded buffer and makes the
+    parameter and its ``.grad`` views of it. Sharding rank r owns range ``[r·n, (r+1)·n)`` of each buffer
+    (n = buffer size / sharding degree); the optimizer updates a flat "slice parameter" per parameter, the
+    part of that parameter (and of its padding) inside the owned range, and holds state only for it.
+
+    Args:
+        optimizer: the ``HybridParallelOptimizer`` fleet returned (its ``_inner_opt`` is the V2 optimizer).
+    """
+
+    def __init__(self, optimizer):
+        self._v2 = optimizer._inner_opt
+        self._views = {}  # param name -> ShardingGradView (index, owned range, gradient slice)
+        for buffer in self._v2._comm_buffer_list:
+            self._views.update(buffer._sharding_param_grad_view)
+        # Give every slice parameter its real shape now (Paddle does it lazily at the first step), so that a
+        # checkpoint loaded before the first step finds optimizer states of the right size.
+        for name, (start, stop) in self.owned_ranges().items():
+            slice_param = self._v2._slice_params[name]
+            self._views[name].fill_slice_param(slice_param)
+            slice_param.ckpt_flat_range = (start, stop)  # read by checkpoint.local_state
+
+    @staticmethod
+    def of(optimizer):
+        """A :class:`SplitParamSharding` when ``optimizer`` runs V2, else None."""
+        inner = vars(optimizer).get("_inner_opt")
+        return SplitParamSharding(optimizer) if isinstance(inner, DygraphShardingOptimizerV2) else None
+
+    def link_slice_gradients(self) -> None:
+        """Make each slice parameter's ``.grad`` a view of its owned gradient range (Paddle does this only
+        inside ``step``; the dp all-reduce and the norm need it before)."""
+        self._v2._assign_slice_grad()
+
+    def slice_gradients(self) -> list:
+        """``(param, gradient slice)`` for every parameter with a non-empty owned range on this rank: views of
+        the reduce-scattered gradient buffer, the only gradient values V2's step reads (padding is zero)."""
+        out = []
+        for param in self._v2._parameter_list:
+            view = self._views[param.name]
+            if view.has_effective_slice_param and view._slice_grad is not None:
+                out.append((param, view._slice_grad))
+        return out
+
+    def zero_gradients(self) -> None:
+        """Zero the gradient buffers in place.
+
+        Not ``clear_grad``: ``Tensor.clear_gradient(set_to_zero=True)`` marks the gradient "fake empty", so the
+        next backward *replaces* ``param.grad`` with a new tensor instead of adding into the buffer view, so
+        the buffers (what V2 reduce-scatters and steps on) no longer receive the gradients: from the second
+        step on, training silently departs from one process.
+        """
+        for buffer in self._v2._comm_buffer_list:
+            buffer.grad_storage.zero_()
+
+    def owned_ranges(self) -> dict:
+        """``{param name: (start, stop)}``: the flat range of each parameter (padding included) that this
+        rank's slice parameter covers, for parameters with a non-empty owned range."""
+        return {name: (int(view._param_begin - view._index), int(view._param_end - view._index))
+                for name, view in self._views.items() if view.has_effective_slice_param}
+
+
+class _Stage2DeferredReduce:
+    """Gradient accumulation for ``GroupShardedStage2`` with one reduction per optimizer step.
+
+    ``GroupShardedStage2`` re-arms its backward hooks in every forward (``_init_internal_storage``: the
+    counters, and a fresh zero buffer for the gradients other ranks own), so every micro-batch's backward
+    reduces its gradients to their owners: accumulation A sends A times the gradients. Inside
+    :func:`stage2_no_sync` the forward leaves the hooks disarmed and the buffers alone, so gradients
+    accumulate locally; the next forward outside it arms the hooks without touching the buffers, and that
+    backward reduces the accumulated sum once.
+    """
+
+    def __init__(self, model):
+        missing = [name for name in ("_init_internal_storage", "_clear_counters", "_grad_reduced", "_trainable_params")
+                   if not hasattr(model, name)]
+        if missing:  # the hooks' skip flag and the forward's re-arming are what this relies on
+            raise RuntimeError(f"GroupShardedStage2 no longer has {missing}: paddletrainer's stage2 no_sync "
+                               "(parallel/sharding.py) must be reviewed for this Paddle version")
+        self.model = model
+        self.deferring = False
+        self.pending = False  # gradients accumulated locally since the last reduction
+        self._original = model._init_internal_storage
+        model._init_internal_storage = self._init_internal_storage
+
+    def _init_internal_storage(self, needs_fresh):
+        model = self.model
+        if self.pending and needs_fresh:  # Paddle would rebuild the gradient storage, dropping the accumulated sum
+            raise RuntimeError("GroupShardedStage2 must rebuild its gradient storage (the trainable parameters changed) "
+                               "while gradients are being accumulated: change stop_gradient only between optimizer steps")
+        if self.pending:
+            model._clear_counters()  # arm the hooks; keep the accumulated gradients
+        else:
+            self._original(needs_fresh)
+        if self.deferring and model.training:
+            model._grad_reduced = [False] * len(model._trainable_params)  # hooks skip this backward
+            self.pending = True
+        else:
+            self.pending = False
+
+
+def is_stage2_model(model) -> bool:
+    """True for a ``GroupShardedStage2``-wrapped model."""
+    return isinstance(model, GroupShardedStage2)
+
+
+@contextlib.contextmanager
+def stage2_no_sync(model):
+    """Inside: forward/backward of ``GroupShardedStage2`` ``model`` accumulate without reducing (see
+    :class:`_Stage2DeferredReduce`); the first forward after it reduces the accumulated gradients."""
+    state = getattr(model, "_paddletrainer_deferred_reduce", None)
+    if state is None:
+        state = _Stage2DeferredReduce(model)
+        model._paddletrainer_deferred_reduce = state
+    state.deferring = True
+    try:
+        yield
+    finally:
+        state.deferring = False

@@ -1,8 +1,8 @@
-"""Process topology: ``ParallelDegrees`` → ``fleet.DistributedStrategy`` → ``fleet.init`` → :class:`Topology`.
+"""Process topology: ``ParallelConfig`` → ``fleet.DistributedStrategy`` → ``fleet.init`` → :class:`Topology`.
 
-This module holds the library's only ``fleet.init`` call. The degrees come already resolved and validated
-from ``TrainingArguments.parallel_degrees`` (PaddleNLP's rules), so nothing here decides a layout; it only
-builds the process groups for it.
+This module holds the library's only ``fleet.init`` call. The layout comes resolved and checked from
+``TrainingArguments.parallel_config`` (PaddleNLP's rules, :mod:`.config`), so nothing here decides a layout;
+it only builds the process groups for it.
 
 Layouts:
 
@@ -11,15 +11,21 @@ Layouts:
   later ``paddle.DataParallel`` — the same choice PaddleNLP makes; there is no hybrid group (``hcg`` None).
 * anything else: ``fleet.init(is_collective=True, strategy=...)`` with hybrid_configs.
 
-Rank layout: fleet orders the axes as ``order`` (outermost first) and numbers ranks in row-major order
-over that grid, the last axis ("mp") varying fastest. :func:`coordinates_of` reproduces that arithmetic
-without processes.
+Per-axis facts (fleet's names, the group getters) come from :data:`~.layout.AXES`; the rank arithmetic is
+:meth:`~.layout.Layout.coordinates`, checked against fleet's placement here.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional
+
+import paddle.distributed as dist
+from paddle.distributed import fleet
+
+from ..device import has_accelerator
+from . import cpu_backend
+from .config import ParallelConfig
+from .layout import AXES, Layout, axis, coordinates_of, hybrid_order, launch_local_rank, launch_rank, launch_world_size
 
 __all__ = [
     "Topology",
@@ -29,130 +35,129 @@ __all__ = [
     "hybrid_order",
     "build_strategy",
     "check_cpu_options",
+    "needs_cpu_backend",
 ]
-
-# fleet axis names; "tp" is called "mp" by fleet. sep/cp are always 1 here but stay in the order so the
-# grid has the same shape fleet builds by default.
-PP_FIRST = ("dp", "pp", "sharding", "sep", "cp", "mp")
-SHARDING_FIRST = ("dp", "sharding", "pp", "sep", "cp", "mp")
 
 _TOPOLOGY = None
 
 
-def hybrid_order(topo_order: str | None) -> tuple:
-    """fleet's axis order for ``hybrid_parallel_topo_order`` ("pp_first" (default) or "sharding_first")."""
-    if topo_order in (None, "", "pp_first"):
-        return PP_FIRST
-    if topo_order == "sharding_first":
-        return SHARDING_FIRST
-    raise ValueError(f"hybrid_parallel_topo_order must be 'pp_first' or 'sharding_first', got {topo_order!r}")
-
-
-def coordinates_of(rank: int, degrees: Mapping[str, int], order: Sequence[str]) -> dict:
-    """The coordinate of ``rank`` on every axis of a row-major grid ordered by ``order``.
-
-    ``degrees`` maps axis names to sizes (missing axes have size 1; "tp" is accepted for fleet's "mp"). Example, order (dp, pp, sharding, mp)
-    with degrees dp2·pp2·sharding2·mp2: strides are 8, 4, 2, 1, so rank 13 = 1·8 + 1·4 + 0·2 + 1·1 is
-    dp 1, pp 1, sharding 0, mp 1.
-    """
-    degrees = dict(degrees)
-    if "tp" in degrees:  # our name for fleet's "mp"
-        degrees.setdefault("mp", degrees.pop("tp"))
-    sizes = [int(degrees.get(axis, 1)) for axis in order]
-    world = 1
-    for size in sizes:
-        world *= size
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside a world of {world} processes ({dict(zip(order, sizes))})")
-    coords = {}
-    for axis, size in reversed(list(zip(order, sizes))):
-        coords[axis] = rank % size
-        rank //= size
-    return {axis: coords[axis] for axis in order}
-
-
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """Where this process sits in the 4D grid, and the process groups of each axis.
+    """Where this process sits in the layout, and the process groups, addressed by axis name.
 
-    ``data_rank`` / ``data_world_size`` index the data split: data is split over dp × sharding only
-    (tensor- and pipeline-parallel ranks of one data rank read the same samples).
-    Group accessors return a ``paddle.distributed`` Group, or None when the axis has size 1.
+    ``degree(axis)``, ``coord(axis)`` and ``group(axis)`` take an axis name of :data:`~.layout.AXES` ("dp",
+    "sharding", "tp", "pp"); ``<axis>_degree``, ``<axis>_rank`` and ``<axis>_group`` are the same as
+    attributes. ``data_rank`` / ``data_world_size`` index the data split: data is split over the
+    data-splitting axes only (dp × sharding; tensor- and pipeline-parallel ranks of one data rank read the
+    same samples). Groups are a ``paddle.distributed`` Group, or None when the axis has size 1.
     """
 
-    world_size: int
-    rank: int
-    local_rank: int
-    dp_degree: int
-    sharding_degree: int
-    tp_degree: int
-    pp_degree: int
-    dp_rank: int
-    sharding_rank: int
-    tp_rank: int
-    pp_rank: int
-    order: tuple = PP_FIRST
+    layout: Layout
+    rank: int = 0
+    local_rank: int = 0
+    coords: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)  # axis → this rank's coordinate
     hcg: Any = dataclasses.field(default=None, repr=False, compare=False)
-    _groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not self.coords:  # default: where fleet places ``rank``
+            object.__setattr__(self, "coords", self.layout.coordinates(self.rank))
+
+    @classmethod
+    def of(cls, rank: int = 0, local_rank: int = 0, groups: Optional[Mapping[str, Any]] = None, hcg=None,
+           topo_order: str = "pp_first", **axes: int) -> "Topology":
+        """A Topology from keyword degrees and ranks: ``Topology.of(dp_degree=2, tp_degree=2, tp_rank=1)``
+        (missing degrees are 1; missing ranks follow from ``rank``). For tests and tools."""
+        degrees = {a.name: int(axes.pop(f"{a.name}_degree", 1)) for a in AXES}
+        world = int(axes.pop("world_size", 0)) or _product(degrees.values())
+        layout = Layout(world_size=world, topo_order=topo_order, **degrees)
+        coords = layout.coordinates(rank) if rank < world else {a.name: 0 for a in AXES}
+        coords.update({a.name: int(axes.pop(f"{a.name}_rank")) for a in AXES if f"{a.name}_rank" in axes})
+        if axes:
+            raise TypeError(f"Topology.of: unknown argument(s) {sorted(axes)}")
+        return cls(layout=layout, rank=rank, local_rank=local_rank, coords=coords, hcg=hcg, groups=groups or {})
+
+    # ------------------------------------------------------------------ by axis name
+    def degree(self, name: str) -> int:
+        return self.layout.degree(name)
+
+    def coord(self, name: str) -> int:
+        return int(self.coords[axis(name).name])
+
+    def group(self, name: str):
+        return self.groups.get(axis(name).name if name != "data" else "data")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
+    @property
+    def order(self) -> tuple:
+        """fleet's axis order (fleet names, outermost first)."""
+        return self.layout.fleet_order
 
     @property
     def data_rank(self) -> int:
         """dp_rank · sharding_degree + sharding_rank (PaddleNLP's dataset_rank)."""
-        return self.dp_rank * self.sharding_degree + self.sharding_rank
+        return self.layout.data_rank(self.coords)
 
     @property
     def data_world_size(self) -> int:
         """dp_degree · sharding_degree (PaddleNLP's dataset_world_size)."""
-        return self.dp_degree * self.sharding_degree
+        return self.layout.data_world_size
 
     @property
     def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
+        return self.coord("pp") == 0
 
     @property
     def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp_degree - 1
+        return self.coord("pp") == self.degree("pp") - 1
 
     @property
     def use_hybrid(self) -> bool:
-        """True when fleet's hybrid groups exist (any of sharding, tp, pp > 1)."""
+        """True when fleet's hybrid groups exist (any axis but dp > 1 in a multi-process run)."""
         return self.hcg is not None
 
     @property
-    def dp_group(self):
-        return self._groups.get("dp")
-
-    @property
-    def sharding_group(self):
-        return self._groups.get("sharding")
-
-    @property
-    def tp_group(self):
-        return self._groups.get("tp")
-
-    @property
-    def pp_group(self):
-        return self._groups.get("pp")
-
-    @property
     def data_group(self):
-        """The group spanning dp × sharding (this rank's tp/pp cell), for loss averaging."""
-        return self._groups.get("data")
+        """The group spanning the data-splitting axes (dp × sharding) of this rank's cell, for loss averaging."""
+        return self.groups.get("data")
 
 
-def get_topology() -> Topology | None:
+def _axis_attributes(name: str):
+    return (property(lambda self: self.degree(name), doc=f"degree of the {name} axis"),
+            property(lambda self: self.coord(name), doc=f"this rank's coordinate on the {name} axis"),
+            property(lambda self: self.groups.get(name), doc=f"the {name} group (None when its degree is 1)"))
+
+
+# ``topology.tp_degree`` / ``tp_rank`` / ``tp_group`` ... for every axis, so a new axis needs no edit here.
+for _axis in AXES:
+    for _suffix, _prop in zip(("degree", "rank", "group"), _axis_attributes(_axis.name)):
+        setattr(Topology, f"{_axis.name}_{_suffix}", _prop)
+
+
+def _product(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def get_topology() -> Optional[Topology]:
     """The topology built by :func:`init_topology` in this process, or None."""
     return _TOPOLOGY
 
 
-def _degrees_of(args) -> dict:
-    d = args.parallel_degrees
-    return {"world_size": int(d.world_size), "dp": max(int(d.dp), 1), "sharding": max(int(d.sharding), 1),
-            "mp": max(int(d.tp), 1), "pp": max(int(d.pp), 1)}
+def _config_of(args) -> ParallelConfig:
+    """``args`` may be a :class:`ParallelConfig` or the ``TrainingArguments`` that built one."""
+    return args if isinstance(args, ParallelConfig) else args.parallel_config
 
 
-def build_strategy(args, on_cpu: bool):
-    """The ``fleet.DistributedStrategy`` for ``args`` (PaddleNLP's construction; see module docstring).
+def build_strategy(config, on_cpu: bool):
+    """The ``fleet.DistributedStrategy`` for a :class:`ParallelConfig` (or ``TrainingArguments``), PaddleNLP's
+    construction:
 
     * hybrid_configs: the degrees, the axis order and pp_configs, set in one assignment (the setter
       works once per key group), then ``sharding_configs`` and ``mp_configs`` fields by attribute mutation:
@@ -161,39 +166,34 @@ def build_strategy(args, on_cpu: bool):
       per_device_train_batch_size; partial send/recv off on CPU (gloo has no all_gather_partial).
     * tensor_parallel_configs: tensor_init_seed = seed, so tp ranks draw the same init streams.
     """
-    from paddle.distributed import fleet
-
-    degrees = _degrees_of(args)
-    pp_options = args.pipeline_parallel_options
-    sharding_options = args.sharding_parallel_options
-    tp_options = args.tensor_parallel_options
+    config = _config_of(config)
+    layout = config.layout
+    pp_options, sharding_options, tp_options = config.pipeline_options, config.sharding_options, config.tensor_options
     strategy = fleet.DistributedStrategy()
-    if degrees["pp"] > 1:
+    if layout.pp > 1:
         partial = not on_cpu and "disable_partial_send_recv" not in pp_options
         strategy.pipeline_configs = {
-            "accumulate_steps": int(args.gradient_accumulation_steps),
-            "micro_batch_size": int(args.per_device_train_batch_size),
+            "accumulate_steps": int(config.accumulate_steps),
+            "micro_batch_size": int(config.micro_batch_size),
             "enable_partial_send_recv": partial,
             "p2p_cache_shape": "disable_p2p_cache_shape" not in pp_options,
         }
-    if degrees["mp"] > 1:
-        strategy.tensor_parallel_configs = {"tensor_init_seed": int(args.seed)}
+    if layout.tp > 1:
+        strategy.tensor_parallel_configs = {"tensor_init_seed": int(config.seed)}
     strategy.hybrid_configs = {
-        "dp_degree": degrees["dp"],
-        "mp_degree": degrees["mp"],
+        **layout.fleet_degrees(),
         "pp_configs": {
             "delay_scale_loss": "enable_delay_scale_loss" in pp_options,  # the Trainer divides the grads
             "clear_every_step_cache": "enable_clear_every_step_cache" in pp_options,
             "use_batch_p2p_comm": "disable_batch_p2p_comm" not in pp_options,
             "enable_timer": "enable_timer" in pp_options,
         },
-        "pp_degree": degrees["pp"],
-        "sharding_degree": degrees["sharding"],
-        "order": list(hybrid_order(args.hybrid_parallel_topo_order)),
+        "order": list(layout.fleet_order),
     }
     sharding_configs = strategy.hybrid_configs["sharding_configs"]
-    # split_param, tensor fusion and comm overlap are refused in TrainingArguments (REFUSED_PARALLEL_OPTIONS).
-    sharding_configs.accumulate_steps = int(args.gradient_accumulation_steps)
+    # tensor fusion and comm overlap are refused in TrainingArguments (REFUSED_PARALLEL_OPTIONS).
+    sharding_configs.split_param = "split_param" in sharding_options  # stage1 V2 (parallel/sharding.py)
+    sharding_configs.accumulate_steps = int(config.accumulate_steps)
     # Off on CPU anyway (gloo has no avg reduce), so the CPU tests run the sum-then-scale path this selects.
     sharding_configs.use_reduce_avg = "disable_stage1_reduce_avg" not in sharding_options
     # HybridParallelOptimizer._step broadcasts tp rank 0's replicated params / grads / moments. Paddle's
@@ -209,110 +209,61 @@ def build_strategy(args, on_cpu: bool):
     return strategy
 
 
-def check_cpu_options(args) -> None:
-    """Raise for options Paddle's CPU build cannot run (called before any process group exists)."""
-    sharding_options = args.sharding_parallel_options
-    if "split_param" in sharding_options:
-        raise NotImplementedError(
-            "sharding_parallel_config split_param (DygraphShardingOptimizerV2) is not supported on CPU: it needs "
-            "the tensor-fusion buffers (GPU/XPU only) and, patched, silently stops updating parameters after "
-            "the first clear_grad; use stage1 without split_param"
-        )
-    for option in ("enable_stage1_tensor_fusion", "enable_stage1_overlap"):
-        if option in sharding_options:
-            raise NotImplementedError(f"sharding_parallel_config {option} needs GPU tensor fusion; not on CPU")
-    from . import cpu_backend
-
-    if "enable_timer" in args.pipeline_parallel_options:
-        raise NotImplementedError("pipeline_parallel_config enable_timer needs CUDA: Paddle's pipeline timers "
-                                  "call paddle.device.cuda.synchronize; not on CPU")
-    tp_options = args.tensor_parallel_options
-    cpu_backend.reject_sequence_parallel(bool(args.sequence_parallel))
-    if "enable_mp_async_allreduce" in tp_options or "enable_mp_fused_linear_param_grad_add" in tp_options:
-        raise NotImplementedError("tensor_parallel_config async/fused options need CUDA kernels; not on CPU")
+def check_cpu_options(config) -> None:
+    """Raise for options Paddle's CPU build cannot run (``ParallelConfig.check_device``; before any group)."""
+    _config_of(config).check_device(on_cpu=True)
 
 
 def needs_cpu_backend() -> bool:
-    """True on a Paddle build without CUDA or a custom device: the gloo fills of ``cpu_backend`` apply."""
-    import paddle
+    """True on a CPU-only Paddle build (:func:`paddletrainer.device.has_accelerator`): the gloo fills of
+    ``cpu_backend`` apply."""
+    return not has_accelerator()
 
-    return not paddle.is_compiled_with_cuda() and not paddle.device.get_all_custom_device_type()
 
-
-def _build_topology(args) -> Topology:
-    import paddle.distributed as dist
-
-    degrees = _degrees_of(args)
-    world = degrees["world_size"]
-    product = degrees["dp"] * degrees["sharding"] * degrees["mp"] * degrees["pp"]
-    if product != world:
-        raise ValueError(f"parallel degrees dp{degrees['dp']}·sharding{degrees['sharding']}·tp{degrees['mp']}·"
-                         f"pp{degrees['pp']} = {product} do not match the world size {world}")
-    env_world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    if env_world != world:
-        raise ValueError(f"args.parallel_degrees.world_size={world} but the launcher started {env_world} processes")
-    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
-    local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
-    order = hybrid_order(args.hybrid_parallel_topo_order)
-    common = dict(world_size=world, rank=rank, local_rank=local_rank, dp_degree=degrees["dp"],
-                  sharding_degree=degrees["sharding"], tp_degree=degrees["mp"], pp_degree=degrees["pp"], order=order)
-    if world == 1:
-        return Topology(dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0, **common)
+def _build_topology(config: ParallelConfig) -> Topology:
+    layout = config.layout
+    env_world = launch_world_size()
+    if env_world != layout.world_size:
+        raise ValueError(f"the layout {layout.describe()} has world size {layout.world_size} but the launcher "
+                         f"started {env_world} processes")
+    rank, local_rank = launch_rank(), launch_local_rank() or 0
+    if layout.world_size == 1:
+        return Topology(layout=layout, rank=rank, local_rank=local_rank)
 
     on_cpu = needs_cpu_backend()
-    if not on_cpu and degrees["pp"] == 2 and args.virtual_pp_degree > 1:
-        raise ValueError(f"virtual_pp_degree={args.virtual_pp_degree} needs pipeline_parallel_degree > 2 on GPU "
-                         "(Paddle's interleaved schedule; its two-stage p2p order is fixed only by the CPU backend)")
+    config.check_device(on_cpu)
     if on_cpu:
-        check_cpu_options(args)
-        from . import cpu_backend
-
         cpu_backend.install()
 
-    hybrid = degrees["sharding"] > 1 or degrees["mp"] > 1 or degrees["pp"] > 1
-    if not hybrid:
+    if not layout.use_hybrid:
         dist.init_parallel_env()
-        coords = coordinates_of(rank, degrees, order)
         group = dist.collective._get_default_group()
-        return Topology(dp_rank=coords["dp"], sharding_rank=0, tp_rank=0, pp_rank=0,
-                        _groups={"dp": group, "data": group}, **common)
+        return Topology(layout=layout, rank=rank, local_rank=local_rank, groups={"dp": group, "data": group})
 
-    from paddle.distributed import fleet
-
-    fleet.init(is_collective=True, strategy=build_strategy(args, on_cpu))
+    fleet.init(is_collective=True, strategy=build_strategy(config, on_cpu))
     hcg = fleet.get_hybrid_communicate_group()
     if on_cpu:
         cpu_backend.install_pipeline_pair_groups(hcg)  # pp > 2 only
-    groups = {
-        "dp": hcg.get_data_parallel_group() if degrees["dp"] > 1 else None,
-        "sharding": hcg.get_sharding_parallel_group() if degrees["sharding"] > 1 else None,
-        "tp": hcg.get_model_parallel_group() if degrees["mp"] > 1 else None,
-        "pp": hcg.get_pipe_parallel_group() if degrees["pp"] > 1 else None,
-    }
-    groups["data"] = _data_group(rank, degrees, order, groups)
-    coords = coordinates_of(rank, degrees, order)
-    expected = (hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank(), hcg.get_model_parallel_rank(),
-                hcg.get_stage_id())
-    if expected != (coords["dp"], coords["sharding"], coords["mp"], coords["pp"]):
-        raise RuntimeError(f"fleet placed rank {rank} at dp/sharding/tp/pp {expected}, coordinates_of says "
-                           f"{coords}: the rank layout assumption is wrong")
-    return Topology(dp_rank=coords["dp"], sharding_rank=coords["sharding"], tp_rank=coords["mp"],
-                    pp_rank=coords["pp"], hcg=hcg, _groups=groups, **common)
+    groups = {a.name: getattr(hcg, a.hcg_group)() if layout.degree(a.name) > 1 else None for a in AXES}
+    coords = layout.coordinates(rank)
+    groups["data"] = _data_group(rank, layout, groups)
+    placed = {a.name: getattr(hcg, a.hcg_rank)() for a in AXES}
+    if placed != coords:
+        raise RuntimeError(f"fleet placed rank {rank} at {placed}, Layout.coordinates says {coords}: the rank "
+                           f"layout assumption is wrong")
+    return Topology(layout=layout, rank=rank, local_rank=local_rank, coords=coords, hcg=hcg, groups=groups)
 
 
-def _data_group(rank, degrees, order, groups):
-    """dp × sharding group of this rank's (pp, tp) cell; every rank creates every cell's group in order."""
-    import paddle.distributed as dist
-
-    if degrees["dp"] == 1:
-        return groups["sharding"]
-    if degrees["sharding"] == 1:
-        return groups["dp"]
-    world = degrees["world_size"]
+def _data_group(rank: int, layout: Layout, groups):
+    """The group over the data-splitting axes of this rank's cell (the ranks that differ only on dp/sharding);
+    every rank creates every cell's group in the same order."""
+    splitting = [a.name for a in AXES if a.splits_data and layout.degree(a.name) > 1]
+    if len(splitting) <= 1:
+        return groups[splitting[0]] if splitting else None
     cells = {}
-    for other in range(world):
-        c = coordinates_of(other, degrees, order)
-        cells.setdefault((c["pp"], c["mp"]), []).append(other)
+    for other in range(layout.world_size):
+        c = layout.coordinates(other)
+        cells.setdefault(tuple(c[a.name] for a in AXES if not a.splits_data), []).append(other)
     mine = None
     for key in sorted(cells):  # the same order on every rank: new_group is collective
         group = dist.new_group(cells[key])
@@ -322,19 +273,17 @@ def _data_group(rank, degrees, order, groups):
 
 
 def init_topology(args) -> Topology:
-    """Build (once per process) the process groups for ``args.parallel_degrees`` and return the Topology.
+    """Build (once per process) the process groups for a :class:`ParallelConfig` (or the ``TrainingArguments``
+    whose ``parallel_config`` it is) and return the Topology.
 
-    Installs the CPU backend first when Paddle has neither CUDA nor a custom device. Calling it again
-    returns the same object; calling it with different degrees raises.
+    Installs the CPU backend first on a CPU-only Paddle. Calling it again returns the same object; calling it
+    with a different layout raises.
     """
     global _TOPOLOGY
+    config = _config_of(args)
     if _TOPOLOGY is not None:
-        degrees = _degrees_of(args)
-        seen = (_TOPOLOGY.world_size, _TOPOLOGY.dp_degree, _TOPOLOGY.sharding_degree, _TOPOLOGY.tp_degree,
-                _TOPOLOGY.pp_degree)
-        wanted = (degrees["world_size"], degrees["dp"], degrees["sharding"], degrees["mp"], degrees["pp"])
-        if seen != wanted:
-            raise RuntimeError(f"init_topology already ran with world/dp/sharding/tp/pp {seen}; got {wanted}")
+        if (_TOPOLOGY.layout, _TOPOLOGY.layout.topo_order) != (config.layout, config.layout.topo_order):
+            raise RuntimeError(f"init_topology already ran with {_TOPOLOGY.layout}; got {config.layout}")
         return _TOPOLOGY
-    _TOPOLOGY = _build_topology(args)
+    _TOPOLOGY = _build_topology(config)
     return _TOPOLOGY

@@ -3,8 +3,8 @@
 Handlers are installed at ``on_train_begin``; the watchdog is re-armed at every event with the phase the loop is
 in (``data``, ``forward_backward``, ``optimizer``, ``stop_check``, ``log``, ``evaluate``, ``checkpoint_save``). The
 stop check itself (a collective) is the Trainer loop's ``GracefulStop.agreed``, right after the optimizer step; it
-sets ``should_save`` and ``should_training_stop``, and this callback's ``on_save`` then publishes the checkpoint
-(async saves included) and raises ``TrainingInterrupted``. With ``remove_unused_columns=False`` the
+sets ``should_save`` and ``should_training_stop``; the Trainer saves that checkpoint synchronously (even with
+``checkpoint_async_save``) and this callback's ``on_save`` then raises ``TrainingInterrupted``. With ``remove_unused_columns=False`` the
 first training batch's keys are checked here, in the main thread — not in the collator, because Paddle's
 single-process DataLoader collates in a helper thread and an exception there leaves the loop waiting forever.
 """
@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 from ..callbacks import TrainerCallback
 from ..checks import check_batch_keys
 from ..errors import TrainingInterrupted
+from ..trainer_utils import checkpoint_dir_name
 from .signals import GracefulStop
 from .watchdog import CollectiveWatchdog
 
@@ -35,15 +36,17 @@ class RobustnessCallback(TrainerCallback):
         popped_keys: batch keys the trainer removes before calling the model (its ``label_names`` when a
             ``criterion`` is used); with ``remove_unused_columns=False`` the first training batch's other keys must
             be ``forward`` parameters (:func:`check_batch_keys`).
+        remove_unused_columns: the option of that name; False makes the first training batch's keys checked.
         stopper: the ``GracefulStop`` whose handlers this callback installs — the one the Trainer's loop asks
             (``Trainer`` passes its own); None with ``handle_signals``: a new one.
     """
 
     def __init__(self, topology=None, collective_timeout_seconds: Optional[float] = None, handle_signals: bool = True,
-                 popped_keys: Sequence[str] = (), stopper: Optional[GracefulStop] = None):
+                 popped_keys: Sequence[str] = (), stopper: Optional[GracefulStop] = None,
+                 remove_unused_columns: bool = True):
         self.topology = topology
         self.popped_keys = tuple(popped_keys)
-        self._keys_checked = False
+        self._keys_checked = remove_unused_columns  # the collator drops unknown keys: nothing to check
         rank = int(getattr(topology, "rank", 0) or 0)
         self.stopper = (stopper or GracefulStop()) if handle_signals else None
         self.watchdog = CollectiveWatchdog(collective_timeout_seconds, rank)
@@ -73,8 +76,7 @@ class RobustnessCallback(TrainerCallback):
         self.watchdog.enter("data", self._next_step(state))
 
     def on_load_data_end(self, args, state, control, inputs=None, model=None, **kwargs):
-        if not self._keys_checked and not getattr(args, "remove_unused_columns", True) and isinstance(inputs, dict) \
-                and model is not None:
+        if not self._keys_checked and isinstance(inputs, dict) and model is not None:
             check_batch_keys(model, inputs.keys(), self.popped_keys)
         self._keys_checked = True
 
@@ -112,12 +114,9 @@ class RobustnessCallback(TrainerCallback):
             self.watchdog.disarm()
 
     def on_save(self, args, state, control, **kwargs):
-        if self.stopper is not None and self.stopper.stopping:
-            from .. import checkpoint as ckpt
-
-            ckpt.finish_pending_save()  # an async save is published (collectively) before we leave
+        if self.stopper is not None and self.stopper.stopping:  # the Trainer saved the stop checkpoint synchronously
             self._finish()
-            checkpoint = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+            checkpoint = os.path.join(args.output_dir, checkpoint_dir_name(state.global_step))
             exc = TrainingInterrupted(self.stopper.signum, state.global_step, checkpoint)
             logger.warning("%s", exc.message)
             raise exc

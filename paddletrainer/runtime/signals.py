@@ -1,10 +1,14 @@
-"""Graceful stop: SIGTERM/SIGINT become a flag that every rank agrees on once per optimizer step.
+"""Graceful stop: SIGTERM/SIGINT become a flag that every rank agrees on at the same optimizer step.
 
 ``GracefulStop`` installs handlers that only set a flag (the previous handlers come back on ``uninstall()`` or at
-the end of the ``with`` block). The Trainer's loop calls ``agreed(topology)`` right after each optimizer step; in a
-multi-process run it is a MAX all-reduce of the flag over the whole world, so every rank stops at the *same* step —
-no rank leaves the loop alone while the others wait for it in a collective. A second signal while a stop is pending
-falls back to the previous handler (a second Ctrl-C kills at once).
+the end of the ``with`` block). The Trainer's loop calls ``agreed(topology, step)`` right after each optimizer
+step. In one process that only looks at the flag. In a multi-process run the ranks agree with a MAX all-reduce of
+the flag over the whole world and a host read of the result, so every rank stops at the *same* step — no rank
+leaves the loop alone while the others wait for it in a collective. That read would stall the device every
+step, so it runs only at steps that are multiples of :attr:`GracefulStop.every` (the same steps on every rank,
+since they all count the same ``global_step``); the Trainer sets ``every`` to its logging interval, which
+already reads the loss, capped at :data:`MAX_CHECK_INTERVAL` steps so a pre-emption notice is not missed. A
+second signal while a stop is pending falls back to the previous handler (a second Ctrl-C kills at once).
 
 After the stop checkpoint is published the Trainer raises :class:`paddletrainer.errors.TrainingInterrupted`
 (a ``SystemExit`` with code 128 + signal number, no traceback).
@@ -17,15 +21,32 @@ import signal
 import threading
 from typing import Sequence
 
+import paddle
+import paddle.distributed as dist
+
 from ..errors import signal_name
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GracefulStop"]
+__all__ = ["GracefulStop", "MAX_CHECK_INTERVAL", "check_interval"]
+
+#: at most this many optimizer steps between two agreement checks in a multi-process run: a stop can take this
+#: many steps (plus the checkpoint save), which the job's SIGTERM-to-SIGKILL grace period must cover
+MAX_CHECK_INTERVAL = 10
+
+
+def check_interval(logging_strategy, logging_steps: int) -> int:
+    """Steps between two multi-process stop checks: the logging interval when logging is by steps and at most
+    :data:`MAX_CHECK_INTERVAL` steps apart (the check then adds no host read of its own), else
+    :data:`MAX_CHECK_INTERVAL`."""
+    by_steps = str(getattr(logging_strategy, "value", logging_strategy)).lower() == "steps"
+    if by_steps and 0 < logging_steps <= MAX_CHECK_INTERVAL:
+        return int(logging_steps)
+    return MAX_CHECK_INTERVAL
 
 
 class GracefulStop:
-    """Turn SIGTERM/SIGINT into a flag the training loop checks once per optimizer step.
+    """Turn SIGTERM/SIGINT into a flag the training loop checks after each optimizer step.
 
     Use as a context manager (or ``install()`` / ``uninstall()``). Handlers can only be installed from the
     main thread; elsewhere ``install()`` logs a warning and the flag can still be set with :meth:`request`.
@@ -36,10 +57,13 @@ class GracefulStop:
     handler.
 
     ``stopping``: set by :meth:`agreed` once the ranks agreed to stop; the stop checkpoint is then the last step.
+
+    ``every``: in a multi-process run, :meth:`agreed` communicates only at steps that are multiples of it.
     """
 
-    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT)):
+    def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), every: int = MAX_CHECK_INTERVAL):
         self.signals = tuple(signals)
+        self.every = int(every)
         self.listening = True
         self.signum: int = 0  # the (first) signal received; 0 = none
         self.stopping = False
@@ -112,22 +136,23 @@ class GracefulStop:
         self.signum = 0
         self.stopping = False
 
-    def agreed(self, topology=None) -> bool:
-        """The once-per-optimizer-step stop check: :meth:`should_stop` (a collective in a multi-process run), and
-        :attr:`stopping` set on every rank when it says stop. Every rank must call it at the same point."""
+    def agreed(self, topology=None, step: int | None = None) -> bool:
+        """The stop check after optimizer step ``step``: :meth:`should_stop`, and :attr:`stopping` set on every
+        rank when it says stop. Every rank must call it at the same point. In a multi-process run it is a
+        collective (and a host read) only when ``step`` is None or a multiple of :attr:`every`; between those
+        steps it returns the last agreed answer without communicating."""
+        if step is not None and step % max(self.every, 1) and _world_size(topology) > 1:
+            return self.stopping
         if self.should_stop(topology):
             self.stopping = True
         return self.stopping
 
     def should_stop(self, topology=None) -> bool:
         """True on every rank iff any rank received a stop signal. Collective when the world has > 1 process:
-        every rank must call it at the same point (the trainer: once per optimizer step)."""
+        every rank must call it at the same point (the trainer: through :meth:`agreed`)."""
         world = _world_size(topology)
         if world <= 1:
             return bool(self.signum)
-        import paddle
-        import paddle.distributed as dist
-
         flag = paddle.to_tensor([self.signum], dtype="int64")
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         agreed = int(flag.numpy()[0])
@@ -139,9 +164,4 @@ class GracefulStop:
 def _world_size(topology) -> int:
     if topology is not None:
         return int(getattr(topology, "world_size", 1))
-    try:
-        import paddle.distributed as dist
-
-        return dist.get_world_size() if dist.is_initialized() else 1
-    except Exception:  # pragma: no cover - paddle without distributed
-        return 1
+    return dist.get_world_size() if dist.is_initialized() else 1

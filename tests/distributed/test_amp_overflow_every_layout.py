@@ -86,6 +86,8 @@ LAYOUTS = {
     "pp2_delay_scale_loss": (2, dict(pipeline_parallel_degree=2, pipeline_parallel_config="enable_delay_scale_loss")),
     "sharding_stage1_no_reduce_avg": (2, dict(per_device_train_batch_size=2, sharding="stage1", sharding_parallel_degree=2,
                                               sharding_parallel_config="disable_stage1_reduce_avg")),
+    "sharding_stage1_split_param": (2, dict(per_device_train_batch_size=2, sharding="stage1", sharding_parallel_degree=2,
+                                            sharding_parallel_config="split_param")),
     "sharding_stage2": (2, dict(per_device_train_batch_size=2, sharding="stage2", sharding_parallel_degree=2)),
     "sharding_stage3": (2, dict(per_device_train_batch_size=2, sharding="stage3", sharding_parallel_degree=2,
                                 sharding_stage3_segment_size=1000)),

@@ -50,6 +50,19 @@ def test_sharding_stage2_x2_matches_single_process_and_halves_optimizer_state(la
     assert sum(r["opt_state_bytes"] for r in results) == reference["opt_state_bytes"]
 
 
+def test_sharding_stage2_reduces_gradients_once_per_optimizer_step_whatever_the_accumulation(
+    launch_layout, single_process
+):
+    # GroupShardedStage2 reduces in its backward hooks; the micro-batches before the last run inside no_sync,
+    # so 4 accumulation steps reduce exactly as often as 1 (and still match one process).
+    once = launch_layout("mlp", 2, sharding=2, stage=2, ga=1, max_norm=MLP_MAX_NORM)
+    accumulated = launch_layout("mlp", 2, sharding=2, stage=2, ga=4, max_norm=MLP_MAX_NORM)
+    assert_matches_single_process(accumulated, single_process("mlp", ga=4, max_norm=MLP_MAX_NORM), MLP_MAX_NORM)
+    for r1, r4 in zip(once, accumulated):
+        assert r1["reduce_calls_per_step"] > 0, "stage2 reduced nothing: the counter missed Paddle's reduce"
+        assert r4["reduce_calls_per_step"] == r1["reduce_calls_per_step"], f"rank {r4['rank']}"
+
+
 def test_sharding_stage3_x2_matches_single_process_and_halves_parameters_and_state(launch_layout, single_process):
     reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
     results = launch_layout("llama", 2, sharding=2, stage=3, segment_size=STAGE3_SEGMENT, max_norm=LLAMA_MAX_NORM)

@@ -24,7 +24,7 @@ import os
 import pytest
 
 from launcher import launch, read_results, run_single
-from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_predictions, phase_args
+from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_predictions, close, phase_args
 
 FULL = os.environ.get("PT_FULL_MATRIX") == "1"
 
@@ -53,7 +53,9 @@ LAYOUTS = [
     *layout("dp4", dp=4, mlp=True),
     *layout("s1x2", sharding=2, stage=1, mlp=True),
     *layout("s2x2", sharding=2, stage=2, mlp=True),
-    *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True),
+    # stage 3 with every Llama weight matrix sliced across the 2 ranks (> 1000 elements; the norms stay whole):
+    # the resumes must restore the slices' optimizer states (bit-exact against its own uninterrupted run)
+    *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True, sharding_stage3_segment_size=1000, uninterrupted=True),
     *layout("s2x2_dp2", dp=2, sharding=2, stage=2, mlp=True),
     *layout("tp2", tp=2),
     *layout("pp2", pp=2),
@@ -63,6 +65,16 @@ LAYOUTS = [
     *layout("s1x2_tp2_pp2", sharding=2, stage=1, tp=2, pp=2),
     *layout("dp2_tp2_pp2", dp=2, tp=2, pp=2),
     *layout("dp2_s1x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True, uninterrupted=True),
+    # sharding stage1 V2 (split_param: parameters cut into flat slices of reduce-scattered comm buffers; CI runs
+    # s1v2x2 in the checkpoint test below)
+    *layout("s1v2x2", sharding=2, stage=1, mlp=True, sharding_parallel_config="split_param"),
+    *layout("dp2_s1v2x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True,
+            sharding_parallel_config="split_param"),
+    # sequence parallel inside tp (CPU: cpu_backend fill 9's reduce-scatter); the 8-process one fuses the
+    # allreduce of the replicated (norm) gradients
+    *layout("tp2_sp", tp=2, ci=True, sequence_parallel=True),
+    *layout("dp2_tp2_sp_pp2", dp=2, tp=2, pp=2, ci=True, sequence_parallel=True,
+            fuse_sequence_parallel_allreduce=True),
     # interleaved pipeline: GA >= 2·pp runs Paddle's interleaved 1F1B, GA = pp its all-forward-then-backward
     # variant (CI runs pp2·vpp2 in the checkpoint test below)
     *layout("pp2_vpp2", pp=2, ga=4, virtual_pipeline_model_parallel_size=2),
@@ -101,6 +113,15 @@ def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
     for r in read_results(tmp_path / "res", nproc):
         at = f"{name} rank {r['rank']}"
         assert_layout_claims(r, ref, at)
+        # the sequence-parallel layers are really in the model (norm weights marked for the tp allreduce)
+        assert (r["sequence_parallel_params"] > 0) == bool(options.get("sequence_parallel")), at
+        if model == "llama" and options.get("sharding_stage3_segment_size"):
+            # stage 3 really sliced parameters across the ranks (else the resumes prove nothing about slices);
+            # both resumes restore the slices' optimizer states: the one-process curve to 1e-6
+            assert r["stage3_sliced_params"] > 0, at
+            for phase in ("extended", "foreign"):
+                for series in ("losses", "grad_norms"):
+                    close(r[phase][series], ref["uninterrupted"][series], f"{at} {phase} {series}", rtol=1e-6)
         if options.get("uninterrupted"):  # the same layout without the interruption: bit-exact
             assert r["extended"]["losses"] == r["uninterrupted"]["losses"], at
             assert r["extended"]["grad_norms"] == r["uninterrupted"]["grad_norms"], at
@@ -133,3 +154,28 @@ def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes
                                   per_device_train_batch_size=4, **resume))
     for r in read_results(tmp_path / "tp2_res", 2) + read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, f"pp2_vpp2 checkpoint resumed by rank {r['rank']}")
+
+
+def test_split_param_trains_like_one_process_and_its_checkpoint_resumes_under_stage3_and_one_process(
+    tmp_path, trainer_reference, llama_weights
+):
+    """Sharding stage1 V2 (``split_param``) ×2: the layout's claims as above (its optimizer states are flat
+    slices cut anywhere in a parameter), then its step-3 checkpoint continues the one-process curve under
+    sharding stage3 ×2 and in one process."""
+    ref, foreign = trainer_reference("llama")
+    v2 = dict(per_device_train_batch_size=2, sharding="stage1", sharding_parallel_degree=2,
+              sharding_parallel_config="split_param")
+    launch(WORKER, 2, phase_args("llama", tmp_path / "v2", tmp_path / "v2_res", llama_weights,
+                                 foreign_checkpoint=foreign, **v2), tmp_path / "v2_launch", timeout=420)
+    saved = tmp_path / "v2" / "short" / "checkpoint-3"
+    for r in read_results(tmp_path / "v2_res", 2):
+        assert_layout_claims(r, ref, f"s1v2x2 rank {r['rank']}")
+
+    resume = dict(foreign_checkpoint=saved)
+    launch(WORKER, 2, phase_args("llama", tmp_path / "s3", tmp_path / "s3_res", llama_weights,
+                                 per_device_train_batch_size=2, sharding="stage3", sharding_parallel_degree=2,
+                                 **resume), tmp_path / "s3_launch", timeout=420)
+    run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
+                                  per_device_train_batch_size=4, **resume))
+    for r in read_results(tmp_path / "s3_res", 2) + read_results(tmp_path / "one_res", 1):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"s1v2x2 checkpoint resumed by rank {r['rank']}")

@@ -1,26 +1,23 @@
 """AMP settings reach Paddle as configured; on CPU fp16/bf16 is an error unless a dry run is asked for."""
-from types import SimpleNamespace
-
 import paddle
 import pytest
 
 from paddletrainer.amp import AmpConfig
+from paddletrainer.training_args import TrainingArguments
 
 
 def amp_args(**kw):
-    base = dict(fp16=False, bf16=False, fp16_opt_level="O1", amp_custom_white_list=None, amp_custom_black_list=None,
-                scale_loss=2.0**15, amp_master_grad=False, amp_on_cpu="error")
-    base.update(kw)
-    return SimpleNamespace(**base)
+    """The AMP settings the arguments build (``args.amp_config``) for these options."""
+    return TrainingArguments(output_dir="unused", **kw).amp_config
 
 
 def test_fp16_on_a_cpu_only_build_is_a_clear_error_naming_the_flag():
     with pytest.raises(ValueError, match="fp16=True needs a GPU.*amp_on_cpu fp32_dry_run"):
-        AmpConfig.from_args(amp_args(fp16=True), device_has_amp=False)
+        AmpConfig.for_device(amp_args(fp16=True), device_has_amp=False)
 
 
 def test_bf16_dry_run_on_cpu_wires_amp_and_warns(caplog):
-    cfg = AmpConfig.from_args(amp_args(bf16=True, fp16_opt_level="O2", amp_on_cpu="fp32_dry_run"), device_has_amp=False)
+    cfg = AmpConfig.for_device(amp_args(bf16=True, fp16_opt_level="O2", amp_on_cpu="fp32_dry_run"), device_has_amp=False)
     assert cfg.enabled and cfg.dry_run and cfg.dtype == "bfloat16" and not cfg.use_scaler
     with caplog.at_level("WARNING"):
         cfg.warn_if_dry_run()
@@ -33,7 +30,7 @@ def test_autocast_decorate_and_scaler_receive_the_configured_settings(monkeypatc
     monkeypatch.setattr(paddle.amp, "decorate", lambda **kw: seen.setdefault("decorate", kw) and (kw["models"], kw["optimizers"]))
     real_scaler = paddle.amp.GradScaler
     monkeypatch.setattr(paddle.amp, "GradScaler", lambda **kw: seen.setdefault("scaler", kw) and real_scaler(**kw))
-    cfg = AmpConfig.from_args(
+    cfg = AmpConfig.for_device(
         amp_args(fp16=True, fp16_opt_level="O2", amp_custom_white_list=["matmul"], amp_custom_black_list=["softmax"],
                  scale_loss=1024.0, amp_master_grad=True, amp_on_cpu="fp32_dry_run"),
         device_has_amp=False,
@@ -49,12 +46,12 @@ def test_autocast_decorate_and_scaler_receive_the_configured_settings(monkeypatc
 
 
 def test_no_amp_flags_means_plain_fp32_and_no_scaler():
-    cfg = AmpConfig.from_args(amp_args())
+    cfg = AmpConfig.for_device(amp_args())
     assert not cfg.enabled and cfg.grad_scaler() is None
 
 
 def test_fp16_dry_run_scaler_is_live_on_cpu_scales_unscales_and_halves_on_overflow():
-    cfg = AmpConfig.from_args(amp_args(fp16=True, scale_loss=1024.0, amp_on_cpu="fp32_dry_run"), device_has_amp=False)
+    cfg = AmpConfig.for_device(amp_args(fp16=True, scale_loss=1024.0, amp_on_cpu="fp32_dry_run"), device_has_amp=False)
     scaler = cfg.grad_scaler()
     assert scaler.is_enable() and float(scaler._scale) == 1024.0
     layer = paddle.nn.Linear(2, 1)
@@ -71,6 +68,6 @@ def test_fp16_dry_run_scaler_is_live_on_cpu_scales_unscales_and_halves_on_overfl
 
 def test_a_scaler_paddle_disabled_is_an_error_not_a_silent_fp32_fallback():
     # device_has_amp=True on this CPU build: Paddle's GradScaler disables itself, and that must not pass silently
-    cfg = AmpConfig.from_args(amp_args(fp16=True), device_has_amp=True)
+    cfg = AmpConfig.for_device(amp_args(fp16=True), device_has_amp=True)
     with pytest.raises(RuntimeError, match="GradScaler came back disabled"):
         cfg.grad_scaler()

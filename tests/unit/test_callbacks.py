@@ -17,6 +17,7 @@ from paddletrainer.callbacks import (
     TrainerControl,
     TrainerState,
 )
+from paddletrainer.training_args import TrainingArguments
 
 EVENTS = [
     "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_load_data_end",
@@ -246,9 +247,10 @@ def test_replay_follows_the_documented_event_order_with_gradient_accumulation():
     assert state.global_step == 2 and state.epoch == 1.0
 
 
-def test_default_flow_steps_strategy_flags_at_each_step():
-    args = make_args(logging_steps=2, logging_first_step=True, evaluation_strategy="steps", eval_steps=None,
-                     save_strategy="steps", save_steps=3)
+def test_default_flow_steps_strategy_flags_at_each_step(tmp_path):
+    # real arguments: eval_steps=None becomes logging_steps there (the one home of that rule)
+    args = TrainingArguments(output_dir=str(tmp_path), logging_steps=2, logging_first_step=True,
+                             evaluation_strategy="steps", eval_steps=None, save_strategy="steps", save_steps=3)
     seen = replay_training(make_handler(DefaultFlowCallback()), args, TrainerState(), TrainerControl(),
                            num_epochs=2, micro_batches_per_epoch=3)
     step_rows = [row[1:] for row in seen if row[0] == "step"]

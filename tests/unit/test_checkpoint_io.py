@@ -12,7 +12,7 @@ from paddletrainer.checkpoint import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointMismatchError,
-    finish_pending_save,
+    Checkpointer,
     get_last_complete_checkpoint,
     list_complete_checkpoints,
     load_checkpoint,
@@ -92,12 +92,14 @@ def test_async_save_writes_the_same_bytes_as_sync_save(tmp_path):
     model, opt, sched = make()
     train(model, opt, sched, 2)
     sync_dir = save_checkpoint(str(tmp_path / "sync" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
-    async_dir = save_checkpoint(
+    saver = Checkpointer()
+    async_dir = saver.save(
         str(tmp_path / "async" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False, async_save=True
     )
-    # training goes on while the writer runs: the snapshot was taken before, so it must not leak in
+    # training goes on once the host copy is taken: later steps must not leak in
+    saver.wait_for_snapshot()
     train(model, opt, sched, 1)
-    assert finish_pending_save() == async_dir
+    assert saver.finish() == async_dir
     files = sorted(f for f in os.listdir(sync_dir) if f.endswith(".safetensors"))
     assert files == sorted(f for f in os.listdir(async_dir) if f.endswith(".safetensors")) and len(files) == 2
     for f in files:
@@ -107,12 +109,20 @@ def test_async_save_writes_the_same_bytes_as_sync_save(tmp_path):
 
 def test_async_save_is_published_only_at_the_next_collective_point(tmp_path):
     model, _, _ = make()
-    first = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
-    assert not os.path.exists(first)  # still a tmp dir until finish_pending_save / the next save
-    second = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    saver = Checkpointer()
+    first = saver.save(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
+    assert not os.path.exists(first)  # still a tmp dir until finish() / the next save
+    second = saver.save(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
     assert list_complete_checkpoints(str(tmp_path)) == [first]
-    finish_pending_save()
+    saver.finish()
     assert list_complete_checkpoints(str(tmp_path)) == [first, second]
+
+
+def test_save_checkpoint_refuses_async_save_instead_of_never_publishing_it(tmp_path):
+    model, _, _ = make()
+    with pytest.raises(TypeError, match="Checkpointer"):
+        save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
+    assert not os.listdir(tmp_path)  # refused before anything was written
 
 
 def test_corrupt_file_is_detected_and_named(tmp_path):
@@ -141,6 +151,31 @@ def test_checkpoint_of_another_model_is_refused_with_every_mismatch(tmp_path):
         "missing in checkpoint: model/3.bias [1]",
         "missing in checkpoint: model/3.weight [4, 1]",
     ]
+
+
+def test_optimizer_states_with_no_tensor_on_a_rank_that_steps_their_parameters_are_named_in_a_warning(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 1)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt, save_rng=False)
+    model2, _, _ = make(seed=5)
+    sgd = paddle.optimizer.SGD(learning_rate=0.1, parameters=model2.parameters())  # steps them, holds no state
+    loaded = load_checkpoint(ckpt, model=model2, optimizer=sgd, load_rng=False)
+    unplaced = [w for w in loaded.warnings if "no tensor to go to" in w]
+    assert len(unplaced) == 1 and "optim/0.weight/moment1" in unplaced[0] and "16 optimizer state(s)" in unplaced[0]
+
+
+def test_optimizer_states_of_parameters_another_rank_steps_load_without_a_warning(tmp_path):
+    model, opt, sched = make()
+    train(model, opt, sched, 1)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt, save_rng=False)
+    model2, _, _ = make(seed=5)
+    # like sharding stage 1/2: this rank's optimizer owns the first layer's parameters only
+    own = paddle.optimizer.AdamW(learning_rate=0.1, parameters=list(model2[0].parameters()))
+    loaded = load_checkpoint(ckpt, model=model2, optimizer=own, load_rng=False)
+    assert not [w for w in loaded.warnings if "no tensor to go to" in w]
+    for kind in ("moment1", "moment2"):
+        np.testing.assert_array_equal(own._accumulators[kind][model2[0].weight.name].numpy(),
+                                      opt._accumulators[kind][model[0].weight.name].numpy())
 
 
 def test_incomplete_directories_are_not_checkpoints(tmp_path):
@@ -218,9 +253,10 @@ def test_a_failing_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(io, "write_safetensors", disk_full)  # what save_checkpoint calls
-    save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    saver = Checkpointer()
+    saver.save(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
     with pytest.raises(CheckpointError, match="rank 0 failed writing its files: OSError"):
-        finish_pending_save()
+        saver.finish()
     assert list_complete_checkpoints(str(tmp_path)) == [good]
     load_checkpoint(good, model=model)
 
@@ -245,6 +281,8 @@ def test_write_safetensors_is_read_by_safetensors_and_its_crc_matches_the_file(t
     # standard safetensors and the recorded crc32/size exactly those of the bytes on disk.
     from safetensors import safe_open
 
+    import zlib
+
     from paddletrainer.checkpoint.files import write_safetensors
     from paddletrainer.checkpoint.reshard import file_crc32
 
@@ -253,7 +291,13 @@ def test_write_safetensors_is_read_by_safetensors_and_its_crc_matches_the_file(t
               "strided_bf16_bits": np.arange(6, dtype=np.uint16)[::2], "big_endian": np.arange(3, dtype=">f4")}
     path = str(tmp_path / "shard.safetensors")
     record = write_safetensors(path, arrays)
-    assert record == {"size": os.path.getsize(path), "crc32": file_crc32(path)}
+    assert {k: record[k] for k in ("size", "crc32")} == {"size": os.path.getsize(path), "crc32": file_crc32(path)}
+    raw = open(path, "rb").read()
+    header_end = 8 + int.from_bytes(raw[:8], "little")
+    assert record["parts"]["__header__"] == zlib.crc32(raw[:header_end])
+    with safe_open(path, framework="np") as f:
+        for name in arrays:  # each array's own crc32: what a partial reader verifies
+            assert record["parts"][name] == zlib.crc32(np.ascontiguousarray(f.get_tensor(name)).tobytes()), name
     with safe_open(path, framework="np") as f:
         assert sorted(f.keys()) == sorted(arrays)
         for name, expected in arrays.items():
@@ -309,6 +353,25 @@ def test_stage3_slice_accumulators_are_created_for_the_slice_and_reused_by_its_s
     assert float(moment.abs().sum()) > 0, "the step did not update the pre-created accumulator"
 
 
+def test_stage3_slice_states_the_optimizer_never_created_are_reported_as_unplaced():
+    import types
+
+    from paddletrainer.checkpoint.layout import unplaced_optimizer_states
+    from paddletrainer.checkpoint.local_state import model_tensors, stepped_parameter_names, topology_info
+
+    model = paddle.nn.Linear(4, 3, bias_attr=False)
+    model.weight.fw_storage = paddle.zeros([6])  # sharding rank 0's half of the 12 elements
+    topo = topology_info(types.SimpleNamespace(rank=0, dp_degree=1, dp_rank=0, sharding_degree=2, sharding_rank=0,
+                                               tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0))
+    models, by_param = model_tensors(model, topo)
+    # an optimizer that (wrongly) skipped the released stage-3 parameter holds nothing for it
+    lost = paddle.optimizer.AdamW(learning_rate=0.1, parameters=[paddle.create_parameter([1], "float32")])
+    stepped = stepped_parameter_names(lost, by_param, models)
+    assert stepped == {"weight"}
+    index = {"tensors": {"model/weight": {}, "optim/weight/moment1": {}, "optim/weight/beta1_pow_acc": {}}}
+    assert unplaced_optimizer_states(index, stepped, models) == ["optim/weight/beta1_pow_acc", "optim/weight/moment1"]
+
+
 def with_offload_masters(model, value=None):
     """Give every parameter a host fp32 master, as sharding stage 3 offload does (``param.master_weight``)."""
     for p in model.parameters():
@@ -343,3 +406,63 @@ def test_offload_masters_missing_from_a_checkpoint_start_from_the_loaded_weights
         load_checkpoint(ckpt, model=model2, optimizer=opt2 if optimizer else None)
         for p, p2 in zip(model.parameters(), model2.parameters()):
             assert np.array_equal(p2.master_weight.numpy(), p.numpy())
+
+
+def test_a_load_reads_each_file_once_checksumming_the_bytes_it_uses(tmp_path, monkeypatch):
+    # One pass per file: the bytes that are checksummed are the bytes loaded (no verify pass, then a
+    # second read through safetensors); same-layout tensors are read straight into their memory.
+    import builtins
+
+    from paddletrainer.checkpoint import reshard, verified_read
+
+    model, opt, sched = make()
+    train(model, opt, sched, 2)
+    ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
+    opened, real_open = [], builtins.open
+
+    def counting_open(path, *args, **kwargs):
+        opened.append(os.path.basename(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(verified_read, "open", counting_open, raising=False)
+    monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
+    model2, opt2, _ = make(seed=99)
+    load_checkpoint(ckpt, model=model2, optimizer=opt2)
+    shards = sorted(f for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+    assert sorted(opened) == shards  # each shard opened once
+    for a, b in zip(model.parameters(), model2.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    s1, s2 = opt_state(model, opt), opt_state(model2, opt2)
+    for k in s1:
+        np.testing.assert_array_equal(s1[k], s2[k])
+
+
+def test_the_fast_crc32_gives_zlibs_values_chained_over_chunks():
+    # checkpoints written with either implementation must verify with the other
+    import zlib
+
+    from paddletrainer.checkpoint.checksum import crc32
+
+    data = np.random.default_rng(0).integers(0, 255, size=(3 << 20) + 7, dtype=np.uint8)
+    chained = crc32(data[1000:], crc32(data[:1000]))
+    assert chained == crc32(data) == zlib.crc32(data) and crc32(b"", 123) == 123
+
+
+def test_a_rank_needing_some_tensors_of_a_file_reads_and_verifies_only_those(tmp_path):
+    # e.g. replicated beta powers stored in rank 0's optimizer file: the other ranks must not read it all
+    from paddletrainer.checkpoint.files import write_safetensors
+    from paddletrainer.checkpoint.verified_read import read_verified
+
+    name = "optimizer.tp00_pp00.safetensors"
+    arrays = {"big": np.arange(4096, dtype=np.float32), "small": np.array([0.9, 0.999], np.float32)}
+    index = {"files": {name: write_safetensors(str(tmp_path / name), arrays)}}
+    raw = bytearray((tmp_path / name).read_bytes())
+    big_at = len(raw) - arrays["small"].nbytes - arrays["big"].nbytes  # arrays are stored in name order
+    raw[big_at + 100] ^= 0xFF  # a bit flip inside "big" only
+    (tmp_path / name).write_bytes(bytes(raw))
+    got = read_verified(str(tmp_path), index, [name], needed={name: {"small"}})
+    np.testing.assert_array_equal(got[name].get_tensor("small"), arrays["small"])  # "big" was neither read nor checked
+    with pytest.raises(CheckpointCorruptError, match="crc32 of big"):
+        read_verified(str(tmp_path), index, [name], needed={name: {"big"}})
+    with pytest.raises(CheckpointCorruptError, match="crc32"):  # the whole file: its crc32
+        read_verified(str(tmp_path), index, [name])

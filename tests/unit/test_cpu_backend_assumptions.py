@@ -6,6 +6,7 @@ import paddle
 import pytest
 
 from paddletrainer.parallel import cpu_backend
+from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.topology import Topology
 
 
@@ -62,15 +63,19 @@ def test_group_sharded_construction_restores_every_patched_symbol():
     assert core.is_compiled_with_cuda is before[0] and paddle.get_device is before[1]
 
 
-def test_sequence_parallel_is_rejected_on_cpu():
-    cpu_backend.reject_sequence_parallel(False)
-    with pytest.raises(NotImplementedError, match="reduce_scatter"):
-        cpu_backend.reject_sequence_parallel(True)
+def test_a_changed_sequence_parallel_reduce_scatter_path_fails_the_assumption_check(monkeypatch):
+    from paddle.distributed.fleet.utils import sequence_parallel_utils
+
+    def reduce_scatter(input):  # a Paddle upgrade that reduce-scatters through another call
+        return input
+
+    monkeypatch.setattr(sequence_parallel_utils, "reduce_scatter", reduce_scatter)
+    with pytest.raises(RuntimeError, match="review fill 9"):
+        cpu_backend.check_paddle_assumptions()
 
 
 def _two_rank_sharding_topology(dp=1):
-    return Topology(world_size=2 * dp, rank=0, local_rank=0, dp_degree=dp, sharding_degree=2, tp_degree=1,
-                    pp_degree=1, dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+    return Topology.of(rank=0, dp_degree=dp, sharding_degree=2)
 
 
 @pytest.mark.parametrize("dp, match", [(1, "needs fp16/bf16 parameters"), (2, "cannot be combined with data parallel")])
@@ -138,9 +143,8 @@ def test_every_fill_documents_the_paddle_function_it_replaces():
 def test_parallelize_refuses_an_optimizer_with_its_own_grad_clip():
     from paddletrainer.parallel import parallelize
 
-    topo = Topology(world_size=1, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=1, pp_degree=1,
-                    dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+    topo = Topology.of()  # one process
     model = paddle.nn.Linear(2, 2)
     opt = paddle.optimizer.AdamW(parameters=model.parameters(), grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
     with pytest.raises(ValueError, match="clip_grad_norm"):
-        parallelize(model, opt, topo, SimpleNamespace(sharding_stage=0))
+        parallelize(model, opt, topo, ParallelConfig(layout=topo.layout))

@@ -5,8 +5,7 @@ import paddle
 from paddletrainer.parallel import clip_grad_norm, parallelize
 from paddletrainer.parallel.topology import Topology
 
-ONE = Topology(world_size=1, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=1, pp_degree=1,
-               dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0)
+ONE = Topology.of()  # one process
 
 
 def _train(clip_with_paddle: bool, max_norm: float, steps: int = 3):
@@ -25,6 +24,7 @@ def _train(clip_with_paddle: bool, max_norm: float, steps: int = 3):
         if clip_with_paddle:
             norms.append(float(paddle.sqrt(sum((p.grad ** 2).sum() for p in model.parameters()))))
         else:
+            opt.sync_gradients()
             norms.append(float(clip_grad_norm(model, opt, ONE, max_norm)))
         opt.step()
         opt.clear_grad()

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from paddletrainer.callbacks import TrainerControl, TrainerState
+from paddletrainer.configs import metrics_config_of
 from paddletrainer.metrics import MetricsCallback
 
 VISUALDL = os.path.join(os.path.dirname(sys.executable), "visualdl")
@@ -48,6 +49,7 @@ def wait_until_serving(proc, base, log_path):
 def test_visualdl_server_serves_the_logged_scalars(tmp_path):
     run_dir = str(tmp_path / "runs" / "run1")
     args = SimpleNamespace(output_dir=str(tmp_path), logging_dir=run_dir, report_to="visualdl", run_name=None)
+    args.metrics_config = metrics_config_of(args)
     callback, state, control = MetricsCallback(), TrainerState(), TrainerControl()
     callback.on_train_begin(args, state, control)
     for step, loss in [(1, 2.5), (2, 2.0), (3, 1.5)]:

@@ -9,6 +9,7 @@ import pytest
 from visualdl import LogReader, LogWriter
 
 from paddletrainer.callbacks import TrainerControl, TrainerState
+from paddletrainer.configs import metrics_config_of
 from paddletrainer.metrics import (
     JsonlWriter,
     MetricsCallback,
@@ -132,6 +133,10 @@ def test_rewrite_logs_groups_train_eval_and_test_keys():
 
 class FakeArgs(SimpleNamespace):
     run_name = None
+
+    @property
+    def metrics_config(self):
+        return metrics_config_of(self)
 
     def to_json_string(self):
         return json.dumps({"output_dir": self.output_dir, "fp16": False}, sort_keys=True)

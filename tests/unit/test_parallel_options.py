@@ -1,18 +1,18 @@
 """Every *_parallel_config option paddletrainer accepts changes Paddle's strategy (built as on GPU); every other
 one is refused by name, with its reason, while its axis is active — nothing is accepted and ignored."""
-from types import SimpleNamespace
-
 import pytest
 
 from paddletrainer import TrainingArguments
+from paddletrainer.parallel.config import ParallelConfig
+from paddletrainer.parallel.layout import Layout
 from paddletrainer.parallel.topology import build_strategy
 from paddletrainer.compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,
                                   TENSOR_PARALLEL_OPTIONS)
 
 CONFIGS = {  # config → (its option list, the attribute build_strategy reads, the degrees that activate it)
-    "pipeline_parallel_config": (PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_options", dict(pp=2)),
-    "sharding_parallel_config": (SHARDING_PARALLEL_OPTIONS, "sharding_parallel_options", dict(sharding=2)),
-    "tensor_parallel_config": (TENSOR_PARALLEL_OPTIONS, "tensor_parallel_options", dict(tp=2)),
+    "pipeline_parallel_config": (PIPELINE_PARALLEL_OPTIONS, "pipeline_options", dict(pp=2)),
+    "sharding_parallel_config": (SHARDING_PARALLEL_OPTIONS, "sharding_options", dict(sharding=2)),
+    "tensor_parallel_config": (TENSOR_PARALLEL_OPTIONS, "tensor_options", dict(tp=2)),
 }
 ACCEPTED = [(c, o) for c, (names, _, _) in CONFIGS.items() for o in sorted(names - REFUSED_PARALLEL_OPTIONS[c].keys())]
 REFUSED = [(c, o) for c in CONFIGS for o in sorted(REFUSED_PARALLEL_OPTIONS[c])]
@@ -21,12 +21,8 @@ REFUSED = [(c, o) for c in CONFIGS for o in sorted(REFUSED_PARALLEL_OPTIONS[c])]
 def strategy_args(degrees, **options):
     d = dict(world_size=2, dp=1, sharding=1, tp=1, pp=1)
     d.update(degrees)
-    base = dict(parallel_degrees=SimpleNamespace(**d), sharding_stage=1 if d["sharding"] > 1 else 0,
-                sharding_offload=False, pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
-                sharding_parallel_options=frozenset(), hybrid_parallel_topo_order=None,
-                gradient_accumulation_steps=2, per_device_train_batch_size=2, seed=7)
-    base.update(options)
-    return SimpleNamespace(**base)
+    return ParallelConfig(layout=Layout(**d), sharding_stage=1 if d["sharding"] > 1 else 0, accumulate_steps=2,
+                          micro_batch_size=2, seed=7, **options)
 
 
 def strategy_text(args):
@@ -60,7 +56,7 @@ def test_tp_sync_options_only_switch_syncs_on_and_keep_paddles_defaults_when_non
     assert (mp.sync_param, mp.sync_grad, mp.sync_moment) == (True, default_mp.sync_grad, default_mp.sync_moment)
     assert plain.sync_param_name == paddle_default.sync_param_name
     for option in ("sync_param", "sync_grad", "sync_moment"):
-        given = build_strategy(strategy_args(dict(tp=2), tensor_parallel_options=frozenset({option})), on_cpu=False)
+        given = build_strategy(strategy_args(dict(tp=2), tensor_options=frozenset({option})), on_cpu=False)
         mp = given.hybrid_configs["mp_configs"]
         assert getattr(mp, option) is True and mp.sync_param is True, option  # sync_grad alone keeps sync_param on
         assert given.sync_param_name == [""], option  # as PaddleNLP: every replicated parameter is synced

@@ -1,21 +1,18 @@
 """Topology arithmetic and strategy construction, checked without launching processes."""
 import itertools
-from types import SimpleNamespace
-
 import pytest
 
 from paddletrainer.parallel import topology as topo_mod
+from paddletrainer.parallel.config import ParallelConfig
+from paddletrainer.parallel.layout import Layout
 from paddletrainer.parallel.topology import Topology, build_strategy, coordinates_of, hybrid_order
 
 
-def _args(world=1, dp=1, sharding=1, tp=1, pp=1, **extra):
-    base = dict(parallel_degrees=SimpleNamespace(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp),
-                sharding_stage=0, sharding_offload=False, pipeline_parallel_options=frozenset(),
-                tensor_parallel_options=frozenset(), sharding_parallel_options=frozenset(),
-                hybrid_parallel_topo_order=None, gradient_accumulation_steps=4, per_device_train_batch_size=2,
-                seed=7, sequence_parallel=False)
-    base.update(extra)
-    return SimpleNamespace(**base)
+def _args(world=1, dp=1, sharding=1, tp=1, pp=1, topo_order="pp_first", **options):
+    """A ParallelConfig (what init_topology and build_strategy take) for these degrees."""
+    layout = Layout(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp, topo_order=topo_order)
+    options.setdefault("sharding_stage", 1 if sharding > 1 else 0)
+    return ParallelConfig(layout=layout, accumulate_steps=4, micro_batch_size=2, seed=7, **options)
 
 
 FLEET_NAMES = {"dp": "data", "pp": "pipe", "sharding": "sharding", "sep": "sep", "cp": "context", "mp": "model"}
@@ -53,8 +50,8 @@ def test_hybrid_order_rejects_unknown_name():
 
 def test_data_rank_and_world_follow_paddlenlp_dataset_rank():
     for dp_rank, sharding_rank in itertools.product(range(2), range(4)):
-        t = Topology(world_size=16, rank=0, local_rank=0, dp_degree=2, sharding_degree=4, tp_degree=2, pp_degree=1,
-                     dp_rank=dp_rank, sharding_rank=sharding_rank, tp_rank=1, pp_rank=0)
+        t = Topology.of(world_size=16, rank=0, local_rank=0, dp_degree=2, sharding_degree=4, tp_degree=2, pp_degree=1,
+                        dp_rank=dp_rank, sharding_rank=sharding_rank, tp_rank=1, pp_rank=0)
         assert t.data_rank == dp_rank * 4 + sharding_rank
         assert t.data_world_size == 8
         assert t.is_first_stage and t.is_last_stage
@@ -62,7 +59,7 @@ def test_data_rank_and_world_follow_paddlenlp_dataset_rank():
 
 
 def test_strategy_carries_degrees_order_pipeline_and_tp_seed():
-    strategy = build_strategy(_args(world=16, dp=2, sharding=2, tp=2, pp=2, hybrid_parallel_topo_order="sharding_first"),
+    strategy = build_strategy(_args(world=16, dp=2, sharding=2, tp=2, pp=2, topo_order="sharding_first"),
                               on_cpu=True)
     hc = strategy.hybrid_configs
     assert (hc["dp_degree"], hc["mp_degree"], hc["pp_degree"], hc["sharding_degree"]) == (2, 2, 2, 2)
@@ -76,7 +73,7 @@ def test_strategy_carries_degrees_order_pipeline_and_tp_seed():
 
 def test_partial_send_recv_stays_on_off_cpu_unless_disabled():
     assert build_strategy(_args(world=2, pp=2), on_cpu=False).pipeline_configs["enable_partial_send_recv"] is True
-    off = _args(world=2, pp=2, pipeline_parallel_options=frozenset({"disable_partial_send_recv"}))
+    off = _args(world=2, pp=2, pipeline_options=frozenset({"disable_partial_send_recv"}))
     assert build_strategy(off, on_cpu=False).pipeline_configs["enable_partial_send_recv"] is False
 
 
@@ -107,9 +104,40 @@ def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch)
 
 
 def test_cpu_only_options_are_rejected_with_clear_errors():
-    with pytest.raises(NotImplementedError, match="split_param"):
-        topo_mod.check_cpu_options(_args(sharding_parallel_options=frozenset({"split_param"})))
+    topo_mod.check_cpu_options(_args(sharding_options=frozenset({"split_param"})))  # stage1 V2 runs (fill 10)
     with pytest.raises(NotImplementedError, match="enable_timer needs CUDA"):
-        topo_mod.check_cpu_options(_args(pipeline_parallel_options=frozenset({"enable_timer"})))
-    with pytest.raises(NotImplementedError, match="reduce_scatter"):
-        topo_mod.check_cpu_options(_args(sequence_parallel=True))
+        topo_mod.check_cpu_options(_args(pipeline_options=frozenset({"enable_timer"})))
+    topo_mod.check_cpu_options(_args(sequence_parallel=True))  # runs on the CPU reduce-scatter (fill 9)
+
+
+# ------------------------------------------------------------------ the layout type, addressed by axis name
+def test_layout_coordinates_data_rank_and_names_follow_the_axes_table():
+    from paddletrainer.parallel.layout import AXES
+
+    layout = Layout(world_size=16, dp=2, sharding=2, tp=2, pp=2)
+    assert [a.name for a in AXES] == ["dp", "sharding", "tp", "pp"]
+    for rank in range(16):
+        fleet = coordinates_of(rank, {"dp": 2, "sharding": 2, "mp": 2, "pp": 2}, hybrid_order("pp_first"))
+        ours = layout.coordinates(rank)
+        assert ours == {"dp": fleet["dp"], "sharding": fleet["sharding"], "tp": fleet["mp"], "pp": fleet["pp"]}
+        assert layout.data_rank(ours) == ours["dp"] * 2 + ours["sharding"]
+    # what checkpoints already on disk use: the recorded layout and the per-rank file names
+    assert layout.as_dict() == {"world_size": 16, "dp_degree": 2, "sharding_degree": 2, "tp_degree": 2, "pp_degree": 2}
+    assert layout.cell_name({"dp": 1, "sharding": 0, "tp": 1, "pp": 0}) == "dp01_shard00_tp01_pp00"
+    assert layout.fleet_degrees() == {"dp_degree": 2, "sharding_degree": 2, "mp_degree": 2, "pp_degree": 2}
+    assert (layout.data_world_size, layout.degree("mp"), layout.use_hybrid) == (4, 2, True)
+
+
+def test_layout_refuses_degrees_that_do_not_multiply_to_the_world():
+    with pytest.raises(ValueError, match=r"dp2·sharding1·tp2·pp1 = 4 do not match the world size 8"):
+        Layout(world_size=8, dp=2, tp=2)
+
+
+def test_topology_has_degree_rank_and_group_attributes_for_every_axis():
+    from paddletrainer.parallel.layout import AXES
+
+    t = Topology.of(rank=5, dp_degree=2, tp_degree=2, pp_degree=2, groups={"tp": "tp-group"})
+    for a in AXES:
+        assert getattr(t, f"{a.name}_degree") == t.degree(a.name)
+        assert getattr(t, f"{a.name}_rank") == t.coord(a.name) == t.layout.coordinates(5)[a.name]
+    assert t.tp_group == t.group("tp") == "tp-group" and t.dp_group is None

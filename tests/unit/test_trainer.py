@@ -419,28 +419,24 @@ def test_minimum_eval_times_lowers_eval_steps_like_paddlenlp(tmp_path):
 
 
 def test_data_parallel_finds_unused_parameters_unless_recompute_is_on(tmp_path):
-    from types import SimpleNamespace
-
     from paddletrainer.parallel.apply import _find_unused_parameters
 
     model = RegressionModel()
-    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=None)) is True
-    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=False)) is False
+    assert _find_unused_parameters(model, None) is True  # ddp_find_unused_parameters unset
+    assert _find_unused_parameters(model, False) is False
     model.enable_recompute = True
-    assert _find_unused_parameters(model, SimpleNamespace(ddp_find_unused_parameters=None)) is False
+    assert _find_unused_parameters(model, None) is False
 
 
-def test_sequence_parallel_registers_paddles_gradient_hooks_under_tensor_parallel(monkeypatch):
-    # Wiring only: sequence parallel itself needs reduce_scatter, which the CPU build lacks (refused there).
-    from types import SimpleNamespace
-
-    from paddle.distributed.fleet.utils import sequence_parallel_utils
-
+def test_sequence_parallel_registers_its_gradient_hooks_under_tensor_parallel(monkeypatch):
+    # Wiring only: the hooks themselves are checked against one-process math in
+    # tests/distributed/test_sequence_parallel.py (fused and unfused).
     from paddletrainer.parallel import apply
 
     calls = []
-    monkeypatch.setattr(sequence_parallel_utils, "register_sequence_parallel_allreduce_hooks",
+    monkeypatch.setattr(apply, "register_sequence_parallel_hooks",
                         lambda model, steps, fused: calls.append((model, steps, fused)))
+    from paddletrainer.parallel.config import ParallelConfig
     from paddletrainer.parallel.topology import Topology
 
     class Wrapped(Exception):
@@ -451,12 +447,12 @@ def test_sequence_parallel_registers_paddles_gradient_hooks_under_tensor_paralle
 
     monkeypatch.setattr(apply, "apply_tensor_parallel", stop_at_tensor_parallel)
     model = RegressionModel()
-    tp2 = Topology(world_size=2, rank=0, local_rank=0, dp_degree=1, sharding_degree=1, tp_degree=2, pp_degree=1,
-                   dp_rank=0, sharding_rank=0, tp_rank=0, pp_rank=0, hcg=object())  # a stand-in: groups "exist"
+    tp2 = Topology.of(rank=0, local_rank=0, tp_degree=2, hcg=object())  # a stand-in: groups "exist"
     optimizer = paddle.optimizer.AdamW(parameters=model.parameters())
     for sequence_parallel, expected in ((False, []), (True, [(model, 4, True)])):
-        args = SimpleNamespace(sequence_parallel=sequence_parallel, gradient_accumulation_steps=4,
-                               fuse_sequence_parallel_allreduce=True, sharding_stage=0)
+        model.linear.bias.sequence_parallel = sequence_parallel  # the model agrees with the option
+        args = ParallelConfig(layout=tp2.layout, sequence_parallel=sequence_parallel, accumulate_steps=4,
+                              fuse_sequence_parallel_allreduce=True)
         with pytest.raises(Wrapped):
             apply.parallelize(model, optimizer, tp2, args)
         assert calls == expected

@@ -161,7 +161,7 @@ def test_stage2_offload_is_refused_even_with_half_precision_o2_weights_because_i
     ],
 )
 def test_degrees_resolve_by_paddlenlp_rules(world_size, sharding, sd, tp, pp, expected):
-    degrees = resolve_parallel_degrees(world_size, sharding, sd, tp, pp)
+    degrees = resolve_parallel_degrees(world_size, sharding, {"sharding": sd, "tp": tp, "pp": pp})
     assert (degrees.dp, degrees.sharding, degrees.tp, degrees.pp) == expected
     assert degrees.dp * degrees.sharding * degrees.tp * degrees.pp == world_size
 
@@ -276,6 +276,70 @@ def test_local_rank_comes_from_the_launcher(tmp_path, world, monkeypatch):
     assert make(tmp_path).local_rank == 1
 
 
+# ---------------------------------------------------------------- arguments changed after parsing
+def test_batch_options_a_script_changes_after_parsing_reach_the_parallel_config(tmp_path, world):
+    # PaddleNLP scripts assign these after parse_args_into_dataclasses; fleet's pipeline strategy reads them here
+    world(4)
+    args = make(tmp_path, pipeline_parallel_degree=2, sharding="stage1", gradient_accumulation_steps=2,
+                per_device_train_batch_size=8)
+    args.gradient_accumulation_steps = 8
+    args.per_device_train_batch_size = 4
+    config = args.parallel_config
+    assert (config.accumulate_steps, config.micro_batch_size) == (8, 4)
+    assert args.global_batch_size == 4 * 8 * 2  # dp 1 x sharding 2 data streams
+    assert config.layout == args.parallel_degrees and config.layout.sharding == 2
+
+
+def test_sharding_a_script_changes_after_parsing_sets_the_sharding_stage(tmp_path, world):
+    world(2)
+    args = make(tmp_path, sharding="stage1")
+    args.sharding = "stage2"
+    assert args.sharding_stage == 2 and args.parallel_config.sharding_stage == 2
+    assert args.sharding == [ShardingOption.SHARD_GRAD_OP]
+    args.sharding = "stage3 offload"
+    assert args.sharding_stage == 3 and args.sharding_offload
+
+
+def test_a_change_after_parsing_is_checked_like_a_value_given_at_construction(tmp_path, world):
+    world(2)
+    args = make(tmp_path, pipeline_parallel_degree=2, gradient_accumulation_steps=2)
+    args.gradient_accumulation_steps = 1
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=1 is below pipeline_parallel_degree=2"):
+        args.parallel_config
+    args.gradient_accumulation_steps = 0
+    with pytest.raises(ValueError, match="gradient_accumulation_steps=0 is invalid"):
+        args.parallel_config
+
+
+def test_the_typed_configs_of_amp_rollback_and_metrics_follow_the_arguments(tmp_path):
+    from paddletrainer.configs import AmpSettings, RollbackConfig
+
+    args = make(tmp_path, fp16=True, fp16_opt_level="O2", amp_custom_white_list=["matmul"], scale_loss=1024.0,
+                amp_on_cpu="fp32_dry_run", nan_inf_policy="rollback", nan_inf_rollback_max_retries=2,
+                report_to="jsonl", run_name="r", logging_dir=str(tmp_path / "logs"))
+    assert args.amp_config == AmpSettings(enabled=True, dtype="float16", level="O2", custom_white_list=("matmul",),
+                                          use_scaler=True, init_loss_scaling=1024.0, fp32_dry_run=True)
+    assert args.rollback_config == RollbackConfig(str(tmp_path), 2, 1.0)
+    assert args.metrics_config.report_to == ("jsonl",) and args.metrics_config.run_name == "r"
+    assert args.metrics_config.logging_dir == str(tmp_path / "logs")
+    args.bf16, args.fp16, args.nan_inf_policy, args.report_to = True, False, "skip", "none"
+    assert args.amp_config.dtype == "bfloat16" and not args.amp_config.use_scaler
+    assert args.rollback_config is None and args.metrics_config.report_to == ()
+
+
+def test_subsystems_take_their_typed_config_not_paddlenlp_option_names():
+    # only training_args, compat and configs know the option names: no `args.<option>` in the subsystems
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "paddletrainer"
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    for module in ("amp.py", "rollback.py", "metrics/callback.py", "parallel/config.py"):
+        tree = ast.parse((package / module).read_text())
+        read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id == "args" and n.attr in fields}
+        assert not read, (module, sorted(read))
+
+
 # ---------------------------------------------------------------- validation: one line naming the option
 INVALID = [
     # (world size, kwargs, text the message must contain)
@@ -321,7 +385,8 @@ INVALID = [
     (4, dict(sharding="stage2", pipeline_parallel_degree=2, gradient_accumulation_steps=2), "sharding='stage2'"),
     (4, dict(sharding="stage3", pipeline_parallel_degree=2, gradient_accumulation_steps=2), "sharding='stage3'"),
     (4, dict(pipeline_parallel_degree=4, gradient_accumulation_steps=2), "gradient_accumulation_steps=2"),
-    (4, dict(sharding="stage1", sharding_parallel_config="split_param"), "split_param"),
+    (4, dict(sharding="stage1", sharding_parallel_config="enable_stage1_allgather_overlap"),
+     "enable_stage1_allgather_overlap"),
     (4, dict(sharding="stage1", pipeline_parallel_degree=2, gradient_accumulation_steps=2,
              pipeline_parallel_config="enable_sharding_comm_overlap"), "enable_sharding_comm_overlap"),
     (1, dict(tensor_parallel_config="enable_everything"), "tensor_parallel_config"),
@@ -450,7 +515,7 @@ def test_sanitized_dict_holds_only_loggable_scalars(tmp_path):
 def test_str_is_one_option_per_line_with_the_resolved_layout(tmp_path):
     text = str(make(tmp_path, seed=7))
     lines = text.splitlines()
-    assert lines[0] == "TrainingArguments(" and "parallel_degrees=ParallelDegrees(" in lines[1]
+    assert lines[0] == "TrainingArguments(" and "parallel_degrees=Layout(" in lines[1]
     assert "  seed=7," in lines and repr(make(tmp_path)).count("\n") > 100
 
 
@@ -485,3 +550,11 @@ def test_print_config_logs_every_field_of_any_arguments_object(tmp_path, caplog)
         args.print_config(ModelArguments(), "Model")
     assert "Training Configuration Arguments" in caplog.text and "seed" in caplog.text
     assert "Model Configuration Arguments" in caplog.text and "tiny-llama" in caplog.text
+
+
+def test_sharding_stage3_with_tensor_parallel_is_refused_at_construction(tmp_path, world):
+    # before any process group exists (it used to surface only inside parallelize, after fleet.init)
+    world(4)
+    with pytest.raises(ValueError, match="sharding='stage3' cannot be combined with tensor_parallel_degree=2"):
+        make(tmp_path, sharding="stage3", sharding_parallel_degree=2, tensor_parallel_degree=2)
+    assert make(tmp_path, sharding="stage2", sharding_parallel_degree=2, tensor_parallel_degree=2).sharding_stage == 2

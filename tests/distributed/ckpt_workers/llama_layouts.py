@@ -17,13 +17,12 @@ import faulthandler
 import json
 import os
 import sys
-from types import SimpleNamespace
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from paddletrainer.checkpoint import load_checkpoint, save_checkpoint  # noqa: E402
+from paddletrainer.checkpoint import Checkpointer, load_checkpoint, save_checkpoint  # noqa: E402
 
 GLOBAL_BATCH, GA, SEQ, VOCAB = 8, 2, 16, 96
 
@@ -46,16 +45,12 @@ def write_weights(path):
 
 
 def layout_args(dp, sharding, tp, pp, stage):
-    world = dp * sharding * tp * pp
-    return SimpleNamespace(
-        parallel_degrees=SimpleNamespace(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp,
-                                         use_hybrid=sharding > 1 or tp > 1 or pp > 1),
-        sharding_stage=stage if sharding > 1 else 0, sharding_offload=False,
-        pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
-        sharding_parallel_options=frozenset(), hybrid_parallel_topo_order="pp_first",
-        gradient_accumulation_steps=GA, per_device_train_batch_size=GLOBAL_BATCH // GA // (dp * sharding), seed=42,
-        sequence_parallel=False, virtual_pp_degree=1,
-    )
+    from paddletrainer.parallel.config import ParallelConfig
+    from paddletrainer.parallel.layout import Layout
+
+    layout = Layout(world_size=dp * sharding * tp * pp, dp=dp, sharding=sharding, tp=tp, pp=pp)
+    return ParallelConfig(layout=layout, sharding_stage=stage if sharding > 1 else 0, accumulate_steps=GA,
+                          micro_batch_size=GLOBAL_BATCH // GA // (dp * sharding), seed=42)
 
 
 def build(weights, topo):
@@ -80,7 +75,7 @@ def micro_batches(step, data_rank, data_world):
     return out
 
 
-def train_step(model, optimizer, topo, step):
+def train_step(model, optimizer, topo, step, before_optimizer_step=lambda: None):
     from paddletrainer.parallel import mean_over_data_group, no_sync, pipeline
 
     micro = micro_batches(step, topo.data_rank, topo.data_world_size)
@@ -93,6 +88,7 @@ def train_step(model, optimizer, topo, step):
                 part = model(input_ids=x, labels=y, return_dict=False)[0] / GA
                 part.backward()
             loss = loss + part.detach()
+    before_optimizer_step()
     optimizer.step()
     optimizer.clear_grad()
     return float(mean_over_data_group(loss, topo))
@@ -129,13 +125,14 @@ def main():
         for step in range(2):
             train_step(model, optimizer, topo, step)
             sched.step()
-        save_checkpoint(os.path.join(a.out, "checkpoint-2"), model=model, optimizer=optimizer, lr_scheduler=sched,
-                        topology=topo, trainer_state={"global_step": 2}, data_state={"consumed_samples": 16},
-                        async_save=True)
-        result["loss3"] = train_step(model, optimizer, topo, 2)  # overlaps the background write
-        from paddletrainer.checkpoint import finish_pending_save
-
-        finish_pending_save()
+        saver = Checkpointer()
+        saver.save(os.path.join(a.out, "checkpoint-2"), model=model, optimizer=optimizer, lr_scheduler=sched,
+                   topology=topo, trainer_state={"global_step": 2}, data_state={"consumed_samples": 16},
+                   async_save=True)
+        # the next forward/backward overlaps the background copy (stage 3 gathers and frees its slices in
+        # it), the optimizer step waits for the copy, and the write overlaps the step
+        result["loss3"] = train_step(model, optimizer, topo, 2, before_optimizer_step=saver.wait_for_snapshot)
+        saver.finish()
     else:
         res = load_checkpoint(a.src, model=model, optimizer=optimizer, lr_scheduler=sched, topology=topo)
         assert res.trainer_state == {"global_step": 2} and res.data_state == {"consumed_samples": 16}

@@ -17,7 +17,7 @@ import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
-from paddletrainer.checkpoint import finish_pending_save, load_checkpoint, read_index, save_checkpoint  # noqa: E402
+from paddletrainer.checkpoint import Checkpointer, load_checkpoint, read_index, save_checkpoint  # noqa: E402
 from paddletrainer.checkpoint.layout import flat_placement, replicated  # noqa: E402
 
 GLOBAL = {"w": (8, 6), "b": (6,), "norm": (6,)}
@@ -124,9 +124,10 @@ def main():
         save_checkpoint(os.path.join(out, "checkpoint-3"), model=net, optimizer=opt, topology=topo(rank, 2),
                         trainer_state={"global_step": 3})
         # the same once more, asynchronously: published at the collective finish point
-        save_checkpoint(os.path.join(out, "checkpoint-4"), model=net, optimizer=opt, topology=topo(rank, 2),
-                        async_save=True)
-        finish_pending_save()
+        saver = Checkpointer()
+        saver.save(os.path.join(out, "checkpoint-4"), model=net, optimizer=opt, topology=topo(rank, 2),
+                   async_save=True)
+        saver.finish()
         index = read_index(os.path.join(out, "checkpoint-4"))
         assert [p["file"] for p in index["tensors"]["model/norm"]["pieces"]] == ["model_state.tp00_pp00.safetensors"]
         assert len(index["tensors"]["model/w"]["pieces"]) == 2

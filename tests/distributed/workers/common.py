@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -13,20 +12,16 @@ VOCAB = 96
 
 
 def layout_args(dp=1, sharding=1, tp=1, pp=1, stage=0, offload=False, ga=2, seed=42):
-    """A duck-typed TrainingArguments with the attributes the parallel package reads."""
-    world = dp * sharding * tp * pp
-    degrees = SimpleNamespace(world_size=world, dp=dp, sharding=sharding, tp=tp, pp=pp,
-                              use_hybrid=sharding > 1 or tp > 1 or pp > 1)
+    """The ParallelConfig (what init_topology and parallelize take) of a layout, with its micro-batch size."""
+    from paddletrainer.parallel.config import ParallelConfig
+    from paddletrainer.parallel.layout import Layout
+
     micro_global = GLOBAL_BATCH // ga
     if micro_global % (dp * sharding):
         raise ValueError(f"global micro-batch {micro_global} does not split over {dp * sharding} data ranks")
-    return SimpleNamespace(
-        parallel_degrees=degrees, sharding_stage=stage if sharding > 1 else 0, sharding_offload=offload,
-        pipeline_parallel_options=frozenset(), tensor_parallel_options=frozenset(),
-        sharding_parallel_options=frozenset(), hybrid_parallel_topo_order="pp_first",
-        gradient_accumulation_steps=ga, per_device_train_batch_size=micro_global // (dp * sharding), seed=seed,
-        sequence_parallel=False, virtual_pp_degree=1,
-    )
+    layout = Layout(world_size=dp * sharding * tp * pp, dp=dp, sharding=sharding, tp=tp, pp=pp)
+    return ParallelConfig(layout=layout, sharding_stage=stage if sharding > 1 else 0, sharding_offload=offload,
+                          accumulate_steps=ga, micro_batch_size=micro_global // (dp * sharding), seed=seed)
 
 
 def token_data(steps):
@@ -56,6 +51,20 @@ def micro_batches(arrays, step, ga, data_rank, data_world):
         start = step * GLOBAL_BATCH + m * per_micro + data_rank * b
         out.append(tuple(a[start:start + b] for a in arrays))
     return out
+
+
+def max_abs_error(a, b) -> float:
+    """Largest absolute difference, computed in float64 (the tests' 1e-5 bar is about the float32 values)."""
+    return float(np.max(np.abs(np.asarray(a, dtype="float64") - np.asarray(b, dtype="float64"))))
+
+
+def leaf(array):
+    """A tensor that collects a gradient (the op tests compare input gradients with single-process math)."""
+    import paddle
+
+    tensor = paddle.to_tensor(array)
+    tensor.stop_gradient = False
+    return tensor
 
 
 def write_json(path, payload):

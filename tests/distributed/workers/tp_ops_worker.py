@@ -17,17 +17,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import exit_cleanly, layout_args, write_json  # noqa: E402
-
-
-def err(a, b):
-    return float(np.max(np.abs(np.asarray(a, dtype="float64") - np.asarray(b, dtype="float64"))))
-
-
-def leaf(array):
-    t = paddle.to_tensor(array)
-    t.stop_gradient = False
-    return t
+from common import exit_cleanly, layout_args, leaf, write_json  # noqa: E402
+from common import max_abs_error as err  # noqa: E402
 
 
 def main(out):

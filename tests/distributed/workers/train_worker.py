@@ -109,8 +109,23 @@ def pipeline_inputs(micro):
     return [{"input_ids": paddle.to_tensor(x), "labels": paddle.to_tensor(y)} for x, y in micro]
 
 
+class ReduceCounter:
+    """Counts ``paddle.distributed.reduce`` calls (sharding stage 1/2 reduce gradients to their owners with it;
+    Paddle's modules look it up on ``paddle.distributed`` at call time)."""
+
+    def __init__(self):
+        self.calls = 0
+        self._reduce = paddle.distributed.reduce
+        paddle.distributed.reduce = self
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self._reduce(*args, **kwargs)
+
+
 def main():
     a = parse()
+    reduces = ReduceCounter()
     # A hung collective would otherwise be a silent timeout: dump every thread's stack and exit instead.
     faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
     faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "240")), exit=True)
@@ -127,6 +142,7 @@ def main():
     data = regression_data(a.steps) if a.model == "mlp" else token_data(a.steps)
 
     losses, norms = [], []
+    reduces.calls = 0
     for step in range(a.steps):
         micro = micro_batches(data, step, a.ga, topo.data_rank, topo.data_world_size)
         if topo.pp_degree > 1:
@@ -139,11 +155,13 @@ def main():
                     part = forward_loss(model, a.model, mb) / a.ga
                     part.backward()
                 loss = loss + part.detach()
+        optimizer.sync_gradients()
         norm = clip_grad_norm(model, optimizer, topo, a.max_norm)
         optimizer.step()
         optimizer.clear_grad()
         losses.append(float(mean_over_data_group(loss, topo)))
         norms.append(float(norm))
+    reduce_calls_per_step = reduces.calls / a.steps
 
     # evaluation on the first global batch, after training: forward only
     micro = micro_batches(data, 0, a.ga, topo.data_rank, topo.data_world_size)
@@ -160,7 +178,7 @@ def main():
         "eval_loss": eval_loss,
         "rank": topo.rank, "data_rank": topo.data_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
         "sharding_rank": topo.sharding_rank, "dp_rank": topo.dp_rank,
-        "losses": losses, "grad_norms": norms,
+        "losses": losses, "grad_norms": norms, "reduce_calls_per_step": reduce_calls_per_step,
         "opt_state_bytes": opt_state_bytes(optimizer), "param_bytes": param_bytes(model),
         "offload_master_bytes": offload_master_bytes(model),
         "seconds": time.time() - started,

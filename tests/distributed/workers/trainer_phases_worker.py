@@ -45,6 +45,8 @@ class PhaseArguments:
     weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
     result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
     num_samples: int = field(default=48, metadata={"help": "train set size"})
+    fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
+    fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
     extended_steps: int = field(default=6, metadata={"help": "max_steps of the resumed runs (0: no resume)"})
     foreign_checkpoint: str = field(default=None, metadata={"help": "a checkpoint saved by another layout"})
     uninterrupted: bool = field(default=False, metadata={"help": "also train extended_steps in one go"})
@@ -134,6 +136,11 @@ def main():
     if work.direct_eval:
         out["short"]["direct_eval_loss"] = direct_eval_loss(trainer.model, evaluation)
     out["node"] = node_facts(trainer, work.node_files)
+    # parameters Paddle marks sequence-parallel (their grads need the tp allreduce hook): > 0 iff SP is on
+    out["sequence_parallel_params"] = sum(bool(getattr(p, "sequence_parallel", False))
+                                          for p in trainer.model.parameters())
+    # parameters GroupShardedStage3 sliced across the sharding group (it keeps each one's slice ranges)
+    out["stage3_sliced_params"] = len(getattr(trainer.model_wrapped, "_param2buffer", {}))
     own = os.path.join(base, "short", f"checkpoint-{short_steps}")
     if work.extended_steps > 0:
         _, out["extended"] = run(work, args, os.path.join(base, "short"), train=train,

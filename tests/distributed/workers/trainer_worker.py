@@ -31,6 +31,8 @@ class WorkerArguments:
     weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
     result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
     num_samples: int = field(default=64, metadata={"help": "train set size"})
+    fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
+    fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
 
 
 class MLP(paddle.nn.Layer):
@@ -72,6 +74,9 @@ def build_model(work: WorkerArguments, args: TrainingArguments):
     config.tensor_parallel_rank = args.tensor_parallel_rank
     config.tensor_parallel_output = False
     config.virtual_pp_degree = args.virtual_pp_degree  # as PaddleNLP's llm scripts copy it to the config
+    config.sequence_parallel = args.sequence_parallel  # likewise: the model builds the SP layers and ops
+    # the fused layout loads the saved (unfused) weights through PaddleNLP's fuse conversion in from_pretrained
+    config.fuse_attention_qkv, config.fuse_attention_ffn = work.fuse_attention_qkv, work.fuse_attention_ffn
     cls = LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM
     return cls.from_pretrained(work.weights, config=config, dtype="float32")
 

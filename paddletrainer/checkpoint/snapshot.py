@@ -1,0 +1,129 @@
+"""The host copy an async save writes, taken while the next forward/backward runs.
+
+Why the copy can wait: between a save and the next ``optimizer.step()`` the training loop writes
+activations and gradients, never parameters, optimizer states or master weights (the step writes those
+in place). So the save call only records *where* each of those tensors' bytes are; a background thread
+copies them while the next step's forward/backward runs, and the Trainer waits for that copy right before
+the next optimizer step (:meth:`HostSnapshot.wait_until_taken`, via ``Checkpointer.wait_for_snapshot``).
+That is a contract on everything else the loop runs in between, callbacks included: code that writes
+parameters, optimizer states or master weights in place there (an ``on_save`` callback that edits weights)
+must call ``wait_for_snapshot`` first, or its values leak into the saved step.
+
+What is copied in the save call instead, because the forward/backward does change it: model buffers
+(BatchNorm statistics; sharding stage 2 broadcasts buffers in every forward) and anything that is not a
+parameter or an optimizer state. RNG, LR scheduler, loss scaler and trainer state are serialised to bytes
+in the call as well (see ``io``).
+
+Where a tensor's bytes are:
+
+* a host tensor: a zero-copy NumPy view (DLPack). The view holds the allocation, so sharding stage 3,
+  which clears a slice's ``fw_storage`` while it gathers the full parameter in the forward and makes a
+  new slice afterwards, cannot free the memory being copied; the step then writes the new slice.
+* a device tensor (GPU): a device→host copy into pinned memory, queued on a side stream after an event
+  recorded on the compute stream; the wait point makes the compute stream wait for the copy's event (no
+  host stall), and the writer thread waits for that event before reading the pinned memory. This path
+  cannot run on a CPU build, so no test here covers it (``scripts/gpu_smoke.py`` saves asynchronously).
+
+Host buffers are reused by the next async save when names, shapes and dtypes match: the first touch of
+fresh memory (page faults) costs several times a copy into memory already mapped.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import paddle
+
+from .local_state import LocalTensor, host_array
+
+Buffers = Dict[Tuple[str, str], np.ndarray]
+
+
+class _DeviceCopy:
+    """A device tensor's device→host copy into pinned memory on a side stream (GPU builds only)."""
+
+    _side_stream = None
+
+    def __init__(self, tensor, numel: int):
+        if _DeviceCopy._side_stream is None:
+            _DeviceCopy._side_stream = paddle.device.Stream()
+        stream = _DeviceCopy._side_stream
+        ready = paddle.device.Event()
+        ready.record(paddle.device.current_stream())  # the step that produced the tensor is queued before
+        stream.wait_event(ready)
+        with paddle.device.stream_guard(stream):
+            self.pinned = tensor.detach()._copy_to(paddle.CUDAPinnedPlace(), False)
+        self.done = paddle.device.Event()
+        self.done.record(stream)
+        self.source = tensor  # kept alive until the copy is done: the caching allocator must not reuse it
+        self.numel = numel
+
+    def let_compute_wait(self) -> None:
+        paddle.device.current_stream().wait_event(self.done)
+
+    def array(self) -> np.ndarray:
+        self.done.synchronize()
+        self.source = None
+        arr = host_array(self.pinned, copy=False)
+        return arr.reshape(-1)[: self.numel] if arr.size != self.numel else arr
+
+
+class HostSnapshot:
+    """Host arrays of ``{file: {file key: LocalTensor}}``, complete once :meth:`take` has run.
+
+    ``deferred=False`` (sync save): arrays are views of the tensors' own memory, nothing is copied (the
+    caller writes before anything changes them). ``deferred=True``: see the module docstring.
+    """
+
+    def __init__(self, tensors: Dict[str, Dict[str, LocalTensor]], deferred: bool):
+        self._views: Dict[Tuple[str, str], np.ndarray] = {}  # host memory still to copy
+        device: Dict[Tuple[str, str], _DeviceCopy] = {}
+        self.arrays: Dict[str, Dict[str, np.ndarray]] = {f: {} for f in tensors}
+        self._taken = threading.Event()
+        for fname, by_key in tensors.items():
+            for fkey, lt in by_key.items():
+                if not deferred:
+                    self.arrays[fname][fkey] = lt.host_array(copy=False)
+                elif lt.forward_may_write:
+                    self.arrays[fname][fkey] = lt.host_array(copy=True)
+                elif _on_device(lt.tensor):
+                    device[(fname, fkey)] = _DeviceCopy(lt.tensor, lt.placement.local_numel)
+                else:
+                    self._views[(fname, fkey)] = lt.host_array(copy=False)
+        self._device = tuple(device.items())  # read by both threads, never changed
+        if not self._views:
+            self._taken.set()
+
+    def take(self, buffers: Optional[Buffers] = None) -> Buffers:
+        """Copy what is still only referenced (writer thread); returns the host buffers for reuse.
+
+        Sets the taken event even when a copy fails, so the training thread never waits forever (the
+        error surfaces when the save is finished).
+        """
+        buffers = buffers if buffers is not None else {}
+        used: Buffers = {}
+        try:
+            for (fname, fkey), view in self._views.items():
+                buf = buffers.get((fname, fkey))
+                if buf is None or buf.shape != view.shape or buf.dtype != view.dtype:
+                    buf = np.empty(view.shape, dtype=view.dtype)
+                np.copyto(buf, view)
+                self.arrays[fname][fkey] = used[(fname, fkey)] = buf
+            self._views.clear()  # drop the references to the tensors' memory
+        finally:
+            self._taken.set()
+        for (fname, fkey), copy in self._device:
+            self.arrays[fname][fkey] = copy.array()
+        return used
+
+    def wait_until_taken(self) -> None:
+        """Block until every host tensor is copied; queue the compute stream behind the device copies."""
+        for _, copy in self._device:
+            copy.let_compute_wait()
+        self._taken.wait()
+
+
+def _on_device(t) -> bool:
+    return not (t.place.is_cpu_place() or t.place.is_cuda_pinned_place())

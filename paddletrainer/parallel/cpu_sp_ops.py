@@ -1,0 +1,127 @@
+"""CPU fill 9 of :mod:`paddletrainer.parallel.cpu_backend`: an exact reduce-scatter for gloo.
+
+Paddle's gloo process group has no reduce-scatter ("Unimplemented cpu kernel for CReduceScatterOp"; its
+``reduce_scatter_tensor`` binding exists but gloo rejects it) and no all-to-all, so Megatron-style sequence
+parallel (``sequence_parallel_utils.reduce_scatter`` → ``paddle.distributed.stream.reduce_scatter``) and
+sharding stage1 V2 (``tensor_fusion_helper`` → ``paddle.distributed.reduce_scatter``) cannot run on CPU.
+
+The fill builds it from ``all_reduce``, which gloo has: rank ``r`` of an ``n``-rank group sums the whole
+input over the group, then keeps its ``r``-th of ``n`` equal chunks of the flattened result. Element ``i``
+of that chunk is ``Σ_k x_k[r·m + i]`` — by definition what a reduce-scatter returns — and since every rank
+receives the same all-reduced bits, the chunks of all ranks fit together into the same sum, as a
+single-process computation of the full (unsplit) sum would produce up to the summation order. The cost is
+an all-reduce's traffic, ``2(n-1)/n`` of the input per rank instead of reduce-scatter's ``(n-1)/n``; gloo
+offers no cheaper exact primitive (no all-to-all; ``n`` rooted reduces would serialise ``n`` calls).
+
+Everything else sequence parallel needs already runs on gloo: ``ScatterOp`` is a local slice,
+``GatherOp``/``AllGatherOp`` call ``ProcessGroup.all_gather(in, out)`` (gloo implements it), and the
+allreduce hooks of sequence-parallel parameters call ``all_reduce``. So the fill is the whole of sequence
+parallel's CPU support.
+
+Replaced (``cpu_backend.install`` puts them in place, ``cpu_backend.check_paddle_assumptions`` checks them):
+
+* ``paddle.distributed.communication.stream.reduce_scatter._reduce_scatter_tensor_in_dygraph`` and
+  ``._reduce_scatter_in_dygraph`` — the two functions every dygraph reduce-scatter of Paddle ends in
+  (``paddle.distributed.stream.reduce_scatter``, ``paddle.distributed.reduce_scatter`` for ops other than
+  AVG, ``_reduce_scatter_base``);
+* ``paddle.distributed.reduce_scatter`` (public, the name ``tensor_fusion_helper`` looks up): Paddle's handles
+  ``ReduceOp.AVG`` by reading ``core.nccl_version()``, which a CPU build does not have.
+"""
+from __future__ import annotations
+
+import importlib
+
+import paddle
+import paddle.distributed as dist
+from paddle.distributed import collective, communication
+from paddle.distributed.communication.group import _warn_cur_rank_not_in_group
+
+__all__ = ["reduce_scatter", "reduce_scatter_into", "install_reduce_scatter", "STREAM_MODULE"]
+
+# The module (its name is shadowed by the function ``stream.reduce_scatter`` in the package namespace).
+STREAM_MODULE = "paddle.distributed.communication.stream.reduce_scatter"
+
+
+class _DoneTask:
+    """What an asynchronous collective returns, for a collective that already finished (gloo is blocking)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def synchronize(self):
+        return True
+
+
+def _group(group):
+    return collective._get_global_group() if group is None else group
+
+
+@paddle.no_grad()
+def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None):
+    """Write into ``out_tensor`` this rank's chunk of ``in_tensor`` reduced over ``group``; exact (see module).
+
+    ``in_tensor`` holds ``group.nranks × out_tensor.numel()`` elements, chunked in memory order as NCCL does
+    (for a tensor split along dim 0, chunk ``r`` is rows ``[r·s/n, (r+1)·s/n)``). ``op`` is SUM, AVG (the
+    sum divided by ``n``), MAX, MIN or PROD. ``out_tensor`` may be a view into ``in_tensor`` (sharding V2
+    reduces a fused gradient buffer into its own slice): the input is copied before the all-reduce, so the
+    other ranks' chunks of ``in_tensor`` keep this rank's unreduced values, as with a real reduce-scatter.
+    A rank outside ``group`` takes no part: nothing is written (as Paddle's collectives skip such a rank).
+    """
+    group = _group(group)
+    n, r = group.nranks, group.rank
+    if r < 0:  # not a member: it must neither join the all-reduce nor take some member's chunk
+        return
+    size = int(out_tensor.numel())
+    if int(in_tensor.numel()) != n * size:
+        raise ValueError(f"reduce_scatter: input has {int(in_tensor.numel())} elements, expected "
+                         f"{n} ranks × {size} (the output's)")
+    reduced = in_tensor.detach().flatten().clone()
+    average = op == dist.ReduceOp.AVG
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM if average else op, group=group)
+    chunk = reduced[r * size:(r + 1) * size].reshape(out_tensor.shape)
+    if average:
+        chunk = chunk / n
+    out_tensor.copy_(chunk.astype(out_tensor.dtype), True)  # in place: out may alias a buffer
+
+
+def _reduce_scatter_tensor_in_dygraph(out_tensor, in_tensor, op, group, sync_op, use_calc_stream,
+                                      caller="reduce_scatter"):
+    """Replaces ``stream.reduce_scatter._reduce_scatter_tensor_in_dygraph`` (gloo: no reduce_scatter_tensor)."""
+    reduce_scatter_into(out_tensor, in_tensor, op, group)
+    return None if use_calc_stream else _DoneTask()
+
+
+def _reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, use_calc_stream):
+    """Replaces ``stream.reduce_scatter._reduce_scatter_in_dygraph``: the list form (entry ``r`` goes to rank ``r``)."""
+    reduce_scatter_into(tensor, paddle.concat([t.flatten() for t in tensor_list]), op, group)
+    return None if use_calc_stream else _DoneTask()
+
+
+def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_op=True):
+    """Replaces ``paddle.distributed.reduce_scatter`` (same arguments; ``tensor_list`` may be one tensor).
+
+    Paddle's version rescales AVG through ``core.nccl_version()``, absent on CPU; this one reduces exactly for
+    every op and returns a finished task.
+    """
+    if _warn_cur_rank_not_in_group(group):
+        return None
+    if paddle.is_tensor(tensor_list):
+        return _reduce_scatter_tensor_in_dygraph(tensor, tensor_list, op, group, sync_op, False)
+    return _reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, False)
+
+
+def install_reduce_scatter() -> None:
+    """Put the fill in place of Paddle's reduce-scatter paths (idempotent)."""
+    stream_module = importlib.import_module(STREAM_MODULE)
+    for name, fill in (("_reduce_scatter_tensor_in_dygraph", _reduce_scatter_tensor_in_dygraph),
+                       ("_reduce_scatter_in_dygraph", _reduce_scatter_in_dygraph)):
+        if getattr(stream_module, name) is not fill:
+            fill.__wrapped_paddle__ = getattr(stream_module, name)
+            setattr(stream_module, name, fill)
+    if dist.reduce_scatter is not reduce_scatter:
+        reduce_scatter.__wrapped_paddle__ = dist.reduce_scatter
+        dist.reduce_scatter = reduce_scatter
+        communication.reduce_scatter = reduce_scatter

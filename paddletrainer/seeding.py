@@ -1,0 +1,55 @@
+"""Seeds: the whole process (``set_seed``) and PaddleNLP's per-rank seeds for hybrid parallel dropout
+(``_get_distributed_seeds``). Public at PaddleNLP's path ``trainer_utils`` too."""
+import random
+from typing import Any, Tuple
+
+import numpy as np
+import paddle
+from paddle.distributed import fleet
+
+__all__ = ["set_seed", "_get_distributed_seeds"]
+
+
+def set_seed(seed: int = 42) -> None:
+    """Seed Python's ``random``, numpy and paddle (which seeds the CPU and every visible accelerator).
+
+    Per-rank seed offsets for tensor/pipeline parallel dropout are the topology's job, not this function's.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    paddle.seed(seed)
+
+
+def _get_distributed_seeds(seed: int = 1234, topo: Any = None) -> Tuple[int, int, int]:
+    """PaddleNLP's per-rank seeds ``(global_seed, local_seed, random_seed)`` for hybrid parallel runs.
+
+    * global_seed: the same on the ranks of one tensor-parallel group, different across pp/dp/sharding ranks
+      (dropout outside tensor-parallel layers);
+    * local_seed: different on every rank (dropout inside tensor-parallel layers);
+    * random_seed: ``seed + 100 * pp_rank`` (Python and NumPy).
+
+    ``topo`` is a :class:`paddletrainer.parallel.Topology` (or anything with ``tp_degree/tp_rank``,
+    ``pp_degree/pp_rank``, ``dp_degree/dp_rank``, ``sharding_rank``); None reads fleet's hybrid group when one
+    exists, else every rank is 0 (one process). PaddleNLP's separate ``sep`` axis is degree 1 here.
+    """
+    world = paddle.distributed.get_world_size()
+    mp = pp = dp = sharding_rank = 0
+    mp_size = pp_size = dp_size = 1
+    if topo is not None and world > 1:
+        mp, mp_size = topo.tp_rank, topo.tp_degree
+        pp, pp_size = topo.pp_rank, topo.pp_degree
+        dp, dp_size = topo.dp_rank, topo.dp_degree
+        sharding_rank = topo.sharding_rank
+    elif world > 1:
+        hcg = fleet.get_hybrid_communicate_group() if getattr(fleet.fleet, "_hcg", None) is not None else None
+        if hcg is not None:
+            mp, mp_size = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
+            pp, pp_size = hcg.get_stage_id(), hcg.get_pipe_parallel_world_size()
+            dp, dp_size = hcg.get_data_parallel_rank(), hcg.get_data_parallel_world_size()
+            sharding_rank = hcg.get_sharding_parallel_rank()
+    # Offsets of each axis, innermost first (mp, then pp, dp, sharding): the rank's coordinates as one number.
+    coordinate = pp * mp_size + dp * mp_size * pp_size + sharding_rank * mp_size * pp_size * dp_size
+    global_seed = seed + coordinate
+    local_seed = seed + world + mp + coordinate
+    random_seed = seed + 100 * pp
+    return global_seed, local_seed, random_seed

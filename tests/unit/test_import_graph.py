@@ -1,0 +1,129 @@
+"""The package's import graph, module-level and function-level imports alike (read with ast, nothing imported),
+has no cycle; a function-level import of one of our own modules is one of the few documented ones."""
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "paddletrainer"
+
+# (importer, imported): the function-level imports of package modules, each with its reason.
+LAZY_ALLOWED = {
+    # rank properties build the process groups on first use; topology imports paddle, the arguments must not
+    ("paddletrainer.training_args", "paddletrainer.parallel.topology"),
+    # PEP 562 alias at PaddleNLP's module path: set_seed needs paddle, trainer_utils must import without it
+    ("paddletrainer.trainer_utils", "paddletrainer.seeding"),
+    # the CPU fills are installed by init_topology before sharding runs; no cycle either way
+    ("paddletrainer.parallel.sharding", "paddletrainer.parallel.cpu_backend"),
+}
+# parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
+# import statements do not show, read from its tables and allowed as function-level imports
+LAZY_TABLES = ("_NAME_MODULES", "_SUBMODULES")
+
+
+def lazy_table_edges(path: Path, package: str) -> set:
+    """The modules a package ``__init__`` names in its ``LAZY_TABLES`` (tuples of submodule names)."""
+    modules = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in LAZY_TABLES for t in node.targets):
+            modules.update(f"{package}.{m}" for m in ast.literal_eval(node.value))
+    return modules
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph():
+    """``{module: {imported package module: "module"|"function"}}`` over every file of the package."""
+    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        edges = {}
+        tree = ast.parse(path.read_text())
+        function_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                # "from pkg import sub" imports the module pkg.sub; "from mod import name" imports mod
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names]
+            else:
+                continue
+            where = "function" if id(node) in function_nodes else "module"
+            for target in targets:
+                if target in files and target != name and edges.get(target) != "module":
+                    edges[target] = where
+        if path.name == "__init__.py":
+            for target in lazy_table_edges(path, name):
+                assert target in files, f"{name} names a lazy module {target} that does not exist"
+                edges.setdefault(target, "function")
+        graph[name] = edges
+    return graph
+
+
+def find_cycle(graph):
+    """One cycle as a list of modules (first == last), or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        state[node] = "done"
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_import_graph_with_function_level_imports_has_no_cycle():
+    graph = import_graph()
+    assert len(graph) > 40 and graph["paddletrainer.trainer"]  # the walk found the package and its imports
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_function_level_cycle():
+    graph = {"a": {"b": "module"}, "b": {"c": "function"}, "c": {"a": "module"}, "d": {}}
+    assert find_cycle(graph) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b": "module"}, "b": {}}) is None
+
+
+def test_function_level_imports_of_package_modules_are_only_the_documented_ones():
+    graph = import_graph()
+    pep562 = {("paddletrainer.parallel", dst) for dst in lazy_table_edges(PACKAGE / "parallel" / "__init__.py",
+                                                                          "paddletrainer.parallel")}
+    lazy = {(src, dst) for src, edges in graph.items() for dst, where in edges.items() if where == "function"}
+    assert lazy <= LAZY_ALLOWED | pep562, sorted(lazy - LAZY_ALLOWED - pep562)
+
+
+def test_the_graph_has_the_edges_of_the_parallel_packages_lazy_table():
+    # importlib.import_module edges: paddletrainer.parallel reaches each module of its PEP 562 table
+    edges = import_graph()["paddletrainer.parallel"]
+    for module in ("topology", "apply", "optimizer", "data_parallel", "collectives", "pipeline"):
+        assert edges.get(f"paddletrainer.parallel.{module}") == "function", module
+
+
+def test_a_module_importing_the_parallel_package_closes_a_cycle_through_the_lazy_table():
+    # the cycle the lazy table can hide: collectives -> parallel (package) -> (lazy) collectives
+    graph = import_graph()
+    graph["paddletrainer.parallel.collectives"] = {**graph["paddletrainer.parallel.collectives"],
+                                                  "paddletrainer.parallel": "module"}
+    assert find_cycle(graph) is not None

@@ -34,7 +34,7 @@ def test_bench_checkpoint_tiny_prints_save_load_and_raw_disk_rows(tmp_path):
     proc = run_script([SCRIPTS / "bench_checkpoint.py", "--tiny", "--dir", tmp_path], tmp_path, timeout=300)
     out = proc.stdout
     assert any(t.startswith("Checkpoint save/load") for t in _tables(out)), out[-2000:]
-    for row in ("raw disk write (fsync)", "save_checkpoint (sync)", "async save: training thread blocked (call + wait)",
+    for row in ("raw disk write (", "raw disk read (", "save_checkpoint (sync)", "async save: training thread blocked (call + wait)",
                 "forward/backward beside the host copy", "load_checkpoint"):
         assert row in out, f"missing row {row!r}:\n{out[-2000:]}"
     assert "async blocking <= 10% of sync save" in out and "load >= 80% of raw read bandwidth" in out

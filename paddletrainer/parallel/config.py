@@ -21,7 +21,8 @@ from .layout import Layout, option_axes
 __all__ = ["ParallelConfig", "resolve_layout", "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 # Under sharding stage 3, parameters with more elements than this are sliced across the sharding group;
-# smaller ones stay whole on every rank (Paddle's default).
+# smaller ones stay whole on every rank (Paddle's default). On CPU every slice is padded to a 4096-byte
+# boundary (1024 fp32 elements), so slicing tiny tensors only adds padding.
 STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 

@@ -28,15 +28,11 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_sta
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 
+from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # defined once there; re-exported here
 from .topology import needs_cpu_backend
 
 __all__ = ["apply_sharding", "check_stage2_offload", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
            "STAGE3_DEFAULT_SEGMENT_SIZE"]
-
-# Parameters with more elements than this are sliced across the sharding group under stage 3; smaller
-# ones stay whole (replicated) on every rank. Paddle's default is 2**20; on CPU every slice is padded to a
-# 4096-byte boundary (1024 fp32 elements), so slicing tiny tensors only adds padding.
-from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # noqa: E402  (one definition, re-exported here)
 
 
 def _construction_scope():

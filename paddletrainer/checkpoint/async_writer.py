@@ -1,49 +1,39 @@
-"""One background writer thread per process.
+"""One background writer thread per :class:`~.io.Checkpointer`, kept for the run.
 
-Why a thread and not a process: the tensors are already host numpy copies when a job is submitted, and
-file writes release the GIL, so a thread overlaps I/O with the next training steps without pickling
-gigabytes into another process. At most one save is in flight: ``submit`` waits for the previous one,
-which bounds the host memory used by snapshots to one checkpoint.
+Why a thread and not a process: the tensors are already host numpy copies (or views) when a job is
+submitted, and file writes release the GIL, so a thread overlaps I/O with the next training steps without
+pickling gigabytes into another process. At most one save is in flight: ``submit`` waits for the previous
+one, which bounds the host memory used by snapshots to one checkpoint.
+
+Why one long-lived thread: starting a thread waits until the new thread runs, which on a busy machine is a
+scheduler slice (several ms) inside the save call the training thread waits for; handing a job to an idle
+thread does not wait. Like the non-daemon thread this was, ``concurrent.futures`` joins its worker at
+interpreter exit, so a write in flight still finishes instead of leaving a torn file.
 """
 
 from __future__ import annotations
 
-import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional
 
 
 class AsyncWriter:
     def __init__(self) -> None:
-        self._thread: Optional[threading.Thread] = None
-        self._result: Any = None
-        self._error: Optional[BaseException] = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddletrainer-ckpt-writer")
+        self._job: Optional[Future] = None
 
     @property
     def busy(self) -> bool:
-        return self._thread is not None
+        return self._job is not None
 
     def submit(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` in the background (after finishing the previous job; its errors surface here)."""
         self.wait()
-
-        def run():
-            try:
-                self._result = fn()
-            except BaseException as e:  # re-raised in the training thread by wait()
-                self._error = e
-
-        self._result, self._error = None, None
-        # non-daemon: an interpreter exit still lets the write finish instead of leaving a torn file
-        self._thread = threading.Thread(target=run, name="paddletrainer-ckpt-writer", daemon=False)
-        self._thread.start()
+        self._job = self._pool.submit(fn)
 
     def wait(self) -> Any:
         """Block until the current job is done; return its result or raise its exception."""
-        if self._thread is None:
+        if self._job is None:
             return None
-        self._thread.join()
-        self._thread = None
-        err, self._error = self._error, None
-        if err is not None:
-            raise err
-        return self._result
+        job, self._job = self._job, None
+        return job.result()

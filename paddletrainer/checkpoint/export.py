@@ -3,7 +3,10 @@
 Output: ``model.safetensors`` (float weights) or ``model_state.pdparams`` (chosen automatically when a
 weight is bfloat16, which numpy-safetensors cannot label), plus ``config.json`` — the model config stored
 in the checkpoint with tensor-parallel settings reset, or copied from ``config_from``. The optimizer is
-not exported. Peak memory is one full tensor at a time plus the output being assembled.
+not exported. The model's shard files are read once each, checksummed as they are read
+(:mod:`.verified_read`), and held in memory while the merged tensors are assembled: peak memory is about the
+weights' size, plus one more copy of the tensors whose pieces are split over several files (tensor parallel,
+stage-3 slices); a tensor stored whole is a view of its file's bytes.
 A checkpoint whose weights are whole needs no export: it carries ``model.safetensors.index.json`` itself
 (:func:`.layout.whole_weight_map`).
 """
@@ -19,25 +22,30 @@ import numpy as np
 
 from . import layout as L
 from .files import read_index
-from .reshard import PieceReader, read_placement, verify_files
+from .reshard import PieceReader, read_placement
+from .verified_read import read_verified
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 PADDLE_WEIGHTS_NAME = "model_state.pdparams"
 
 
 def merged_model_state(ckpt_dir: str, verify: bool = True) -> Dict[str, tuple]:
-    """``{state_dict name: (full numpy array, dtype name)}`` of the model weights of a checkpoint."""
+    """``{state_dict name: (full numpy array, dtype name)}`` of the model weights of a checkpoint.
+
+    ``verify``: read each model file once, checking its size and crc32 against the index as it is read;
+    ``False`` reads only the slices used, unchecked (safetensors' lazy reader)."""
     index = read_index(ckpt_dir)
     keys = sorted(k for k in index["tensors"] if k.startswith(L.MODEL_PREFIX))
     if verify:
-        verify_files(ckpt_dir, index, sorted({p["file"] for k in keys for p in index["tensors"][k]["pieces"]}))
-    reader = PieceReader(ckpt_dir)
+        files = read_verified(ckpt_dir, index, sorted({p["file"] for k in keys for p in index["tensors"][k]["pieces"]}))
+        open_file = files.__getitem__
+    else:
+        open_file = PieceReader(ckpt_dir)
     out = {}
     for key in keys:
         info = index["tensors"][key]
-        arr = read_placement(index, key, L.replicated(info["shape"]), reader)
+        arr = read_placement(index, key, L.replicated(info["shape"]), open_file)
         out[key[len(L.MODEL_PREFIX):]] = (arr, info["dtype"])
-    reader.close()
     return out
 
 

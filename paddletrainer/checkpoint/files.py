@@ -22,7 +22,7 @@ from ..trainer_utils import sorted_checkpoints
 from . import layout as L
 from .checksum import crc32
 from .local_state import unwrap_model
-from .reshard import verify_files
+from .verified_read import read_small_file
 
 
 # ------------------------------------------------------------------------------------ small files
@@ -101,12 +101,11 @@ _SAFETENSORS_DTYPES = {
 
 
 _CRC_STEP = 16 << 20
-HEADER_PART = "__header__"  # key of the header's crc32 in a file record's ``parts``
 
 
 def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int]:
     """Write ``arrays`` as one safetensors file straight from their memory; return its size and crc32, and
-    ``parts``: the crc32 of the header (``HEADER_PART``) and of each array's bytes, so that a reader that
+    ``parts``: the crc32 of the header (``layout.HEADER_PART``) and of each array's bytes, so that a reader that
     needs a few arrays of the file verifies just those.
 
     The file is the format's 8-byte little-endian header length, the JSON header (padded with spaces to a
@@ -158,7 +157,7 @@ def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int
         worker.join()
     if "error" in checksum:
         raise checksum["error"]
-    parts = dict(zip([HEADER_PART] + sorted(arrays), checksum["parts"]))
+    parts = dict(zip([L.HEADER_PART] + sorted(arrays), checksum["parts"]))
     return {"size": sum(c.nbytes for c in chunks), "crc32": checksum["crc32"], "parts": parts}
 
 
@@ -219,12 +218,11 @@ def read_index(ckpt_dir: str) -> dict:
 
 
 def read_small(ckpt_dir: str, index: dict, name: str):
-    """The bytes of small file ``name`` after checking its size and crc32; None when the index lacks it."""
+    """The bytes of small file ``name``, read once and returned only if their size and crc32 match the index
+    (:func:`.verified_read.read_small_file`); None when the index lacks it."""
     if name not in index["files"]:
         return None
-    verify_files(ckpt_dir, index, [name])
-    with open(os.path.join(ckpt_dir, name), "rb") as f:
-        return f.read()
+    return read_small_file(ckpt_dir, index, name)
 
 
 class UnsafeCheckpointFileError(L.CheckpointError):

@@ -4,9 +4,11 @@ Save (every rank calls it at the same point; it is collective):
 
 1. finish the previous async save (collective publish, see below);
 2. rank 0 removes stale ``checkpoint-*.tmp-*`` dirs (crashed saves) and picks a fresh id: all ranks
-   write into ``checkpoint-N.tmp-<id>/``;
+   write into ``checkpoint-N.tmp-<id>-<n>/``;
 3. all_gather of each rank's *candidate pieces* (metadata only; rank 0's id travels with them) → :func:`layout.assign_writers` picks the
-   lowest rank for every distinct piece, so replicas (dp, tp-replicated norms, tied weights) are written once;
+   lowest rank for every distinct piece, so replicas (dp, tp-replicated norms, tied weights) are written once.
+   A repeat save whose candidates are unchanged on every rank (they are fixed for a run) reuses that
+   assignment: one all-reduce of an "unchanged" flag replaces the gather;
 4. the small state (RNG, schedule, scaler, trainer state, data position, config) is serialised now, and
    the tensors this rank writes are referenced (sync save: written from their own memory) or, with
    ``async_save``, copied to host memory in the writer thread while training goes on (:mod:`.snapshot`);
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -57,6 +60,8 @@ from .local_state import (dtype_name, layout_dict, model_tensors, offload_master
                           topology_info)
 from .snapshot import HostSnapshot
 
+logger = logging.getLogger(__name__)
+
 # ----------------------------------------------------------------------------------- collectives
 def _gather(obj, topo) -> list:
     return all_gather_object(obj) if topo.world_size > 1 else [obj]
@@ -83,6 +88,25 @@ class _PendingSave:
     snapshot: HostSnapshot
 
 
+@dataclasses.dataclass
+class _WriterPlan:
+    """The outcome of a metadata gather: every rank's pieces with their writer and file (``assigned``), for
+    this rank's candidate list ``mine`` in ``coords``. A repeat save with the same list reuses it (see
+    :meth:`Checkpointer._reusable_plan`); its tmp dirs are ``<run_id>-<n>``, ``run_id`` being rank 0's
+    unique id from the gather and ``n`` counting the saves made with the plan (the same on every rank)."""
+
+    rank: int
+    world_size: int
+    coords: tuple
+    mine: list
+    assigned: list
+    run_id: str
+    saves: int = 0
+
+    def matches(self, topo, coords, mine) -> bool:
+        return (self.rank, self.world_size, self.coords) == (topo.rank, topo.world_size, coords) and self.mine == mine
+
+
 class Checkpointer:
     """Saves checkpoints of one training run: owns the background writer, the save in flight and the host
     buffers async saves reuse. The Trainer holds one; every call is collective (all ranks, same order).
@@ -98,6 +122,7 @@ class Checkpointer:
         self._writer = AsyncWriter()
         self._pending: Optional[_PendingSave] = None
         self._buffers: dict = {}  # host buffers of the last async snapshot, reused by the next one
+        self._plan: Optional[_WriterPlan] = None  # who writes what, reused while no rank's tensors change
 
     def save(
         self,
@@ -130,8 +155,8 @@ class Checkpointer:
         parent = os.path.dirname(ckpt_dir)
         t0 = time.perf_counter()
 
-        # 2. one tmp dir for all ranks (rank 0's id travels with the gather below); stale ones (crashed saves)
-        # go first, before anyone can write
+        # 2. stale tmp dirs (crashed saves) go first, before anyone can write: every rank waits at the
+        # collective below (the metadata gather, or the flag of a repeat save) before it writes
         uid = None
         if topo.rank == 0:
             os.makedirs(parent, exist_ok=True)
@@ -155,33 +180,39 @@ class Checkpointer:
         else:
             error = None
         coords = (topo.tp_rank, topo.pp_rank, topo.sharding_rank, topo.dp_rank)
-        gathered = _gather((coords, mine if error is None else f"{type(error).__name__}: {error}", uid), topo)
-        _raise_if_any_failed(gathered, "describing its tensors", error)
-        tmp_dir = ckpt_dir + L.TMP_INFIX + gathered[0][2]
-        assigned = L.assign_writers([g[1] for g in gathered])
-        files = L.file_names_for_writers([g[0] for g in gathered], assigned)
-        assigned = [[dataclasses.replace(e, file=files[r][e.file]) for e in ents] for r, ents in enumerate(assigned)]
+        plan = self._reusable_plan(topo, coords, mine)
+        if plan is None:
+            gathered = _gather((coords, mine if error is None else f"{type(error).__name__}: {error}", uid), topo)
+            _raise_if_any_failed(gathered, "describing its tensors", error)
+            assigned = L.assign_writers([g[1] for g in gathered])
+            files = L.file_names_for_writers([g[0] for g in gathered], assigned)
+            assigned = [[dataclasses.replace(e, file=files[r][e.file]) for e in ents]
+                        for r, ents in enumerate(assigned)]
+            plan = self._plan = _WriterPlan(topo.rank, topo.world_size, coords, mine, assigned, gathered[0][2])
+        plan.saves += 1
+        tmp_dir = ckpt_dir + L.TMP_INFIX + f"{plan.run_id}-{plan.saves}"
+        assigned = plan.assigned
 
         # 4. what this rank writes: tensors (copied later when async, see snapshot), small state as bytes now
         mine_by_file: Dict[str, dict] = {}
         for e in assigned[topo.rank]:
             mine_by_file.setdefault(e.file, {})[L.file_key(e.key)] = local[e.key]
-        snapshot = HostSnapshot(mine_by_file, deferred=async_save)
+        snapshot = HostSnapshot(mine_by_file, deferred=async_save, buffers=self._buffers if async_save else None)
         small = _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_state, save_rng)
         call_s = time.perf_counter() - t0
 
         # 5. write (this rank's files only; metadata of what everybody wrote is kept for publishing)
         def write() -> Dict[str, Dict[str, int]]:
             if async_save:
-                self._buffers = snapshot.take(self._buffers)
+                self._buffers = snapshot.take()
             os.makedirs(tmp_dir, exist_ok=True)
             names = sorted(snapshot.arrays)
-            # this rank's shard files side by side: their writes and fsyncs overlap
-            with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            # this rank's shard files and its small files side by side: their writes and fsyncs overlap
+            with ThreadPoolExecutor(max_workers=len(names) + 1) as pool:
+                smalls = pool.submit(lambda: {f: write_file(os.path.join(tmp_dir, f), b) for f, b in small.items()})
                 shards = pool.map(lambda f: write_safetensors(os.path.join(tmp_dir, f), snapshot.arrays[f]), names)
                 records = dict(zip(names, shards))
-            for fname, data in small.items():
-                records[fname] = write_file(os.path.join(tmp_dir, fname), data)
+                records.update(smalls.result())
             return records
 
         self._pending = _PendingSave(
@@ -194,6 +225,27 @@ class Checkpointer:
         if not async_save:
             self.finish()
         return ckpt_dir
+
+    def _reusable_plan(self, topo, coords, mine) -> Optional["_WriterPlan"]:
+        """The last save's writer assignment when no rank's tensors changed since (one small all-reduce
+        instead of gathering every rank's metadata), else None: gather again.
+
+        Shapes, dtypes and placements are fixed for a run; what can change is rare (the optimizer creates its
+        states at its first step, a script adds a parameter), but one rank cannot see another's change, so
+        every rank says whether its own list is unchanged and the plan is reused only when all say so. Every
+        rank has a plan or none: plans are made by the collective gather, which succeeds or fails everywhere.
+        """
+        plan = self._plan
+        if plan is None:
+            return None
+        same = mine is not None and plan.matches(topo, coords, mine)
+        if topo.world_size > 1:
+            flag = paddle.full([1], int(same), dtype="int32")  # on the communication device (NCCL: the GPU)
+            paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN)
+            same = bool(flag.numpy()[0])
+        if not same:
+            self._plan = None
+        return self._plan
 
     def wait_for_snapshot(self) -> None:
         """Return once the save in flight no longer needs the live tensors (a no-op without one).
@@ -231,6 +283,25 @@ class Checkpointer:
                 rotate_checkpoints(os.path.dirname(p.ckpt_dir), p.save_total_limit, p.best_checkpoint)
         _barrier(topo)  # nobody resumes/loads/rotates before the directory exists under its final name
         return p.ckpt_dir
+
+    def finish_after_error(self, same_on_every_rank: bool) -> Optional[str]:
+        """Publish the save in flight when training stopped with an error, if that is safe; never raises.
+
+        The files of a save made before the error are good (the snapshot was taken before the next optimizer
+        step), and unpublished they would be removed as stale by the next run. Publishing is collective, so
+        it runs only when every rank stops with the same error (``same_on_every_rank``, e.g. a non-finite
+        global gradient norm) or there is one process: an error on one rank must not leave it waiting at a
+        gather the others never reach. Otherwise the tmp dir is left as a crashed save. A failure to publish
+        is logged, not raised: the training error is the one the caller reports.
+        """
+        if self._pending is None or not (same_on_every_rank or self._pending.topo.world_size == 1):
+            return None
+        try:
+            return self.finish()
+        except Exception as e:  # noqa: BLE001 - must not mask the error that stopped training
+            logger.warning("the checkpoint saved before the error could not be published: %s: %s",
+                           type(e).__name__, e)
+            return None
 
 
 def save_checkpoint(ckpt_dir: str, **kwargs) -> str:

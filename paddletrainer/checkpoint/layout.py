@@ -49,6 +49,7 @@ SCHEDULER_NAME = "scheduler.json"
 SCALER_NAME = "scaler.json"
 DATA_STATE_NAME = "data_state.json"
 CONFIG_NAME = "config.json"
+HEADER_PART = "__header__"  # key of a safetensors file's header crc32 in its record's ``parts``
 
 MODEL_PREFIX = "model/"
 OPTIM_PREFIX = "optim/"

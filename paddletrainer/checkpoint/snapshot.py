@@ -26,12 +26,19 @@ Where a tensor's bytes are:
 
 Host buffers are reused by the next async save when names, shapes and dtypes match: the first touch of
 fresh memory (page faults) costs several times a copy into memory already mapped.
+
+The host copy is a list of chunks (``COPY_CHUNK`` bytes at most; NumPy releases the GIL while it copies
+one, so the training thread's Python keeps running). The writer thread starts on them at once; a training
+thread that reaches the wait point before they are done copies the remaining chunks itself instead of
+sleeping (two threads take chunks from one counter, so each chunk is copied once): when the forward/backward
+was shorter than the copy, the rest finishes sooner, with the CPU time the waiting thread had.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -70,18 +77,24 @@ class _DeviceCopy:
         return arr.reshape(-1)[: self.numel] if arr.size != self.numel else arr
 
 
+COPY_CHUNK = 8 << 20  # bytes per copy job: small enough to share the copy between two threads
+
+
 class HostSnapshot:
     """Host arrays of ``{file: {file key: LocalTensor}}``, complete once :meth:`take` has run.
 
     ``deferred=False`` (sync save): arrays are views of the tensors' own memory, nothing is copied (the
-    caller writes before anything changes them). ``deferred=True``: see the module docstring.
+    caller writes before anything changes them). ``deferred=True``: see the module docstring; ``buffers``
+    are the previous async snapshot's host arrays, reused where name, shape and dtype match.
     """
 
-    def __init__(self, tensors: Dict[str, Dict[str, LocalTensor]], deferred: bool):
-        self._views: Dict[Tuple[str, str], np.ndarray] = {}  # host memory still to copy
+    def __init__(self, tensors: Dict[str, Dict[str, LocalTensor]], deferred: bool,
+                 buffers: Optional[Buffers] = None):
         device: Dict[Tuple[str, str], _DeviceCopy] = {}
         self.arrays: Dict[str, Dict[str, np.ndarray]] = {f: {} for f in tensors}
-        self._taken = threading.Event()
+        self._used: Buffers = {}  # host buffers of this snapshot, handed to the next one by take()
+        self._jobs: List[Tuple[np.ndarray, np.ndarray]] = []  # (destination bytes, source bytes) chunks
+        buffers = buffers or {}
         for fname, by_key in tensors.items():
             for fkey, lt in by_key.items():
                 if not deferred:
@@ -91,38 +104,74 @@ class HostSnapshot:
                 elif _on_device(lt.tensor):
                     device[(fname, fkey)] = _DeviceCopy(lt.tensor, lt.placement.local_numel)
                 else:
-                    self._views[(fname, fkey)] = lt.host_array(copy=False)
+                    view = lt.host_array(copy=False)
+                    buf = buffers.get((fname, fkey))
+                    if buf is None or buf.shape != view.shape or buf.dtype != view.dtype:
+                        buf = np.empty(view.shape, dtype=view.dtype)  # mapped on first write, by the copy
+                    self.arrays[fname][fkey] = self._used[(fname, fkey)] = buf
+                    src, dst = _bytes_of(view), _bytes_of(buf)
+                    self._jobs.extend((dst[lo: lo + COPY_CHUNK], src[lo: lo + COPY_CHUNK])
+                                      for lo in range(0, max(src.nbytes, 1), COPY_CHUNK))
         self._device = tuple(device.items())  # read by both threads, never changed
-        if not self._views:
+        self._next = itertools.count()  # the next job to start; next() is atomic under the GIL
+        self._lock = threading.Lock()
+        self._left = len(self._jobs)  # jobs not finished yet (under the lock)
+        self._error: Optional[BaseException] = None
+        self._taken = threading.Event()
+        if not self._jobs:
             self._taken.set()
 
-    def take(self, buffers: Optional[Buffers] = None) -> Buffers:
+    def _copy_jobs(self) -> None:
+        """Copy chunks until none is left to start (either thread); never raises (see :meth:`take`)."""
+        jobs = self._jobs  # take() drops self._jobs once an error sets the event; this thread may still index
+        while not self._taken.is_set():
+            i = next(self._next)
+            if i >= len(jobs):
+                return
+            dst, src = jobs[i]
+            try:
+                _copy_chunk(dst, src)
+            except BaseException as e:  # noqa: BLE001 - stops both threads; raised by take(), in the writer
+                self._error = self._error or e
+                self._taken.set()
+                return
+            with self._lock:
+                self._left -= 1
+                if self._left == 0:
+                    self._taken.set()
+
+    def take(self) -> Buffers:
         """Copy what is still only referenced (writer thread); returns the host buffers for reuse.
 
-        Sets the taken event even when a copy fails, so the training thread never waits forever (the
-        error surfaces when the save is finished).
+        Raises the first copy error of either thread; the taken event is then already set, so the
+        training thread never waits forever (the error surfaces when the save is finished).
         """
-        buffers = buffers if buffers is not None else {}
-        used: Buffers = {}
-        try:
-            for (fname, fkey), view in self._views.items():
-                buf = buffers.get((fname, fkey))
-                if buf is None or buf.shape != view.shape or buf.dtype != view.dtype:
-                    buf = np.empty(view.shape, dtype=view.dtype)
-                np.copyto(buf, view)
-                self.arrays[fname][fkey] = used[(fname, fkey)] = buf
-            self._views.clear()  # drop the references to the tensors' memory
-        finally:
-            self._taken.set()
+        self._copy_jobs()
+        self._taken.wait()  # the training thread may still be copying its last chunk
+        self._jobs = []  # drop the references to the tensors' memory
+        if self._error is not None:
+            raise self._error
         for (fname, fkey), copy in self._device:
             self.arrays[fname][fkey] = copy.array()
-        return used
+        return self._used
 
     def wait_until_taken(self) -> None:
-        """Block until every host tensor is copied; queue the compute stream behind the device copies."""
+        """Block until every host tensor is copied, copying the chunks nobody has started yet; queue the
+        compute stream behind the device copies."""
         for _, copy in self._device:
             copy.let_compute_wait()
+        self._copy_jobs()
         self._taken.wait()
+
+
+def _copy_chunk(dst: np.ndarray, src: np.ndarray) -> None:
+    """One copy job (NumPy releases the GIL for it); tests slow it down to watch the threads share the copy."""
+    np.copyto(dst, src)
+
+
+def _bytes_of(arr: np.ndarray) -> np.ndarray:
+    """The flat bytes of a C-contiguous array (a view)."""
+    return arr.reshape(-1).view(np.uint8)
 
 
 def _on_device(t) -> bool:

@@ -31,8 +31,7 @@ from typing import Dict, List, Optional, Set, Tuple
 import numpy as np
 
 from .checksum import crc32
-from .files import HEADER_PART
-from .layout import CheckpointCorruptError
+from .layout import HEADER_PART, CheckpointCorruptError
 
 CHUNK = 16 << 20
 MAX_PARALLEL_FILES = 4
@@ -222,3 +221,23 @@ def read_verified(ckpt_dir: str, index: dict, files: List[str],
     if problems:
         raise CheckpointCorruptError(ckpt_dir, [n for n, _ in problems], [d for _, d in problems])
     return out
+
+
+def read_small_file(ckpt_dir: str, index: dict, name: str) -> bytes:
+    """The bytes of a small file (JSON, RNG state) of ``ckpt_dir``, read once: the bytes whose size and crc32
+    are checked against ``index`` are the bytes returned. Raises :class:`CheckpointCorruptError`."""
+    meta = index["files"].get(name)
+    problem = f"{name}: not in the index" if meta is None else None
+    if problem is None:
+        try:
+            with open(os.path.join(ckpt_dir, name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data, problem = b"", f"{name}: missing"
+    if problem is None and len(data) != meta["size"]:
+        problem = f"{name}: size {len(data)} != {meta['size']}"
+    if problem is None and crc32(data) != meta["crc32"]:
+        problem = f"{name}: crc32 {crc32(data):08x} != {meta['crc32']:08x}"
+    if problem is not None:
+        raise CheckpointCorruptError(ckpt_dir, [name], [problem])
+    return data

@@ -46,6 +46,7 @@ import paddle.distributed as dist
 from .cpu_interleave import install_interleave
 from .cpu_sp_ops import STREAM_MODULE as _REDUCE_SCATTER_MODULE, install_reduce_scatter
 from .cpu_tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
+from .tcp_store import prime_disconnect_logging
 
 __all__ = [
     "install",
@@ -116,6 +117,7 @@ def _group_store(global_ranks, group_rank: int, group_size: int, group_id: int):
         port = _free_port() if port is None else port
         default_store.set(key, f"{host}:{port}")
         store = core.TCPStore(host, port, True, group_size, 900)
+        prime_disconnect_logging(host, port)  # this process now hosts a store server: see tcp_store
     else:
         address = bytes(default_store.get(key)).decode()
         host, port = address.rsplit(":", 1)

@@ -10,7 +10,8 @@
 * stage 2: ``GroupShardedOptimizerStage2`` + ``GroupShardedStage2`` on the sharding group (state and
   gradients sharded; dp, if any, all-reduces on top).
 * stage 3: ``GroupShardedStage3`` (parameters sharded too: each rank keeps a flat slice of every
-  parameter larger than ``segment_size`` elements, gathered on demand in forward/backward).
+  parameter larger than ``segment_size`` elements, gathered on demand in forward/backward), with its
+  gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`).
 
 Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
 ``cpu_backend.group_sharded_construction()``.
@@ -18,15 +19,24 @@ Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import inspect
+import io
+import textwrap
+import tokenize
 
 import paddle
+import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizerV2,
 )
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
+from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # defined once there; re-exported here
 from .topology import needs_cpu_backend
@@ -108,10 +118,126 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
             model = GroupShardedStage2(model, optimizer, group=group, sync_buffers=True, dp_group=dp_group,
                                        device=device)
         else:
-            model = GroupShardedStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
-                                       segment_size=segment_size, offload=offload, dp_group=dp_group,
-                                       device=device, exclude_layer=["GroupNorm"])
+            model = _ReduceScatterStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
+                                         segment_size=segment_size, offload=offload, dp_group=dp_group,
+                                         device=device, exclude_layer=["GroupNorm"])
     return model, optimizer
+
+
+class _ReduceScatterStage3(GroupShardedStage3):
+    """``GroupShardedStage3`` whose backward hooks reduce-scatter each sliced gradient instead of all-reducing it.
+
+    Paddle 3.3.1's hook (``GroupShardedStage3._get_allreduce_fn``) runs ``dist.all_reduce`` on the whole padded
+    gradient and then keeps this rank's slice of it: a ring all-reduce sends 2·(N−1)/N of the gradient per
+    rank, twice what a reduce-scatter, which delivers just the slice, needs. Here the hook reduce-scatters the
+    same padded buffer (scaled by 1/N first, as Paddle does, so the values are the same sum) into a fresh slice,
+    all-reduces only that slice over the dp group when there is one (Paddle all-reduces the whole gradient
+    there too), and accumulates it into ``bw_storage`` exactly as Paddle does (over micro-batches; on the host in
+    fp32 under offload). Then Paddle's own hook runs for the rest — releasing the gathered full parameter —
+    and finds no gradient left to reduce. Parameters at or below the segment size are not sliced; their
+    gradients stay in Paddle's fused buffers, all-reduced once per step in ``_update_params_slice``.
+
+    On a CPU build gloo has no reduce-scatter and ``cpu_backend`` fill 9 (``cpu_sp_ops``) provides an exact one
+    built on an all-reduce, so the bytes on the wire stay those of an all-reduce there; with NCCL this halves
+    the gradient traffic of stage 3.
+    """
+
+    def __init__(self, *args, **kwargs):
+        check_paddle_stage3_sources()  # before Paddle's constructor allocates or communicates anything
+        super().__init__(*args, **kwargs)
+
+    def _get_allreduce_fn(self, param):
+        release_full_param = super()._get_allreduce_fn(param)
+
+        @paddle.autograd.no_grad()
+        def reduce_scatter_then_release(*args):
+            full_grad = self._task_flow.full_grad.pop(param.name, None)
+            if full_grad is not None:
+                self._reduce_scatter_into_slice(param, full_grad)
+            release_full_param(*args)
+
+        return reduce_scatter_then_release
+
+    def _reduce_scatter_into_slice(self, param, full_grad):
+        start, end = self._param2buffer[param.name][self._rank]
+        full_grad.scale_(scale=self._world_size_scaling)  # SUM of the 1/N-scaled gradients, as Paddle's mean
+        grad_slice = paddle.empty([end - start], dtype=full_grad.dtype)
+        # looked up at call time: the CPU backend replaces dist.reduce_scatter (fill 9)
+        dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
+        if self._dp_group is not None and self._dp_group.nranks > 1:
+            grad_slice.scale_(scale=1.0 / self._dp_group.nranks)
+            dist.all_reduce(grad_slice, group=self._dp_group)
+        if self._offload:  # fp32 on the host; the module attribute, which cpu_backend fill 7 replaces on CPU
+            grad_slice = group_sharded_stage3._device2cpu(grad_slice, True)
+        if param.bw_storage is None:
+            param.bw_storage = grad_slice
+        elif self._offload:
+            with device_guard():
+                param.bw_storage = paddle.add(param.bw_storage, grad_slice)
+        else:
+            param.bw_storage = paddle.add(param.bw_storage, grad_slice)
+        # drop the full-size gradient (param.grad / main_grad are views of full_grad)
+        if self.use_main_grad:
+            param.main_grad = None
+        else:
+            param.clear_gradient(False)
+
+
+# The Paddle functions whose behaviour _ReduceScatterStage3 reproduces or relies on, each with the sha256 of its
+# normalised source (see _normalised_source) in Paddle 3.3.1, and what to re-check in _ReduceScatterStage3 when a
+# Paddle version changes it. Any difference fails, even one that looks harmless: a step added to Paddle's hook
+# (a found_inf check, async communication, another scaling) would otherwise be skipped by ours without a word.
+_PADDLE_STAGE3_SOURCES = (
+    (GroupShardedStage3, "_get_allreduce_fn",
+     "ad900188d41b4fbce7f8ac8411e4c1155da71b94641535aaccf88120dd2c4a68",
+     "that every step of its gradient branch is in _reduce_scatter_into_slice (1/N scale, dp scale and all-reduce, "
+     "bw_storage accumulation with and without offload, main_grad/grad release) and that it still skips a "
+     "gradient no longer in task_flow.full_grad"),
+    (GroupShardedStage3, "_flatten_layer_params",
+     "7bca3ee7f3173b9c7a12d5f10934329053add20f16483960cbe6f8085f61ec74",
+     "that each sliced buffer is still padded to a multiple of the group size and _param2buffer still holds "
+     "equal per-rank slices (what makes the reduce-scatter legal)"),
+    (GroupShardedStage3, "_register_backward_hooks",
+     "0e7bf60c05aec4095d3a0d4d03b0bc93151fbd3214ac96ae67f7fa66b37e621f",
+     "that the backward hook of every sliced parameter is still built by self._get_allreduce_fn, once"),
+    (group_sharded_stage3, "_create_params_grad",
+     "549139a61f7eabf7f32bbf07f85e11b97c1d0f2b9248238aab739236d9e509e1",
+     "that full_grad still holds the padded gradient buffer, fp32 when the parameter has main_grad"),
+)
+
+
+def _paddle_source(func) -> str:
+    """The source of Paddle's ``func`` itself (through decorators and paddletrainer's own wrappers)."""
+    return inspect.getsource(inspect.unwrap(getattr(func, "__wrapped_paddle__", func)))
+
+
+def _normalised_source(source: str) -> str:
+    """``source`` as its tokens: comments, blank lines and spacing dropped, the block structure kept."""
+    layout = {tokenize.INDENT: "<indent>", tokenize.DEDENT: "<dedent>", tokenize.NEWLINE: "<newline>"}
+    tokens = tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline)
+    return " ".join(layout.get(t.type, t.string) for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL))
+
+
+@functools.lru_cache(maxsize=1)
+def check_paddle_stage3_sources() -> None:
+    """Raise ``RuntimeError`` unless the installed Paddle's stage-3 functions listed in ``_PADDLE_STAGE3_SOURCES``
+    are, token for token, those :class:`_ReduceScatterStage3` was written against (Paddle 3.3.1). Cached: the
+    installed Paddle does not change within a process (tests call ``cache_clear()``)."""
+    problems = []
+    for owner, name, expected, recheck in _PADDLE_STAGE3_SOURCES:
+        label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
+        try:
+            digest = hashlib.sha256(_normalised_source(_paddle_source(getattr(owner, name))).encode()).hexdigest()
+        except (AttributeError, OSError, TypeError, tokenize.TokenError) as exc:
+            problems.append(f"{label} cannot be read ({type(exc).__name__}: {exc}); re-check {recheck}")
+            continue
+        if digest != expected:
+            problems.append(f"{label} differs from Paddle 3.3.1's (normalised-source sha256 {digest[:12]}, "
+                            f"expected {expected[:12]}); re-check {recheck}")
+    if problems:
+        raise RuntimeError("paddletrainer's stage-3 gradient reduce-scatter (_ReduceScatterStage3 in "
+                           "paddletrainer/parallel/sharding.py) was written against other Paddle code: "
+                           + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE3_SOURCES.")
 
 
 class SplitParamSharding:

@@ -26,6 +26,7 @@ from ..device import has_accelerator
 from . import cpu_backend
 from .config import ParallelConfig
 from .layout import AXES, Layout, axis, coordinates_of, hybrid_order, launch_local_rank, launch_rank, launch_world_size
+from .tcp_store import prime_launcher_store
 
 __all__ = [
     "Topology",
@@ -286,4 +287,6 @@ def init_topology(args) -> Topology:
             raise RuntimeError(f"init_topology already ran with {_TOPOLOGY.layout}; got {config.layout}")
         return _TOPOLOGY
     _TOPOLOGY = _build_topology(config)
+    if _TOPOLOGY.layout.world_size > 1:
+        prime_launcher_store(_TOPOLOGY.rank)  # rank 0 hosts the launcher's store: see tcp_store
     return _TOPOLOGY

@@ -19,12 +19,14 @@ import logging
 import os
 import signal
 import threading
+from enum import Enum
 from typing import Sequence
 
 import paddle
 import paddle.distributed as dist
 
 from ..errors import signal_name
+from ..trainer_utils import IntervalStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +40,12 @@ MAX_CHECK_INTERVAL = 10
 def check_interval(logging_strategy, logging_steps: int) -> int:
     """Steps between two multi-process stop checks: the logging interval when logging is by steps and at most
     :data:`MAX_CHECK_INTERVAL` steps apart (the check then adds no host read of its own), else
-    :data:`MAX_CHECK_INTERVAL`."""
-    by_steps = str(getattr(logging_strategy, "value", logging_strategy)).lower() == "steps"
-    if by_steps and 0 < logging_steps <= MAX_CHECK_INTERVAL:
+    :data:`MAX_CHECK_INTERVAL`.
+
+    ``logging_strategy`` is read as ``TrainingArguments`` reads it: an :class:`IntervalStrategy`, its value, or
+    another enum with that value (PaddleNLP's); anything else is a ``ValueError`` listing the valid values."""
+    value = logging_strategy.value if isinstance(logging_strategy, Enum) else logging_strategy
+    if IntervalStrategy(value) == IntervalStrategy.STEPS and 0 < logging_steps <= MAX_CHECK_INTERVAL:
         return int(logging_steps)
     return MAX_CHECK_INTERVAL
 

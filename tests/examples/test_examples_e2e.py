@@ -89,9 +89,12 @@ def test_llama_pretrain_dp2_tp2_pp2_launch_on_8_cpu_processes(llama_tokens, tmp_
            "--eval_steps", "4", "--save_steps", "4", "--per_device_train_batch_size", "2",
            "--per_device_eval_batch_size", "2"]
     proc = subprocess.run(cmd, cwd=str(REPO), env=script_env(), capture_output=True, text=True)
-    if proc.returncode != 0:
-        tails = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(logs.glob("workerlog.*")))
-        pytest.fail(f"launch exited {proc.returncode}\n{tails}\n{proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # the launcher's verdict (which rank failed, its exit code) first, then every log's tail
+        verdict = [line for line in proc.stderr.splitlines() if "failed" in line or "Exit code" in line]
+        tails = "\n".join(f"--- {p.name}\n" + "\n".join([t for t in p.read_text(errors="replace").splitlines()
+                                                          if "INFO" not in t][-25:])
+                          for p in sorted(logs.glob("workerlog.*")))
+        pytest.fail(f"launch exited {proc.returncode}\n" + "\n".join(verdict) + f"\n{tails}\n{proc.stderr[-2000:]}")
     assert read_json(out / "eval_results.json")["eval_loss"] < 6.6
     assert (out / "checkpoint-4" / ".checkpoint_complete").is_file()
     vdl = list((out / "runs").glob("**/vdlrecords.*.log"))

@@ -131,6 +131,15 @@ def main():
         index = read_index(os.path.join(out, "checkpoint-4"))
         assert [p["file"] for p in index["tensors"]["model/norm"]["pieces"]] == ["model_state.tp00_pp00.safetensors"]
         assert len(index["tensors"]["model/w"]["pieces"]) == 2
+        # a repeat save reuses the writer assignment (nothing changed on any rank): the same pieces
+        saver.save(os.path.join(out, "checkpoint-5"), model=net, optimizer=opt, topology=topo(rank, 2))
+        assert read_index(os.path.join(out, "checkpoint-5"))["tensors"] == index["tensors"]
+        # a tensor that only rank 1 gained: both ranks must gather again (rank 0's own list is unchanged)
+        if rank == 1:
+            net.register_buffer("rank1_only", paddle.full([3], 7.0))
+        saver.save(os.path.join(out, "checkpoint-6"), model=net, optimizer=opt, topology=topo(rank, 2))
+        pieces = read_index(os.path.join(out, "checkpoint-6"))["tensors"]["model/rank1_only"]["pieces"]
+        assert [p["file"] for p in pieces] == ["model_state.tp01_pp00.safetensors"]
     elif mode == "save_flat":
         net, opt = make({"w": "flat", "b": 0}, rank, 2)
         train(net, opt, 3)

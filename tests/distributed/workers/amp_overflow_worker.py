@@ -12,7 +12,6 @@ parameter by structural name, to compare across ranks); ``autocast`` (the settin
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 from dataclasses import dataclass, field
@@ -25,10 +24,10 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import exit_cleanly, write_json  # noqa: E402
+from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
 from gpu_smoke import instrument, replicated_digests  # noqa: E402 - the same injection and spy as the smoke script
-from paddletrainer import PdArgumentParser, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
-from trainer_worker import WorkerArguments, build_model, token_data  # noqa: E402
+from paddletrainer import Trainer, TrainerCallback  # noqa: E402
+from trainer_worker import build_model, token_data  # noqa: E402
 
 
 @dataclass
@@ -38,10 +37,7 @@ class InjectionArguments:
 
 
 def main():
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
-    work, inject, args = PdArgumentParser(
-        (WorkerArguments, InjectionArguments, TrainingArguments)).parse_args_into_dataclasses()
+    work, inject, args = parse_worker_arguments(TrainerWorkerArguments, InjectionArguments)
     model = build_model(work, args)
     injector, seen = instrument(model, TrainerCallback, inject.inject_step, inject.inject_rank)
     trainer = Trainer(model=model, args=args, train_dataset=token_data(work.num_samples, 0),

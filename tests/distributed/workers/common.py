@@ -1,8 +1,11 @@
-"""Shared pieces of the distributed test workers: the layout arguments, tiny models, fixed data."""
+"""Shared pieces of the distributed test workers: the layout arguments, tiny models, fixed data, the
+options of the Trainer workers and their parsing."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -22,6 +25,34 @@ def layout_args(dp=1, sharding=1, tp=1, pp=1, stage=0, offload=False, ga=2, seed
     layout = Layout(world_size=dp * sharding * tp * pp, dp=dp, sharding=sharding, tp=tp, pp=pp)
     return ParallelConfig(layout=layout, sharding_stage=stage if sharding > 1 else 0, sharding_offload=offload,
                           accumulate_steps=ga, micro_batch_size=micro_global // (dp * sharding), seed=seed)
+
+
+@dataclass
+class TrainerWorkerArguments:
+    """The worker options of every Trainer worker (``trainer_worker.py`` and the workers built on it,
+    ``trainer_phases_worker.py``): which model, its weights, the train set size, where results go."""
+
+    model: str = field(default="mlp", metadata={"help": "mlp | llama"})
+    weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
+    result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
+    num_samples: int = field(default=64, metadata={"help": "train set size"})
+    fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
+    fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
+
+
+def parse_worker_arguments(*worker_dataclasses):
+    """Arm the hang dump, then parse the command line as a training script does: the given worker dataclasses
+    plus every ``TrainingArguments`` option (``PdArgumentParser``). Returns one instance per dataclass,
+    the ``TrainingArguments`` last.
+
+    A worker that hangs past ``PT_WORKER_TIMEOUT`` seconds (default 280) prints every Python stack and exits,
+    so the launcher reports where it stuck instead of timing out silently.
+    """
+    from paddletrainer import PdArgumentParser, TrainingArguments
+
+    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
+    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
+    return PdArgumentParser((*worker_dataclasses, TrainingArguments)).parse_args_into_dataclasses()
 
 
 def token_data(steps):

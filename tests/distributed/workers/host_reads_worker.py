@@ -7,7 +7,6 @@ trained).
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
 
@@ -18,16 +17,14 @@ sys.path.append(os.path.join(REPO, "tests", "unit"))  # host_reads
 
 import paddle  # noqa: E402
 
-from common import exit_cleanly, write_json  # noqa: E402
+from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
 from host_reads import HostReadCounter  # noqa: E402
-from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
-from trainer_worker import WorkerArguments, build_model, token_data  # noqa: E402
+from paddletrainer import Trainer  # noqa: E402
+from trainer_worker import build_model, token_data  # noqa: E402
 
 
 def main():
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
-    work, args = PdArgumentParser((WorkerArguments, TrainingArguments)).parse_args_into_dataclasses()
+    work, args = parse_worker_arguments(TrainerWorkerArguments)
     model = build_model(work, args)
     counter = HostReadCounter()
     trainer = Trainer(model=model, args=args, train_dataset=token_data(work.num_samples, 0), callbacks=[counter])

@@ -21,7 +21,6 @@ Output ``<result_dir>/rank<r>.json``: per phase the logged losses and grad norms
 from __future__ import annotations
 
 import copy
-import faulthandler
 import os
 import sys
 from dataclasses import dataclass, field
@@ -32,21 +31,18 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import exit_cleanly, write_json  # noqa: E402
-from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
+from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
+from paddletrainer import Trainer  # noqa: E402
 from trainer_worker import build_model, mlp_data, token_data  # noqa: E402
 
 EVAL_SIZE = 13
 
 
 @dataclass
-class PhaseArguments:
+class PhaseArguments(TrainerWorkerArguments):
+    # the phases' own defaults for two of the shared options
     model: str = field(default="llama", metadata={"help": "llama | mlp"})
-    weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
-    result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
     num_samples: int = field(default=48, metadata={"help": "train set size"})
-    fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
-    fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
     extended_steps: int = field(default=6, metadata={"help": "max_steps of the resumed runs (0: no resume)"})
     foreign_checkpoint: str = field(default=None, metadata={"help": "a checkpoint saved by another layout"})
     uninterrupted: bool = field(default=False, metadata={"help": "also train extended_steps in one go"})
@@ -125,9 +121,7 @@ def node_facts(trainer, write_files: bool):
 
 
 def main():
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
-    work, args = PdArgumentParser((PhaseArguments, TrainingArguments)).parse_args_into_dataclasses()
+    work, args = parse_worker_arguments(PhaseArguments)
     train, evaluation, unlabelled = datasets(work)
     base, short_steps = args.output_dir, args.max_steps
     out = {}

@@ -1,6 +1,6 @@
 """Run ``paddletrainer.Trainer`` end to end on one layout; write what the tests compare.
 
-Arguments are the user's: ``WorkerArguments`` plus every ``TrainingArguments`` option, parsed by
+Arguments are the user's: ``common.TrainerWorkerArguments`` plus every ``TrainingArguments`` option, parsed by
 ``PdArgumentParser`` exactly as a training script would. Run under ``paddle.distributed.launch`` for a
 parallel layout, or plainly for the single-process reference.
 
@@ -9,10 +9,8 @@ final ``eval_loss``, the trainer's ``training_loss``, ``global_step`` and where 
 """
 from __future__ import annotations
 
-import faulthandler
 import os
 import sys
-from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
@@ -20,19 +18,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import SEQ, VOCAB, exit_cleanly, write_json  # noqa: E402
-from paddletrainer import PdArgumentParser, Trainer, TrainingArguments  # noqa: E402
+from common import SEQ, VOCAB, TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
+from paddletrainer import Trainer, TrainingArguments  # noqa: E402
 from paddletrainer.parallel.pipeline import check_virtual_pipeline_split  # noqa: E402
-
-
-@dataclass
-class WorkerArguments:
-    model: str = field(default="mlp", metadata={"help": "mlp | llama"})
-    weights: str = field(default=None, metadata={"help": "tiny Llama directory (from_pretrained)"})
-    result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
-    num_samples: int = field(default=64, metadata={"help": "train set size"})
-    fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
-    fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
 
 
 class MLP(paddle.nn.Layer):
@@ -61,7 +49,7 @@ def token_data(n, seed):
     return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
 
 
-def build_model(work: WorkerArguments, args: TrainingArguments):
+def build_model(work: TrainerWorkerArguments, args: TrainingArguments):
     if work.model == "mlp":
         paddle.seed(1234)  # identical initial weights in every process and layout
         return MLP()
@@ -88,9 +76,7 @@ def token_metrics(prediction):
 
 
 def main():
-    faulthandler.enable()  # a native crash (segfault/abort) prints the Python stacks too
-    faulthandler.dump_traceback_later(int(os.environ.get("PT_WORKER_TIMEOUT", "280")), exit=True)
-    work, args = PdArgumentParser((WorkerArguments, TrainingArguments)).parse_args_into_dataclasses()
+    work, args = parse_worker_arguments(TrainerWorkerArguments)
     model = build_model(work, args)
     make = mlp_data if work.model == "mlp" else token_data
     trainer = Trainer(model=model, args=args, train_dataset=make(work.num_samples, 0), eval_dataset=make(16, 1),

@@ -7,21 +7,12 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import read_index
 from paddletrainer.errors import NonFiniteLossError
-from toy_models import RegressionModel, poisonable, regression_data
+from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
 
 SAVE_STEP, BAD_STEP = 2, 3  # the bad step is read at the logging step 4, before any other save
-
-
-class PoisonAt(TrainerCallback):
-    def __init__(self, model, step):
-        self.model, self.step = model, step
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 == self.step:
-            self.model.poisoned = True
 
 
 def seeded(model_cls):
@@ -39,7 +30,7 @@ def trainer_for(out, model, max_steps, callbacks=()):
 
 def test_an_async_checkpoint_saved_before_a_nonfinite_step_is_published_and_resumable(tmp_path):
     model = seeded(poisonable(RegressionModel))
-    failed = trainer_for(tmp_path / "failed", model, max_steps=8, callbacks=[PoisonAt(model, BAD_STEP)])
+    failed = trainer_for(tmp_path / "failed", model, max_steps=8, callbacks=[PoisonAt(model, steps=[BAD_STEP])])
     with pytest.raises(NonFiniteLossError, match=f"step {BAD_STEP}"):
         failed.train()
 

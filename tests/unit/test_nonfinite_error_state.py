@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.errors import NonFiniteLossError
-from toy_models import RegressionModel, poisonable, regression_data
+from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
 
 GLOBAL_BATCH = 8  # 4 per device x 2 accumulation steps
 SAMPLES = 40  # 5 steps per epoch: a poisoned step 7 is read at step 8, in the second epoch
@@ -21,15 +21,6 @@ def trainer_for(out, model, max_steps, callbacks=()):
     return Trainer(model=model, args=args, train_dataset=regression_data(SAMPLES), callbacks=list(callbacks))
 
 
-class PoisonAt(TrainerCallback):
-    def __init__(self, model, step):
-        self.model, self.step = model, step
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 == self.step:
-            self.model.poisoned = True
-
-
 def saved_state(trainer, out):
     trainer.save_state()
     with open(os.path.join(out, "trainer_state.json")) as f:
@@ -40,7 +31,7 @@ def saved_state(trainer, out):
 @pytest.mark.parametrize("bad_step", [3, 7], ids=["before_the_first_check", "after_a_clean_check_next_epoch"])
 def test_the_state_after_the_error_is_the_state_of_a_run_that_ended_before_the_bad_step(tmp_path, bad_step):
     model = poisonable(RegressionModel)()
-    failed = trainer_for(tmp_path / "failed", model, max_steps=10, callbacks=[PoisonAt(model, bad_step)])
+    failed = trainer_for(tmp_path / "failed", model, max_steps=10, callbacks=[PoisonAt(model, steps=[bad_step])])
     with pytest.raises(NonFiniteLossError, match=f"step {bad_step}: gradient norm is nan"):
         failed.train()
     clean = trainer_for(tmp_path / "clean", RegressionModel(), max_steps=bad_step - 1)

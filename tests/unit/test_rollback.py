@@ -12,26 +12,13 @@ import pytest
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.trainer import NonFiniteLossError
-from toy_models import RegressionModel, poisonable, regression_data
+from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
 
 BATCH = 4
 BAD_STEP = 6  # checkpoint-4 is the newest before it (save_steps=2), so steps 5 and 6's samples are skipped
 
 
 PoisonableModel = poisonable(RegressionModel)
-
-
-class PoisonAt(TrainerCallback):
-    """Makes the loss NaN at the given steps (each number once, or every step from ``every_from`` on)."""
-
-    def __init__(self, model, steps=(), every_from=None):
-        self.model, self.steps, self.every_from = model, set(steps), every_from
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        step = state.global_step + 1
-        if step in self.steps or (self.every_from is not None and step >= self.every_from):
-            self.steps.discard(step)
-            self.model.poisoned = True
 
 
 class StopAt(TrainerCallback):

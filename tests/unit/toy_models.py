@@ -1,7 +1,10 @@
-"""The tiny regression model and data the single-process Trainer tests share, and ``poisonable`` (shared with
-the multi-process rollback worker, tests/distributed/workers/robust_train.py)."""
+"""The tiny regression model and data the single-process Trainer tests share, ``poisonable`` (shared with
+the multi-process rollback worker, tests/distributed/workers/robust_train.py) and ``PoisonAt``, the callback
+that poisons chosen steps."""
 import numpy as np
 import paddle
+
+from paddletrainer import TrainerCallback
 
 
 class RegressionModel(paddle.nn.Layer):
@@ -41,3 +44,17 @@ def poisonable(cls):
 
     Poisonable.__name__ = Poisonable.__qualname__ = f"Poisonable{cls.__name__}"
     return Poisonable
+
+
+class PoisonAt(TrainerCallback):
+    """Makes the loss of a ``poisonable`` model NaN at the given steps (each number once, or every step from
+    ``every_from`` on)."""
+
+    def __init__(self, model, steps=(), every_from=None):
+        self.model, self.steps, self.every_from = model, set(steps), every_from
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        step = state.global_step + 1
+        if step in self.steps or (self.every_from is not None and step >= self.every_from):
+            self.steps.discard(step)
+            self.model.poisoned = True

@@ -72,6 +72,14 @@ def _barrier(topo) -> None:
         paddle.distributed.barrier()
 
 
+def _true_on_every_rank(value: bool, topo) -> bool:
+    if topo.world_size == 1:
+        return value
+    flag = paddle.full([1], int(value), dtype="int32")  # on the communication device (NCCL: the GPU)
+    paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN)
+    return bool(flag.numpy()[0])
+
+
 # ------------------------------------------------------------------------------------------ save
 @dataclasses.dataclass
 class _PendingSave:
@@ -238,12 +246,7 @@ class Checkpointer:
         plan = self._plan
         if plan is None:
             return None
-        same = mine is not None and plan.matches(topo, coords, mine)
-        if topo.world_size > 1:
-            flag = paddle.full([1], int(same), dtype="int32")  # on the communication device (NCCL: the GPU)
-            paddle.distributed.all_reduce(flag, op=paddle.distributed.ReduceOp.MIN)
-            same = bool(flag.numpy()[0])
-        if not same:
+        if not _true_on_every_rank(mine is not None and plan.matches(topo, coords, mine), topo):
             self._plan = None
         return self._plan
 

@@ -446,7 +446,9 @@ def _params_of(func) -> list:
     return list(inspect.signature(inspect.unwrap(func)).parameters)
 
 
-def _source_of(func) -> str:
+def paddle_source(func) -> str:
+    """The source of Paddle's ``func`` itself, through decorators and the fills' wrappers (``__wrapped_paddle__``):
+    what the checks of patched or reproduced Paddle code read (here and in ``sharding``)."""
     func = getattr(func, "__wrapped_paddle__", func)
     return inspect.getsource(inspect.unwrap(func))
 
@@ -486,7 +488,7 @@ def check_paddle_assumptions() -> None:
            == ["backend", "store", "rank", "world_size", "group_name", "pg_options", "group_id"],
            "collective._new_process_group_impl(backend, store, rank, world_size, group_name, pg_options, "
            "group_id, ...) signature changed")
-    expect(lambda: "_new_process_group_impl(" in _source_of(collective.new_group),
+    expect(lambda: "_new_process_group_impl(" in paddle_source(collective.new_group),
            "collective.new_group no longer creates its process group via _new_process_group_impl")
     expect(lambda: _params_of(collective.new_group)[:1] == ["ranks"], "collective.new_group(ranks, ...) changed")
     expect(lambda: hasattr(gso2, "new_group"), "group_sharded_optimizer_stage2 no longer imports new_group")
@@ -529,11 +531,11 @@ def check_paddle_assumptions() -> None:
     expect(lambda: _params_of(gs3._device2cpu)[:2] == ["trans_param", "convert_dtype"],
            "group_sharded_stage3._device2cpu(trans_param, convert_dtype) signature changed")
     expect(lambda: _params_of(gs3._cpu2device)[:1] == ["param"], "group_sharded_stage3._cpu2device(param) changed")
-    expect(lambda: ".cpu()" in _source_of(gs3._device2cpu) and "_clear_data()" in _source_of(gs3._device2cpu),
+    expect(lambda: ".cpu()" in paddle_source(gs3._device2cpu) and "_clear_data()" in paddle_source(gs3._device2cpu),
            "group_sharded_stage3._device2cpu no longer copies with .cpu() then frees (drop fill 7?)")
     expect(lambda: "global param2dtype" in inspect.getsource(gs3.GroupShardedStage3.__init__),
            "GroupShardedStage3 no longer records parameter dtypes in the module global param2dtype")
-    expect(lambda: all(part in _source_of(gs3.GroupShardedStage3._clear_gradients)
+    expect(lambda: all(part in paddle_source(gs3.GroupShardedStage3._clear_gradients)
                        for part in ("self._offload", "self._unslice_params", "manual_release", "rebuild",
                                     'self._default_device + ":"')),
            "GroupShardedStage3._clear_gradients' offload branch changed (review fill 7)")
@@ -542,7 +544,7 @@ def check_paddle_assumptions() -> None:
            == ["tensor_send_prev", "tensor_recv_prev", "tensor_send_next", "tensor_recv_next", "hcg"],
            "p2p_communication._batched_p2p_ops(tensor_send_prev, tensor_recv_prev, tensor_send_next, "
            "tensor_recv_next, hcg) signature changed")
-    expect(lambda: "_batched_p2p_ops if batch_p2p_comm" in _source_of(p2p_communication._p2p_helper),
+    expect(lambda: "_batched_p2p_ops if batch_p2p_comm" in paddle_source(p2p_communication._p2p_helper),
            "p2p_communication._p2p_helper no longer looks up _batched_p2p_ops by its module name")
     helper = p2p_communication.P2pHelper
     for name, needed in (("send_forward_recv_forward", ["output_tensor", "recv_prev", "batch_p2p_comm",
@@ -558,7 +560,7 @@ def check_paddle_assumptions() -> None:
                f"P2pHelper.{name}({', '.join(needed)}) changed")
     for cls in (pipeline_parallel.PipelineParallelWithInterleave,
                 pipeline_parallel.PipelineParallelWithInterleaveFthenB):
-        expect(lambda: "self.num_stages > 2" in _source_of(cls._check_sanity),
+        expect(lambda: "self.num_stages > 2" in paddle_source(cls._check_sanity),
                f"{cls.__name__}._check_sanity no longer requires pp > 2 (review fill 8)")
     # 9. reduce-scatter
     rs_module = importlib.import_module(_REDUCE_SCATTER_MODULE)
@@ -570,21 +572,21 @@ def check_paddle_assumptions() -> None:
            == ["tensor", "tensor_list", "op", "group", "sync_op", "use_calc_stream"],
            "stream.reduce_scatter._reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, "
            "use_calc_stream) signature changed")
-    expect(lambda: all(f"{name}(" in _source_of(rs_module.reduce_scatter) for name in
+    expect(lambda: all(f"{name}(" in paddle_source(rs_module.reduce_scatter) for name in
                        ("_reduce_scatter_tensor_in_dygraph", "_reduce_scatter_in_dygraph")),
            "stream.reduce_scatter no longer ends in _reduce_scatter_(tensor_)in_dygraph (review fill 9)")
     expect(lambda: _params_of(dist.reduce_scatter)[:5] == ["tensor", "tensor_list", "op", "group", "sync_op"],
            "paddle.distributed.reduce_scatter(tensor, tensor_list, op, group, sync_op) signature changed")
-    expect(lambda: "dist.stream.reduce_scatter(" in _source_of(sequence_parallel_utils.reduce_scatter)
-           and "process_group.all_gather(" in _source_of(sequence_parallel_utils.all_gather),
+    expect(lambda: "dist.stream.reduce_scatter(" in paddle_source(sequence_parallel_utils.reduce_scatter)
+           and "process_group.all_gather(" in paddle_source(sequence_parallel_utils.all_gather),
            "sequence_parallel_utils no longer reduce-scatters via dist.stream.reduce_scatter and all-gathers via "
            "ProcessGroup.all_gather (review fill 9)")
     # 10. stage1 V2 alignment
     from paddle.distributed.fleet.utils import tensor_fusion_helper
 
     expect(lambda: "gpu" in tensor_fusion_helper.alignment
-           and '"unknown"' in _source_of(tensor_fusion_helper.get_current_device_type)
-           and "alignment[get_current_device_type()]" in _source_of(tensor_fusion_helper.build_reduce_scatter_buffer),
+           and '"unknown"' in paddle_source(tensor_fusion_helper.get_current_device_type)
+           and "alignment[get_current_device_type()]" in paddle_source(tensor_fusion_helper.build_reduce_scatter_buffer),
            "tensor_fusion_helper no longer pads V2 comm buffers by alignment[get_current_device_type()] with "
            "'unknown' for a CPU place (review fill 10)")
     if problems:

@@ -11,8 +11,6 @@ LAZY_ALLOWED = {
     ("paddletrainer.training_args", "paddletrainer.parallel.topology"),
     # PEP 562 alias at PaddleNLP's module path: set_seed needs paddle, trainer_utils must import without it
     ("paddletrainer.trainer_utils", "paddletrainer.seeding"),
-    # the CPU fills are installed by init_topology before sharding runs; no cycle either way
-    ("paddletrainer.parallel.sharding", "paddletrainer.parallel.cpu_backend"),
 }
 # parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
 # import statements do not show, read from its tables and allowed as function-level imports

@@ -335,7 +335,8 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
         inputs = self._prepare_inputs(inputs)
         with self.autocast_smart_context_manager():
             loss = self.compute_loss(model, inputs)
-        loss = loss / self.args.gradient_accumulation_steps
+        if self.args.gradient_accumulation_steps > 1:  # (x / 1 is x: no kernel, no node in the backward graph)
+            loss = loss / self.args.gradient_accumulation_steps
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:

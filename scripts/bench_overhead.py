@@ -25,15 +25,18 @@ baseline (paddle and paddlenlp imported), so compare differences.
 
 Interleaved repetitions, so that load drift on a shared machine hits the three alike: a repetition runs
 bare, paddletrainer and paddlenlp back to back (the order reversed every other repetition), each a run of
-its own — in one process for the 1-process layout, one ``paddle.distributed.launch`` per run for ``--dp2``
-(so a runner never shares a process with another). Each run records the 1-minute load average at its end.
+its own. 1 process: every run in one process. ``--dp2``: one ``paddle.distributed.launch`` per workload, the
+runs interleaved in it the same way after one untimed warm-up run of each runner (``--dp2-reps``, default
+10). Not one launch per run, as before: a runner's speed differed by up to ±10% from one launch to the next
+(and by ±5% between runs of one launch), more than the effect measured, and a launch-wide factor cancels
+in a ratio of runs of the same launch. Each run records the 1-minute load average at its end.
 steps/s is the median over repetitions; the ratios ("vs bare", "faster than paddlenlp") are the medians of
 each repetition's own ratio (runs seconds apart, under the same load), not ratios of medians.
 
 Workloads: a tiny ERNIE sequence-classification fine-tune (``ErnieForSequenceClassification``, random
 ids) and a tiny Llama causal LM (``LlamaForCausalLM``); ``--tiny`` shrinks both for the smoke test.
-The single-process runs hold the machine's multi-process lock (``/tmp/paddletrainer-mp.lock``), each dp2 launch
-takes it too, and the load average is recorded at the start, after the 1-process runs and after dp2.
+The single-process runs hold the machine's multi-process lock (``/tmp/paddletrainer-mp.lock``), the dp2 launches
+take it too, and the load average is recorded at the start, after the 1-process runs and after dp2.
 ``--profile`` runs cProfile over paddletrainer's and the bare loop's steps and prints where the per-step time
 goes (inclusive seconds per step of the loop's parts).
 
@@ -377,45 +380,39 @@ def pyinstrument_text(spec, steps, logging_steps) -> str:
 
 # ------------------------------------------------------------------------------------ dp2
 def dp2_worker(a) -> None:
-    """Inside ``paddle.distributed.launch``: run one runner ``reps`` times; rank 0 writes the result."""
-    import paddle
+    """Inside ``paddle.distributed.launch``: one untimed warm-up run of each runner, then ``reps`` repetitions
+    of the three interleaved exactly as in the 1-process mode; rank 0 writes the runs."""
     import paddle.distributed as dist
 
-    runner = a.worker
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
-    if runner == "bare":
-        dist.init_parallel_env()
     spec = workloads(a.tiny)[a.workload]
     dataset = build_dataset(spec, spec["batch"] * world * (a.steps + 2))
-    runs = []
-    for _ in range(a.reps):
-        runs.append(one_run(runner, spec, dataset, a.steps, a.warmup, a.logging_steps, world))
+    # paddletrainer's warm-up goes first: its Trainer initialises the process groups (fleet) that the
+    # DataParallel of the bare loop and PaddleNLP's Trainer then use, whatever the timed order
+    for runner in ("paddletrainer", "bare", "paddlenlp"):
+        one_run(runner, spec, dataset, a.warmup + 2, a.warmup, a.logging_steps, world)
+    runs = {r: [] for r in RUNNERS}
+    for rep in range(a.reps):
+        for runner in rep_order(rep):
+            runs[runner].append(dict(one_run(runner, spec, dataset, a.steps, a.warmup, a.logging_steps, world),
+                                     rep=rep))
     if dist.get_rank() == 0:
         Path(a.result).write_text(json.dumps(runs))
-    del paddle
 
 
 def measure_dp2(a, specs) -> dict:
-    """Interleaved like the 1-process runs, one launch per run: rep 0 bare, paddletrainer, paddlenlp; rep 1
-    paddlenlp, paddletrainer, bare; ... Each launch takes the machine's lock itself, so other jobs' launches
-    can run between them; the interleaving keeps that from favouring a runner."""
+    """One 2-process launch per workload running the three runners interleaved (see :func:`dp2_worker`).
+
+    Not one launch per run: the same runner's speed differs by up to ±10% from one launch to the next (two
+    processes on two cores), more than the effect measured; within a launch, runs seconds apart share it."""
     results = {}
     for name, spec in specs.items():
-        runs = {r: [] for r in RUNNERS}
-        for rep in range(a.reps):
-            for runner in rep_order(rep):
-                with tempfile.TemporaryDirectory() as tmp:
-                    res = os.path.join(tmp, "res.json")
-                    try:
-                        launch(__file__, 2, ["--worker", runner, "--workload", name, "--steps", a.steps, "--warmup",
-                                             a.warmup, "--reps", 1, "--logging-steps", a.logging_steps,
-                                             "--result", res] + (["--tiny"] if a.tiny else []),
-                               os.path.join(tmp, "logs"), timeout=600)
-                        runs[runner] += [dict(r, rep=rep) for r in json.loads(Path(res).read_text())]
-                    except RuntimeError as e:
-                        print(f"dp2 {name}/{runner} rep {rep} failed:\n{str(e)[-3000:]}", file=sys.stderr)
-        if runs["bare"]:
-            results[name] = summarize(runs, spec, 2)
+        with tempfile.TemporaryDirectory() as tmp:
+            res = os.path.join(tmp, "res.json")
+            launch(__file__, 2, ["--worker", "all", "--workload", name, "--steps", a.steps, "--warmup", a.warmup,
+                                 "--reps", a.dp2_reps, "--logging-steps", a.logging_steps, "--result", res]
+                   + (["--tiny"] if a.tiny else []), os.path.join(tmp, "logs"), timeout=1800)
+            results[name] = summarize(json.loads(Path(res).read_text()), spec, 2)
     return results
 
 
@@ -486,18 +483,21 @@ def main(argv=None):
     p.add_argument("--workloads", default="ernie-cls,llama-clm")
     p.add_argument("--runners", default=",".join(RUNNERS),
                    help="which of bare,paddletrainer,paddlenlp to run in the single process (bare is required)")
-    p.add_argument("--dp2", action="store_true", help="also run the comparison on 2 processes (one launch per run)")
+    p.add_argument("--dp2", action="store_true",
+                   help="also run the comparison on 2 processes (one launch per workload, runners interleaved)")
+    p.add_argument("--dp2-reps", type=int, default=None, help="repetitions per runner on 2 processes (default 2 tiny, 10)")
     p.add_argument("--profile", action="store_true", help="cProfile paddletrainer's per-step path")
     p.add_argument("--pyinstrument", action="store_true", help="also print a pyinstrument tree")
     p.add_argument("--markdown", action="store_true", help="update docs/benchmarks.md")
     # internal: dp2 worker mode
-    p.add_argument("--worker", choices=RUNNERS, help=argparse.SUPPRESS)
+    p.add_argument("--worker", choices=["all"], help=argparse.SUPPRESS)
     p.add_argument("--workload", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     a.steps = a.steps or (12 if a.tiny else 40)
     a.warmup = a.warmup or (3 if a.tiny else 5)
     a.reps = a.reps or (2 if a.tiny else 5)
+    a.dp2_reps = a.dp2_reps or (2 if a.tiny else 10)
     logging.disable(logging.WARNING)  # the trainers' per-log INFO lines are not what we measure
     os.environ.setdefault("GLOG_v", "0")
     if a.worker:
@@ -505,7 +505,7 @@ def main(argv=None):
 
     specs = {k: v for k, v in workloads(a.tiny).items() if k in a.workloads.split(",")}
     print(machine_line())
-    print(f"steps={a.steps} warmup={a.warmup} reps={a.reps} logging_steps={a.logging_steps} tiny={a.tiny}")
+    print(f"steps={a.steps} warmup={a.warmup} reps={a.reps} dp2_reps={a.dp2_reps} logging_steps={a.logging_steps} tiny={a.tiny}")
     loads = [f"start {_load()}"]
     with contextlib.redirect_stdout(io.StringIO()), open(LOCK, "a") as lock:  # the trainers' own printed logs
         fcntl.flock(lock, fcntl.LOCK_EX)  # no test launch of the others while the 1-process runs are timed
@@ -546,10 +546,11 @@ def main(argv=None):
     if a.markdown:
         body = [f"Machine: {machine_line()}.",
                 f"`python scripts/bench_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}` "
-                f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps}, logging every {a.logging_steps}).",
+                f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps} (dp2: {a.dp2_reps}), logging every {a.logging_steps}).",
                 f"Load average (1/5/15 min) during the run: {'; '.join(loads)}.",
                 "Method: each repetition runs bare, paddletrainer and paddlenlp back to back (order reversed every "
-                "other repetition; 1 process: one process for all runs; dp2: one launch per run), so load drift hits "
+                "other repetition; 1 process: one process for all runs; dp2: one launch per workload, after an untimed "
+                "warm-up run of each runner), so load drift hits "
                 "the three alike; steps/s is the median over repetitions, the ratios are medians of each "
                 "repetition's own ratio.", "",
                 OPTIMIZER_NOTE, "",

@@ -20,7 +20,7 @@ import paddle
 
 from ..trainer_utils import sorted_checkpoints
 from . import layout as L
-from .checksum import crc32
+from .checksum import crc32, crc32_combine
 from .local_state import unwrap_model
 from .verified_read import read_small_file
 
@@ -135,12 +135,12 @@ def write_safetensors(path: str, arrays: Dict[str, np.ndarray]) -> Dict[str, int
     def crc_of_chunks():
         try:
             crc, parts = 0, []
-            for chunk in chunks:
+            for chunk in chunks:  # each byte is read once: the file's crc is combined from its parts'
                 part = 0
                 for lo in range(0, chunk.nbytes, _CRC_STEP):
-                    crc = crc32(chunk[lo: lo + _CRC_STEP], crc)
                     part = crc32(chunk[lo: lo + _CRC_STEP], part)
                 parts.append(part)
+                crc = crc32_combine(crc, part, chunk.nbytes)
             checksum["crc32"], checksum["parts"] = crc, parts
         except BaseException as e:  # noqa: BLE001 - re-raised in the writing thread
             checksum["error"] = e

@@ -507,6 +507,41 @@ def test_the_fast_crc32_gives_zlibs_values_chained_over_chunks():
     assert chained == crc32(data) == zlib.crc32(data) and crc32(b"", 123) == 123
 
 
+@pytest.mark.parametrize("implementation", ["isal", "zlib fallback"])
+def test_crc32_combine_gives_the_crc32_of_the_concatenation(implementation, monkeypatch):
+    # the safetensors writer reads each tensor once and combines the per-tensor crcs into the file's
+    import zlib
+
+    from paddletrainer.checkpoint import checksum
+
+    if implementation == "zlib fallback":
+        monkeypatch.setattr(checksum, "_crc32_combine", None)
+    data = np.random.default_rng(1).integers(0, 255, size=(5 << 20) + 13, dtype=np.uint8).tobytes()
+    for cut in (0, 1, 4097, (1 << 20) + 3, len(data)):  # empty pieces and a piece longer than the zero buffer
+        a, b = data[:cut], data[cut:]
+        assert checksum.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(data)
+
+
+def test_safetensors_file_crc_is_the_crc_of_its_bytes_and_parts_those_of_each_tensor(tmp_path):
+    import json
+    import struct
+    import zlib
+
+    from paddletrainer.checkpoint import layout as L
+    from paddletrainer.checkpoint.files import write_safetensors
+
+    arrays = {"a": np.arange(1000, dtype=np.float32), "b": np.ones((3, 5), np.int64), "c": np.float32(2.5)}
+    record = write_safetensors(str(tmp_path / "f.safetensors"), arrays)
+    raw = (tmp_path / "f.safetensors").read_bytes()
+    assert record["size"] == len(raw) and record["crc32"] == zlib.crc32(raw)
+    (hlen,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8: 8 + hlen])
+    assert record["parts"][L.HEADER_PART] == zlib.crc32(raw[: 8 + hlen])
+    for name in arrays:
+        lo, hi = header[name]["data_offsets"]
+        assert record["parts"][name] == zlib.crc32(raw[8 + hlen + lo: 8 + hlen + hi])
+
+
 def test_a_rank_needing_some_tensors_of_a_file_reads_and_verifies_only_those(tmp_path):
     # e.g. replicated beta powers stored in rank 0's optimizer file: the other ranks must not read it all
     from paddletrainer.checkpoint.files import write_safetensors

@@ -12,22 +12,13 @@ import pytest
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.trainer import NonFiniteLossError
-from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
+from toy_models import PoisonAt, RegressionModel, StopAt, poisonable, regression_data
 
 BATCH = 4
 BAD_STEP = 6  # checkpoint-4 is the newest before it (save_steps=2), so steps 5 and 6's samples are skipped
 
 
 PoisonableModel = poisonable(RegressionModel)
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            control.should_training_stop = True
 
 
 def args_for(out, **kw):

@@ -1,6 +1,6 @@
-"""The tiny regression model and data the single-process Trainer tests share, ``poisonable`` (shared with
-the multi-process rollback worker, tests/distributed/workers/robust_train.py) and ``PoisonAt``, the callback
-that poisons chosen steps."""
+"""The tiny regression model and data the single-process Trainer tests share, and what the rollback tests
+share with the multi-process rollback worker (tests/distributed/workers/robust_train.py): ``poisonable``,
+``PoisonAt`` (the callback that poisons chosen steps) and ``StopAt`` (stops training after a step)."""
 import numpy as np
 import paddle
 
@@ -58,3 +58,14 @@ class PoisonAt(TrainerCallback):
         if step in self.steps or (self.every_from is not None and step >= self.every_from):
             self.steps.discard(step)
             self.model.poisoned = True
+
+
+class StopAt(TrainerCallback):
+    """Stops training at the end of global step ``step`` (as an early stop or a kill between steps would)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True

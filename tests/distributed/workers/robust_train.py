@@ -34,7 +34,7 @@ from paddletrainer.errors import friendly_errors  # noqa: E402
 from paddletrainer.runtime import RobustnessCallback  # noqa: E402
 from paddletrainer.trainer_utils import get_last_checkpoint  # noqa: E402
 from paddletrainer.training_args import resolve_resume_checkpoint  # noqa: E402
-from toy_models import poisonable  # noqa: E402
+from toy_models import PoisonAt, StopAt, poisonable  # noqa: E402
 from trainer_worker import MLP, mlp_data  # noqa: E402
 
 
@@ -69,27 +69,6 @@ class Progress(TrainerCallback):
             f.write(f"{state.global_step}\n")
 
 
-class PoisonAt(TrainerCallback):
-    """Sets ``model.poisoned`` at the beginning of ``step`` (once): the next training loss is NaN."""
-
-    def __init__(self, model, step: int):
-        self.model, self.step = model, step
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        if state.global_step + 1 == self.step:
-            self.step = 0
-            self.model.poisoned = True
-
-
-class StopAt(TrainerCallback):
-    def __init__(self, step: int):
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= self.step:
-            control.should_training_stop = True
-
-
 def build_model(work: RobustArguments, rank: int = 0):
     paddle.seed(1234)  # identical initial weights in every process and run
     poison = work.poison_step and rank == work.poison_rank
@@ -110,7 +89,7 @@ def main():
         callbacks.append(Progress(os.path.join(work.progress_dir, f"rank{rank}.steps"), work.step_sleep))
     model = build_model(work, rank)
     if work.poison_step and rank == work.poison_rank:
-        callbacks.append(PoisonAt(model, work.poison_step))
+        callbacks.append(PoisonAt(model, steps=(work.poison_step,)))
     if work.stop_at_step:
         callbacks.append(StopAt(work.stop_at_step))
     trainer = Trainer(model=model, args=args, train_dataset=mlp_data(work.num_samples, 0),

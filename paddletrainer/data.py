@@ -384,8 +384,32 @@ class CollateErrorCarrier:
             return {self.MARKER: np.zeros([1], dtype="int64")}
 
 
+def worker_error_printed_first(batches, timeout: float = 10.0):
+    """Iterate Paddle's multi-process loader iterator ``batches``; when it fails, first wait for its reader thread.
+
+    With ``num_workers > 0`` a worker's exception (a collator's ``KeyError``, ...) is re-raised in Paddle's
+    reader thread, which kills the batch queue first: the caller's ``next`` then fails with Paddle's
+    ``SystemError: Blocking queue is killed ...`` while the reader thread is still printing the worker's
+    exception. If the caller's error ends the process before that, the worker's exception is never shown
+    (seen under load). Joining the reader thread (``_thread`` of Paddle 3.3.1's iterator) before re-raising
+    puts the worker's traceback on stderr first, every time.
+    """
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except SystemError:
+            reader = getattr(batches, "_thread", None)
+            if reader is not None:
+                reader.join(timeout)
+            raise
+        yield batch
+
+
 class DataLoader(paddle.io.DataLoader):
-    """``paddle.io.DataLoader`` that re-raises a :class:`CollateErrorCarrier`'s exception instead of hanging."""
+    """``paddle.io.DataLoader`` that re-raises a :class:`CollateErrorCarrier`'s exception instead of hanging,
+    and with worker processes shows a worker's exception before its own error (:func:`worker_error_printed_first`)."""
 
     def __init__(self, dataset, collate_fn=None, num_workers: int = 0, **kwargs):
         self.carrier = CollateErrorCarrier(collate_fn or default_data_collator) if num_workers == 0 else None
@@ -394,7 +418,7 @@ class DataLoader(paddle.io.DataLoader):
     def __iter__(self):
         batches = super().__iter__()
         if self.carrier is None:
-            return batches
+            return worker_error_printed_first(batches)
         return self._checked(batches)
 
     def _checked(self, batches):

@@ -329,14 +329,13 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs: Dict[str, Any]) -> paddle.Tensor:
-        """Forward + backward of one micro-batch; returns the detached loss divided by accumulation steps."""
+        """Forward + backward of one micro-batch; returns the detached loss / accumulation steps (no op at 1)."""
         if not model.training:  # Layer.train() walks every sublayer: do it only after an evaluation
             model.train()
         inputs = self._prepare_inputs(inputs)
         with self.autocast_smart_context_manager():
             loss = self.compute_loss(model, inputs)
-        if self.args.gradient_accumulation_steps > 1:  # (x / 1 is x: no kernel, no node in the backward graph)
-            loss = loss / self.args.gradient_accumulation_steps
+        loss = loss / self.args.gradient_accumulation_steps if self.args.gradient_accumulation_steps > 1 else loss
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:

@@ -19,28 +19,53 @@ except ImportError:  # optional speed-up: same values
     _crc32 = zlib.crc32
     _crc32_combine = None
 
-_ZEROS = bytes(1 << 20)
-
 
 def crc32(data, value: int = 0) -> int:
     """``zlib.crc32(data, value)``, computed by ISA-L when it is installed."""
     return _crc32(data, value)
 
 
-
 def crc32_combine(crc1: int, crc2: int, length2: int) -> int:
     """The crc32 of ``A + B`` from ``crc1 = crc32(A)``, ``crc2 = crc32(B)`` and ``length2 = len(B)``.
 
-    CRC-32 is affine in its starting value: ``crc32(B, c) = M(c) ^ crc32(B, 0)`` with ``M`` linear and
-    depending only on ``len(B)``, so ``crc32(A + B) = crc32(B, crc1) = M(crc1) ^ crc2``, and
-    ``M(c) = crc32(Z, c) ^ crc32(Z, 0)`` for any ``Z`` of ``len(B)`` bytes (zeros here). ISA-L computes
-    ``M`` in O(log length2); the zlib fallback runs over ``length2`` zero bytes (slow, same value)."""
+    CRC-32 is affine in its starting value: ``crc32(B, c) = M(c) ^ crc32(B, 0)``, where ``M`` is linear over
+    GF(2) and depends only on ``len(B)``: it is the CRC register fed ``8 * len(B)`` zero bits (the pre- and
+    post-inversions of ``zlib.crc32`` cancel in the difference). So ``crc32(A + B) = crc32(B, crc1) =
+    M(crc1) ^ crc2``. ISA-L computes it when installed; otherwise :func:`_zero_bits` does, in O(log length2).
+    """
     if _crc32_combine is not None:
         return _crc32_combine(crc1, crc2, length2)
-    shifted, zero = crc1, 0
-    left = length2
-    while left > 0:
-        step = memoryview(_ZEROS)[: min(left, len(_ZEROS))]
-        shifted, zero = zlib.crc32(step, shifted), zlib.crc32(step, zero)
-        left -= len(step)
-    return shifted ^ zero ^ crc2
+    return _zero_bits(crc1, 8 * length2) ^ crc2
+
+
+# The fallback's operators: _POWERS[k] is the register fed 2**k zero bits, as 32 columns (the image of each
+# register bit), so applying it is an XOR of the columns of the bits set; each is the previous one squared.
+_POLY = 0xEDB88320  # CRC-32's polynomial, bit-reversed (zlib's register shifts right)
+_POWERS: list = []
+
+
+def _apply(columns: list, register: int) -> int:
+    out, bit = 0, 0
+    while register:
+        if register & 1:
+            out ^= columns[bit]
+        register >>= 1
+        bit += 1
+    return out
+
+
+def _zero_bits(register: int, nbits: int) -> int:
+    """The CRC-32 register after ``nbits`` zero bits, by the binary expansion of ``nbits``."""
+    if not _POWERS:
+        one_bit = [(1 << i) >> 1 ^ (_POLY if i == 0 else 0) for i in range(32)]  # shift right, fold bit 0
+        _POWERS.append(one_bit)
+        for _ in range(63):
+            prev = _POWERS[-1]
+            _POWERS.append([_apply(prev, col) for col in prev])
+    k = 0
+    while nbits:
+        if nbits & 1:
+            register = _apply(_POWERS[k], register)
+        nbits >>= 1
+        k += 1
+    return register

@@ -290,6 +290,29 @@ def test_collator_exception_ends_the_run_with_the_error(tmp_path, workers):
     assert proc.returncode != 0 and "KeyError" in proc.stderr and "text" in proc.stderr.split("KeyError", 1)[1]
 
 
+def test_a_worker_error_is_printed_before_the_loaders_own_error_ends_the_run():
+    # Paddle's reader thread kills the queue (the caller's next() fails) before it prints the worker's
+    # exception: the loader must wait for that thread, or a fast exit loses the message (seen in CI under load)
+    import threading
+    import time
+
+    from paddletrainer.data import worker_error_printed_first
+
+    printed = []
+
+    class KilledQueueIterator:
+        def __init__(self):
+            self._thread = threading.Thread(target=lambda: (time.sleep(0.3), printed.append("KeyError: 'text'")))
+            self._thread.start()
+
+        def __next__(self):
+            raise SystemError("(Fatal) Blocking queue is killed because the data reader raises an exception.")
+
+    with pytest.raises(SystemError, match="Blocking queue is killed"):
+        next(worker_error_printed_first(KilledQueueIterator()))
+    assert printed == ["KeyError: 'text'"]
+
+
 # ------------------------------------------------------------------------------------------------ writers
 def test_tensorboard_callback_writes_event_files_read_back_by_tensorboard(tmp_path):
     pytest.importorskip("tensorboardX")

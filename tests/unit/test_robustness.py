@@ -289,7 +289,7 @@ def test_friendly_errors_reports_an_interruption_with_its_exit_code(capsys):
 
 
 # ------------------------------------------------------------------------------------------- NaN / inf policy
-class PoisonAt(TrainerCallback):
+class NanWeightAt(TrainerCallback):
     """Makes the weight NaN right before the forward of step ``step`` (a numerical fault in the middle of a run)."""
 
     def __init__(self, step):
@@ -303,7 +303,7 @@ class PoisonAt(TrainerCallback):
 def test_nan_inf_policy_error_stops_with_the_step_and_skip_drops_only_the_bad_update(tmp_path):
     from paddletrainer.trainer import NonFiniteLossError
 
-    trainer = make_trainer(tmp_path / "error", [PoisonAt(2)])
+    trainer = make_trainer(tmp_path / "error", [NanWeightAt(2)])
     with pytest.raises(NonFiniteLossError, match=r"step 2: gradient norm is nan .*nan_inf_policy='skip'"):
         trainer.train()
     assert trainer.state.global_step == 1
@@ -313,7 +313,7 @@ def test_nan_inf_policy_error_stops_with_the_step_and_skip_drops_only_the_bad_up
             if state.global_step + 1 == 2:
                 model.linear.weight.set_value(paddle.full_like(model.linear.weight, 0.5))
 
-    trainer = make_trainer(tmp_path / "skip", [PoisonAt(2), HealAfter()], nan_inf_policy="skip")
+    trainer = make_trainer(tmp_path / "skip", [NanWeightAt(2), HealAfter()], nan_inf_policy="skip")
     out = trainer.train()
     assert out.global_step == 6 and trainer.state.skipped_steps == 1
     assert np.isfinite(trainer.model.linear.weight.numpy()).all()

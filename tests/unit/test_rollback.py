@@ -9,7 +9,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.trainer import NonFiniteLossError
 from toy_models import PoisonAt, RegressionModel, StopAt, poisonable, regression_data

@@ -17,19 +17,22 @@ compare the products as a user gets them, the Trainer's own optimizer step and c
 overhead alone (``--profile`` shows the clip's and the step's share of a step). The same math in all three:
 AdamW (lr 5e-5, linear schedule, no warmup, weight decay 0), clip by global norm 1.0; and the same settings:
 same per-device batch, log every ``--logging-steps``, no evaluation, no checkpoint saves, no tqdm,
-``report_to none``, dataloader in the main process, fp32. Each run's first ``--warmup`` steps are excluded:
-steps/s = (steps - warmup) / (time of the last step's end - time of the warmup's last step's end),
-stamped by an ``on_step_end`` callback in the trainers and at the same point in the bare loop.
+``report_to none``, dataloader in the main process, fp32, and on dp2 ``DataParallel`` without the per-step
+search for unused parameters (``ddp_find_unused_parameters=False``, the bare loop's default). Each run's
+first ``--warmup`` steps are excluded: steps/s = (steps - warmup) / (the timed steps' durations summed).
 Peak RSS is the process's VmHWM, reset before every run (Linux ``clear_refs``): it includes the process
 baseline (paddle and paddlenlp imported), so compare differences.
 
 Interleaved repetitions, so that load drift on a shared machine hits the three alike: a repetition runs
 bare, paddletrainer and paddlenlp back to back (the order reversed every other repetition), each a run of
-its own. 1 process: every run in one process. ``--dp2``: one ``paddle.distributed.launch`` per workload, the
-runs interleaved in it the same way after one untimed warm-up run of each runner (``--dp2-reps``, default
-10). Not one launch per run, as before: a runner's speed differed by up to ±10% from one launch to the next
-(and by ±5% between runs of one launch), more than the effect measured, and a launch-wide factor cancels
-in a ratio of runs of the same launch. Each run records the 1-minute load average at its end.
+its own. Each repetition runs paddletrainer's and PaddleNLP's Trainer (order alternating), each with one
+step of a bare loop (its own model, optimizer and loader) after every one of its steps, both timed step by
+step (:func:`one_paired_run`), after an untimed warm-up run of each runner: "vs bare" is each run's own
+ratio, and "faster than paddlenlp" the ratio of the two runs' ratios. 1 process: all in one process;
+``--dp2``: one ``paddle.distributed.launch`` per workload (``--dp2-reps``, default 10). Runs of whole
+loops back to back differed too much: a runner's speed varied by 5-20% between runs seconds apart (and by
+±10% from launch to launch on dp2), more than the effect measured; steps ~0.1 s apart share that drift
+(per-repetition ratios then agree within ~2%). Each run records the 1-minute load average at its end.
 steps/s is the median over repetitions; the ratios ("vs bare", "faster than paddlenlp") are the medians of
 each repetition's own ratio (runs seconds apart, under the same load), not ratios of medians.
 
@@ -128,52 +131,72 @@ def _first(outputs):
 
 
 # ------------------------------------------------------------------------------------ runners
+class BareLoop:
+    """The tight loop a user would write, one optimizer step per :meth:`step` (next epoch when one ends)."""
+
+    def __init__(self, spec, dataset, steps, logging_steps, world_size=1):
+        import paddle
+
+        model = build_model(spec)
+        self.model = paddle.DataParallel(model) if world_size > 1 else model
+        self.sched = paddle.optimizer.lr.LambdaDecay(LR, lambda s: max(0.0, 1.0 - s / steps))
+        self.opt = paddle.optimizer.AdamW(learning_rate=self.sched, parameters=self.model.parameters(),
+                                          weight_decay=0.0, grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP))
+        if world_size > 1:
+            sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=spec["batch"], shuffle=True,
+                                                        drop_last=True)
+            self.loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, return_list=True)
+        else:
+            self.loader = paddle.io.DataLoader(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True,
+                                               return_list=True)
+        self.model.train()
+        self.world_size, self.logging_steps = world_size, logging_steps
+        self.steps, self.tr_loss, self.batches = 0, paddle.zeros([], "float32"), iter(self.loader)
+
+    def step(self) -> None:
+        import paddle
+
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            self.batches = iter(self.loader)
+            batch = next(self.batches)
+        loss = _first(self.model(**batch))
+        loss.backward()
+        self.opt.step()
+        self.opt.clear_grad()
+        self.sched.step()
+        self.tr_loss += loss.detach()
+        self.steps += 1
+        if self.steps % self.logging_steps == 0:
+            if self.world_size > 1:
+                paddle.distributed.all_reduce(self.tr_loss)
+            float(self.tr_loss)  # the log's one host read
+            self.tr_loss = paddle.zeros([], "float32")
+
+
 def run_bare(spec, dataset, steps, logging_steps, world_size=1):
     """The tight loop; returns the per-step end timestamps."""
-    import paddle
-
-    model = build_model(spec)
-    if world_size > 1:
-        model = paddle.DataParallel(model)
-    sched = paddle.optimizer.lr.LambdaDecay(LR, lambda s: max(0.0, 1.0 - s / steps))
-    opt = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.0,
-                                 grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP))
-    if world_size > 1:
-        sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True)
-        loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, return_list=True)
-    else:
-        loader = paddle.io.DataLoader(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True,
-                                      return_list=True)
-    model.train()
-    stamps, step, tr_loss = [], 0, paddle.zeros([], "float32")
-    while step < steps:
-        for batch in loader:
-            loss = _first(model(**batch))
-            loss.backward()
-            opt.step()
-            opt.clear_grad()
-            sched.step()
-            tr_loss += loss.detach()
-            step += 1
-            if step % logging_steps == 0:
-                if world_size > 1:
-                    paddle.distributed.all_reduce(tr_loss)
-                float(tr_loss)  # the log's one host read
-                tr_loss = paddle.zeros([], "float32")
-            stamps.append(time.perf_counter())
-            if step >= steps:
-                break
+    loop = BareLoop(spec, dataset, steps, logging_steps, world_size)
+    stamps = []
+    for _ in range(steps):
+        loop.step()
+        stamps.append(time.perf_counter())
     return stamps
 
 
 def _common_args(out_dir, spec, steps, logging_steps):
+    # ddp_find_unused_parameters=False: the bare loop's DataParallel default. Unset, both trainers resolve it
+    # as PaddleNLP does (True unless a layer recomputes), and the reducer then walks the backward graph every
+    # step: ~2% of the Llama dp2 step here (see docs/benchmarks.md), the same cost in both trainers.
     return dict(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=spec["batch"],
                 learning_rate=LR, weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear",
                 max_grad_norm=CLIP, logging_steps=logging_steps, save_strategy="no", disable_tqdm=True,
-                report_to="none", seed=SEED, dataloader_num_workers=0)
+                report_to="none", seed=SEED, dataloader_num_workers=0, ddp_find_unused_parameters=False)
 
 
-def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1):
+def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1, on_step_end=None):
+    """paddletrainer's Trainer; returns the per-step end timestamps (``on_step_end()`` runs after each stamp)."""
     from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 
     stamps = []
@@ -181,6 +204,8 @@ def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1):
     class Stamp(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
+            if on_step_end is not None:
+                on_step_end()
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no")
@@ -189,7 +214,8 @@ def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1):
     return stamps
 
 
-def run_paddlenlp(spec, dataset, steps, logging_steps, world_size=1):
+def run_paddlenlp(spec, dataset, steps, logging_steps, world_size=1, on_step_end=None):
+    """PaddleNLP's Trainer; as :func:`run_paddletrainer`."""
     from paddlenlp.trainer import Trainer, TrainerCallback, TrainingArguments
 
     stamps = []
@@ -197,6 +223,8 @@ def run_paddlenlp(spec, dataset, steps, logging_steps, world_size=1):
     class Stamp(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
             stamps.append(time.perf_counter())
+            if on_step_end is not None:
+                on_step_end()
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no",
@@ -228,21 +256,40 @@ def one_run(runner, spec, dataset, steps, warmup, logging_steps, world_size=1) -
     return {"steps_per_s": (steps - warmup) / elapsed, "peak_rss": peak_rss_bytes(), "load": os.getloadavg()[0]}
 
 
-def rep_order(rep: int, runners=RUNNERS) -> list:
-    """The runners of repetition ``rep``, reversed every other repetition so no runner always goes first."""
-    return list(runners) if rep % 2 == 0 else list(reversed(runners))
+def one_paired_run(runner, spec, dataset, steps, warmup, logging_steps, world_size) -> dict:
+    """A trainer run with one bare-loop step after each of its steps: both timed step by step, alternating.
 
+    After the trainer's step ``k`` ends (its ``on_step_end``), the bare loop (its own model, optimizer and
+    loader) runs one step; the trainer's step ``k + 1`` is timed from the end of that bare step to its own
+    ``on_step_end`` (so it holds everything the trainer does between two steps: logging check, data, forward,
+    backward, optimizer). Adjacent steps ~0.1 s apart share whatever the machine is doing, which runs of
+    seconds (and launches) do not. Returns both steps/s over the steps after ``warmup``.
+    """
+    gc.collect()
+    peak_rss_reset()
+    bare = BareLoop(spec, dataset, steps, logging_steps, world_size)
+    trainer_s, bare_s, resumed = [], [], []
 
-def paired_ratio(runs: dict, num: str, den: str) -> float:
-    """Median over repetitions of ``num``'s steps/s over ``den``'s in the same repetition (the runs of one
-    repetition are seconds apart, so the ratio cancels load drift that a ratio of medians would keep)."""
-    by_rep = {r["rep"]: r["steps_per_s"] for r in runs.get(den, [])}
-    return median(r["steps_per_s"] / by_rep[r["rep"]] for r in runs.get(num, []) if r["rep"] in by_rep)
+    def bare_step():
+        if resumed:
+            trainer_s.append(time.perf_counter() - resumed[-1])
+        t0 = time.perf_counter()
+        bare.step()
+        t1 = time.perf_counter()
+        bare_s.append(t1 - t0)
+        resumed.append(t1)
+
+    RUN[runner](spec, dataset, steps, logging_steps, world_size, on_step_end=bare_step)
+    if len(bare_s) != steps:
+        raise RuntimeError(f"{runner} ran {len(bare_s)} steps, expected {steps}")
+    timed = steps - warmup  # trainer steps warmup+1..steps, bare steps warmup+1..steps
+    return {"steps_per_s": timed / sum(trainer_s[-timed:]), "bare_steps_per_s": timed / sum(bare_s[-timed:]),
+            "peak_rss": peak_rss_bytes(), "load": os.getloadavg()[0]}
 
 
 def summarize(runs: dict, spec: dict, world_size: int) -> dict:
-    """runner -> median steps/s, samples/s, tokens/s, paired ratio to bare (and to paddlenlp), peak RSS (MiB),
-    and the repetitions themselves."""
+    """runner -> median steps/s, samples/s, tokens/s, median ratio to the bare loop of its own runs (and to
+    paddlenlp), peak RSS (MiB), and the repetitions themselves."""
     out = {}
     for runner, rs in runs.items():
         if not rs:
@@ -250,23 +297,52 @@ def summarize(runs: dict, spec: dict, world_size: int) -> dict:
         sps = median(r["steps_per_s"] for r in rs)
         samples = sps * spec["batch"] * world_size
         out[runner] = dict(steps_per_s=sps, samples_per_s=samples, tokens_per_s=samples * spec["seq"],
-                           ratio=paired_ratio(runs, runner, "bare"), peak_rss_mib=max(r["peak_rss"] for r in rs) / 2**20,
-                           reps=len(rs), spread=(min(r["steps_per_s"] for r in rs), max(r["steps_per_s"] for r in rs)),
-                           runs=rs)
+                           ratio=1.0 if runner == "bare" else median(r["vs_bare"] for r in rs),
+                           peak_rss_mib=max(r["peak_rss"] for r in rs) / 2**20, reps=len(rs),
+                           spread=(min(r["steps_per_s"] for r in rs), max(r["steps_per_s"] for r in rs)), runs=rs)
         if runner == "paddletrainer" and runs.get("paddlenlp"):
-            out[runner]["vs_paddlenlp"] = paired_ratio(runs, "paddletrainer", "paddlenlp")
+            out[runner]["vs_paddlenlp"] = _stepwise_vs(runs, "paddletrainer", "paddlenlp")
     return out
 
 
+def _stepwise_vs(runs: dict, num: str, den: str) -> float:
+    """Median over repetitions of ``num``'s ratio to the bare loop over ``den``'s (each measured step by step
+    against its own bare loop; the two runs of a repetition are back to back)."""
+    by_rep = {r["rep"]: r["vs_bare"] for r in runs[den]}
+    return median(r["vs_bare"] / by_rep[r["rep"]] for r in runs[num] if r["rep"] in by_rep)
+
+
+def paired_reps(spec, dataset, steps, warmup, reps, logging_steps, world_size,
+                trainers=("paddletrainer", "paddlenlp")):
+    """An untimed warm-up run of each runner, then ``reps`` repetitions of the trainers in ``trainers`` (order
+    alternating), each run with a bare-loop step after every one of its steps (:func:`one_paired_run`).
+
+    Returns runner -> runs; the bare rows are the bare loop's steps inside the first trainer's runs. The
+    warm-up runs paddletrainer first: with several processes its Trainer initialises the global process
+    group (``init_parallel_env``) that the bare loop's DataParallel and PaddleNLP's Trainer then use."""
+    for runner in ("paddletrainer", "bare", "paddlenlp"):
+        if runner == "bare" or runner in trainers:
+            one_run(runner, spec, dataset, warmup + 2, warmup, logging_steps, world_size)
+    runs = {r: [] for r in ("bare",) + tuple(trainers)}
+    for rep in range(reps):
+        for position, runner in enumerate(trainers if rep % 2 == 0 else trainers[::-1]):
+            run = one_paired_run(runner, spec, dataset, steps, warmup, logging_steps, world_size)
+            run.update(rep=rep, position=position, vs_bare=run["steps_per_s"] / run["bare_steps_per_s"])
+            runs[runner].append(run)
+            if runner == trainers[0]:
+                bare = dict(run, steps_per_s=run["bare_steps_per_s"])
+                del bare["vs_bare"]
+                runs["bare"].append(bare)
+    return runs
+
+
 def measure_single(specs, steps, warmup, reps, logging_steps, runners=RUNNERS) -> dict:
+    """1 process: :func:`paired_reps` per workload, in this process."""
+    trainers = tuple(r for r in ("paddletrainer", "paddlenlp") if r in runners)
     results = {}
     for name, spec in specs.items():
         dataset = build_dataset(spec, spec["batch"] * (steps + 2))
-        runs = {r: [] for r in runners}
-        for rep in range(reps):
-            for runner in rep_order(rep, runners):
-                runs[runner].append(dict(one_run(runner, spec, dataset, steps, warmup, logging_steps), rep=rep))
-        results[name] = summarize(runs, spec, 1)
+        results[name] = summarize(paired_reps(spec, dataset, steps, warmup, reps, logging_steps, 1, trainers), spec, 1)
     return results
 
 
@@ -380,10 +456,9 @@ def pyinstrument_text(spec, steps, logging_steps) -> str:
 
 # ------------------------------------------------------------------------------------ dp2
 def dp2_worker(a) -> None:
-    """Inside ``paddle.distributed.launch``: one untimed warm-up run of each runner, then ``reps`` repetitions
-    of the three interleaved exactly as in the 1-process mode; rank 0 writes the runs.
+    """Inside ``paddle.distributed.launch``: :func:`paired_reps` on 2 processes; rank 0 writes the runs.
 
-    The three share each process, so the bare loop and PaddleNLP's Trainer run with what paddletrainer's
+    Everything shares each process, so the bare loop and PaddleNLP's Trainer run with what paddletrainer's
     Trainer set up first: the global process group and its CPU backend's fills (``cpu_backend.install``),
     which replace gloo's missing subgroup store, reduce-scatter and the like, not the all-reduce dp2 uses."""
     import paddle.distributed as dist
@@ -391,24 +466,18 @@ def dp2_worker(a) -> None:
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     spec = workloads(a.tiny)[a.workload]
     dataset = build_dataset(spec, spec["batch"] * world * (a.steps + 2))
-    # paddletrainer's warm-up goes first: its Trainer initialises the global process group
-    # (``init_parallel_env``) that the bare loop's DataParallel and PaddleNLP's Trainer then use
-    for runner in ("paddletrainer", "bare", "paddlenlp"):
-        one_run(runner, spec, dataset, a.warmup + 2, a.warmup, a.logging_steps, world)
-    runs = {r: [] for r in RUNNERS}
-    for rep in range(a.reps):
-        for runner in rep_order(rep):
-            runs[runner].append(dict(one_run(runner, spec, dataset, a.steps, a.warmup, a.logging_steps, world),
-                                     rep=rep))
+    runs = paired_reps(spec, dataset, a.steps, a.warmup, a.reps, a.logging_steps, world)
     if dist.get_rank() == 0:
         Path(a.result).write_text(json.dumps(runs))
 
 
 def measure_dp2(a, specs) -> dict:
-    """One 2-process launch per workload running the three runners interleaved (see :func:`dp2_worker`).
+    """One 2-process launch per workload, each trainer's steps interleaved with a bare loop's (see
+    :func:`dp2_worker`).
 
-    Not one launch per run: the same runner's speed differs by up to ±10% from one launch to the next (two
-    processes on two cores), more than the effect measured; within a launch, runs seconds apart share it."""
+    Not one launch per run, nor runs interleaved: the same runner's speed differs by up to ±10% from one
+    launch to the next and ±5-15% between runs seconds apart (two processes on two cores), more than the
+    effect measured; steps ~0.1 s apart share it."""
     results = {}
     for name, spec in specs.items():
         with tempfile.TemporaryDirectory() as tmp:
@@ -453,13 +522,14 @@ def rep_rows(results: dict, layout: str) -> list:
                 by_rep.setdefault(run["rep"], {})[runner] = run
         for rep in sorted(by_rep):
             runs = by_rep[rep]
-            order = [x for x in rep_order(rep) if x in runs]
             sps = {x: runs[x]["steps_per_s"] for x in runs}
-            ratio = (lambda a, b: f"{sps[a] / sps[b]:.3f}" if a in sps and b in sps else "-")
-            rows.append([name, layout, rep, " > ".join(SHORT[x] for x in order),
-                         *(sps.get(x, float("nan")) for x in RUNNERS),
-                         ratio("paddletrainer", "bare"), ratio("paddletrainer", "paddlenlp"),
-                         " ".join(f"{runs[x]['load']:.1f}" for x in order)])
+            order = sorted((x for x in runs if x != "bare"), key=lambda x: runs[x]["position"])
+            vs = {x: runs[x]["vs_bare"] for x in order}
+            pt_bare = f"{vs['paddletrainer']:.3f}" if "paddletrainer" in vs else "-"
+            pt_nlp = f"{vs['paddletrainer'] / vs['paddlenlp']:.3f}" if len(vs) == 2 else "-"
+            order_text = " > ".join(f"{SHORT[x]}+bare" for x in order)
+            rows.append([name, layout, rep, order_text, *(sps.get(x, float("nan")) for x in RUNNERS),
+                         pt_bare, pt_nlp, " ".join(f"{runs[x]['load']:.1f}" for x in order)])
     return rows
 
 
@@ -490,9 +560,9 @@ def main(argv=None):
     p.add_argument("--logging-steps", type=int, default=10)
     p.add_argument("--workloads", default="ernie-cls,llama-clm")
     p.add_argument("--runners", default=",".join(RUNNERS),
-                   help="which of bare,paddletrainer,paddlenlp to run in the single process (bare is required)")
+                   help="which trainers (paddletrainer,paddlenlp) to compare with the bare loop in the single process")
     p.add_argument("--dp2", action="store_true",
-                   help="also run the comparison on 2 processes (one launch per workload, runners interleaved)")
+                   help="also run the comparison on 2 processes (one launch per workload)")
     p.add_argument("--dp2-reps", type=int, default=None,
                    help="repetitions per runner on 2 processes (default 2 tiny, 10)")
     p.add_argument("--profile", action="store_true", help="cProfile paddletrainer's per-step path")
@@ -559,11 +629,11 @@ def main(argv=None):
                 f"(steps={a.steps}, warmup={a.warmup}, reps={a.reps} (dp2: {a.dp2_reps}), "
                 f"logging every {a.logging_steps}).",
                 f"Load average (1/5/15 min) during the run: {'; '.join(loads)}.",
-                "Method: each repetition runs bare, paddletrainer and paddlenlp back to back (order reversed every "
-                "other repetition; 1 process: one process for all runs; dp2: one launch per workload, after an untimed "
-                "warm-up run of each runner), so load drift hits "
-                "the three alike; steps/s is the median over repetitions, the ratios are medians of each "
-                "repetition's own ratio.", "",
+                "Method: each repetition runs paddletrainer's and PaddleNLP's Trainer (order alternating), each "
+                "with one bare-loop step after every one of its steps, timed step by step (1 process: one process; "
+                "dp2: one launch per workload), so load drift hits the trainer and the bare loop alike; steps/s "
+                "is the median over repetitions, the ratios are medians of each run's own ratio to its bare "
+                "loop (pt / nlp: of the two runs' ratios).", "",
                 OPTIMIZER_NOTE, "",
                 markdown_table(HEADERS, rows), "", "Targets (ratios: median over repetitions of each repetition's ratio):", "",
                 markdown_table(["workload", "layout", "target", "value", "status"], trows), "",

@@ -36,8 +36,9 @@ loops back to back differed too much: a runner's speed varied by 5-20% between r
 steps/s is the median over repetitions; the ratios ("vs bare", "faster than paddlenlp") are the medians of
 each repetition's own ratio (runs seconds apart, under the same load), not ratios of medians.
 
-Workloads: a tiny ERNIE sequence-classification fine-tune (``ErnieForSequenceClassification``, random
-ids) and a tiny Llama causal LM (``LlamaForCausalLM``); ``--tiny`` shrinks both for the smoke test.
+Workloads (``overhead_workloads.py``, with the three loops): a tiny ERNIE sequence-classification fine-tune
+(``ErnieForSequenceClassification``, random ids) and a tiny Llama causal LM (``LlamaForCausalLM``); ``--tiny``
+shrinks both for the smoke test.
 The single-process runs hold the machine's multi-process lock (``/tmp/paddletrainer-mp.lock``), the dp2 launches
 take it too, and the load average is recorded at the start, after the 1-process runs and after dp2.
 ``--profile`` runs cProfile over paddletrainer's and the bare loop's steps and prints where the per-step time
@@ -72,169 +73,12 @@ from bench_common import (  # noqa: E402
     LOCK, launch, machine_line, markdown_table, median, met, peak_rss_bytes, peak_rss_reset, print_table,
     update_markdown_section,
 )
+from overhead_workloads import (  # noqa: E402
+    RUN, RUNNERS, BareLoop, build_dataset, build_model, loss_of, run_paddletrainer, workloads,
+)
 
-RUNNERS = ("bare", "paddletrainer", "paddlenlp")
 SHORT = {"bare": "bare", "paddletrainer": "pt", "paddlenlp": "nlp"}
-LR = 5e-5
-CLIP = 1.0
-SEED = 1234
 
-
-# ------------------------------------------------------------------------------------ workloads
-def workloads(tiny: bool) -> dict:
-    """name -> shapes. Full mode is sized so one step is a few tens of ms on one CPU core (the whole script
-    must stay under 10 minutes on a shared 2-core machine)."""
-    if tiny:
-        return {
-            "ernie-cls": dict(kind="ernie", hidden=64, layers=2, heads=2, inter=128, vocab=305, seq=32, batch=8),
-            "llama-clm": dict(kind="llama", hidden=64, layers=2, heads=4, inter=128, vocab=640, seq=32, batch=4),
-        }
-    return {
-        "ernie-cls": dict(kind="ernie", hidden=128, layers=2, heads=4, inter=512, vocab=3000, seq=64, batch=8),
-        "llama-clm": dict(kind="llama", hidden=128, layers=2, heads=4, inter=344, vocab=3200, seq=64, batch=4),
-    }
-
-
-def build_model(spec: dict):
-    import paddle
-
-    paddle.seed(SEED)
-    if spec["kind"] == "ernie":
-        from paddlenlp.transformers import ErnieConfig, ErnieForSequenceClassification
-
-        cfg = ErnieConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
-                          num_attention_heads=spec["heads"], intermediate_size=spec["inter"],
-                          max_position_embeddings=max(128, spec["seq"]), num_labels=2)
-        return ErnieForSequenceClassification(cfg)
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=spec["vocab"], hidden_size=spec["hidden"], num_hidden_layers=spec["layers"],
-                      num_attention_heads=spec["heads"], num_key_value_heads=spec["heads"],
-                      intermediate_size=spec["inter"], max_position_embeddings=max(128, spec["seq"]),
-                      use_flash_attention=False, tie_word_embeddings=False)
-    return LlamaForCausalLM(cfg)
-
-
-def build_dataset(spec: dict, n: int) -> list:
-    rng = np.random.RandomState(0)
-    ids = rng.randint(3, spec["vocab"], size=(n, spec["seq"] + 1)).astype("int64")
-    if spec["kind"] == "ernie":
-        labels = rng.randint(0, 2, size=(n,)).astype("int64")
-        return [{"input_ids": ids[i, :-1], "labels": labels[i]} for i in range(n)]
-    return [{"input_ids": ids[i, :-1], "labels": ids[i, 1:]} for i in range(n)]
-
-
-def _first(outputs):
-    if isinstance(outputs, dict):
-        return outputs["loss"]
-    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
-
-
-# ------------------------------------------------------------------------------------ runners
-class BareLoop:
-    """The tight loop a user would write, one optimizer step per :meth:`step` (next epoch when one ends)."""
-
-    def __init__(self, spec, dataset, steps, logging_steps, world_size=1):
-        import paddle
-
-        model = build_model(spec)
-        self.model = paddle.DataParallel(model) if world_size > 1 else model
-        self.sched = paddle.optimizer.lr.LambdaDecay(LR, lambda s: max(0.0, 1.0 - s / steps))
-        self.opt = paddle.optimizer.AdamW(learning_rate=self.sched, parameters=self.model.parameters(),
-                                          weight_decay=0.0, grad_clip=paddle.nn.ClipGradByGlobalNorm(CLIP))
-        if world_size > 1:
-            sampler = paddle.io.DistributedBatchSampler(dataset, batch_size=spec["batch"], shuffle=True,
-                                                        drop_last=True)
-            self.loader = paddle.io.DataLoader(dataset, batch_sampler=sampler, return_list=True)
-        else:
-            self.loader = paddle.io.DataLoader(dataset, batch_size=spec["batch"], shuffle=True, drop_last=True,
-                                               return_list=True)
-        self.model.train()
-        self.world_size, self.logging_steps = world_size, logging_steps
-        self.steps, self.tr_loss, self.batches = 0, paddle.zeros([], "float32"), iter(self.loader)
-
-    def step(self) -> None:
-        import paddle
-
-        try:
-            batch = next(self.batches)
-        except StopIteration:
-            self.batches = iter(self.loader)
-            batch = next(self.batches)
-        loss = _first(self.model(**batch))
-        loss.backward()
-        self.opt.step()
-        self.opt.clear_grad()
-        self.sched.step()
-        self.tr_loss += loss.detach()
-        self.steps += 1
-        if self.steps % self.logging_steps == 0:
-            if self.world_size > 1:
-                paddle.distributed.all_reduce(self.tr_loss)
-            float(self.tr_loss)  # the log's one host read
-            self.tr_loss = paddle.zeros([], "float32")
-
-
-def run_bare(spec, dataset, steps, logging_steps, world_size=1):
-    """The tight loop; returns the per-step end timestamps."""
-    loop = BareLoop(spec, dataset, steps, logging_steps, world_size)
-    stamps = []
-    for _ in range(steps):
-        loop.step()
-        stamps.append(time.perf_counter())
-    return stamps
-
-
-def _common_args(out_dir, spec, steps, logging_steps):
-    # ddp_find_unused_parameters=False: the bare loop's DataParallel default. Unset, both trainers resolve it
-    # as PaddleNLP does (True unless a layer recomputes), and the reducer then walks the backward graph every
-    # step: ~2% of the Llama dp2 step here (see docs/benchmarks.md), the same cost in both trainers.
-    return dict(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=spec["batch"],
-                learning_rate=LR, weight_decay=0.0, warmup_steps=0, lr_scheduler_type="linear",
-                max_grad_norm=CLIP, logging_steps=logging_steps, save_strategy="no", disable_tqdm=True,
-                report_to="none", seed=SEED, dataloader_num_workers=0, ddp_find_unused_parameters=False)
-
-
-def run_paddletrainer(spec, dataset, steps, logging_steps, world_size=1, on_step_end=None):
-    """paddletrainer's Trainer; returns the per-step end timestamps (``on_step_end()`` runs after each stamp)."""
-    from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-
-    stamps = []
-
-    class Stamp(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-            if on_step_end is not None:
-                on_step_end()
-
-    with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no")
-        trainer = Trainer(model=build_model(spec), args=args, train_dataset=dataset, callbacks=[Stamp()])
-        trainer.train()
-    return stamps
-
-
-def run_paddlenlp(spec, dataset, steps, logging_steps, world_size=1, on_step_end=None):
-    """PaddleNLP's Trainer; as :func:`run_paddletrainer`."""
-    from paddlenlp.trainer import Trainer, TrainerCallback, TrainingArguments
-
-    stamps = []
-
-    class Stamp(TrainerCallback):
-        def on_step_end(self, args, state, control, **kwargs):
-            stamps.append(time.perf_counter())
-            if on_step_end is not None:
-                on_step_end()
-
-    with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(**_common_args(out, spec, steps, logging_steps), evaluation_strategy="no",
-                                 skip_profile_timer=True)
-        trainer = Trainer(model=build_model(spec), args=args, train_dataset=dataset, callbacks=[Stamp()])
-        trainer.train()
-    return stamps
-
-
-RUN = {"bare": run_bare, "paddletrainer": run_paddletrainer, "paddlenlp": run_paddlenlp}
 
 # What differs between the runners besides the loop, printed with every table (see the module docstring).
 OPTIMIZER_NOTE = (
@@ -410,7 +254,7 @@ def micro_costs(spec, repeat: int = 200) -> list:
     model = build_model(spec)
     batch = build_dataset(spec, spec["batch"])
     inputs = {k: paddle.to_tensor(np.stack([b[k] for b in batch])) for k in batch[0]}
-    _first(model(**inputs)).backward()
+    loss_of(model(**inputs)).backward()
     params_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
     topo = types.SimpleNamespace(tp_rank=0, sharding_degree=1, sharding_rank=0, hcg=None)  # one process
     popt = ParallelOptimizer(paddle.optimizer.AdamW(parameters=model.parameters()), mode=LOCAL, topology=topo)

@@ -89,17 +89,6 @@ OPTIMIZER_NOTE = (
     "\"vs bare\" and \"faster than paddlenlp\" include the optimizer step and the clip, not only the loop's overhead.")
 
 
-def one_run(runner, spec, dataset, steps, warmup, logging_steps, world_size=1) -> dict:
-    """One timed run: steps/s after warmup, peak RSS, and the 1-minute load average at its end."""
-    gc.collect()  # the previous run's model and optimizer, collected before the clock starts, for every runner
-    peak_rss_reset()
-    stamps = RUN[runner](spec, dataset, steps, logging_steps, world_size)
-    if len(stamps) != steps:
-        raise RuntimeError(f"{runner} ran {len(stamps)} steps, expected {steps}")
-    elapsed = stamps[-1] - stamps[warmup - 1]
-    return {"steps_per_s": (steps - warmup) / elapsed, "peak_rss": peak_rss_bytes(), "load": os.getloadavg()[0]}
-
-
 def one_paired_run(runner, spec, dataset, steps, warmup, logging_steps, world_size) -> dict:
     """A trainer run with one bare-loop step after each of its steps: both timed step by step, alternating.
 
@@ -166,7 +155,7 @@ def paired_reps(spec, dataset, steps, warmup, reps, logging_steps, world_size,
     group (``init_parallel_env``) that the bare loop's DataParallel and PaddleNLP's Trainer then use."""
     for runner in ("paddletrainer", "bare", "paddlenlp"):
         if runner == "bare" or runner in trainers:
-            one_run(runner, spec, dataset, warmup + 2, warmup, logging_steps, world_size)
+            RUN[runner](spec, dataset, warmup + 2, logging_steps, world_size)
     runs = {r: [] for r in ("bare",) + tuple(trainers)}
     for rep in range(reps):
         for position, runner in enumerate(trainers if rep % 2 == 0 else trainers[::-1]):

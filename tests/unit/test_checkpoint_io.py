@@ -287,12 +287,12 @@ def test_write_safetensors_is_read_by_safetensors_and_its_crc_matches_the_file(i
 
     from paddletrainer.checkpoint import checksum
     from paddletrainer.checkpoint.files import write_safetensors
+    from paddletrainer.checkpoint.reshard import file_crc32
 
     if implementation == "zlib fallback":
         monkeypatch.setattr(checksum, "_crc32_combine", None)
     else:
         pytest.importorskip("isal.isal_zlib")
-    from paddletrainer.checkpoint.reshard import file_crc32
 
     arrays = {"matrix": np.arange(12, dtype=np.float32).reshape(3, 4), "empty": np.zeros(0, np.float16),
               "scalar": np.array(5, np.int64), "mask": np.array([True, False]),

@@ -20,16 +20,16 @@ A skipped step does not advance the learning-rate schedule (PaddleNLP's behaviou
 
 Host reads (:class:`NonfiniteGuard`). Step 4 needs the verdict on the host only when the host must act on it
 before the next update. Under the default ``nan_inf_policy="error"`` without a loss scaler it need not: the
-run is going to stop, so the verdict is only recorded on the device (the first non-finite step and its norm)
-and read at the next logging, evaluation or save step and at the end of ``train()``, which then raise — before
-anything is evaluated or saved, and with the trainer state set back to where it was after the last step whose
-gradients were finite (``global_step``, ``consumed_samples``, ``epoch``: a ``save_state`` or checkpoint written
-after the error names that step and its data position). The updates in between are applied and non-finite; they
-are discarded with the run. ``skip``,
-``rollback`` and an fp16 loss scaler read the verdict every step: a skip must leave weights, optimizer moments
-and the LR schedule untouched, and Paddle's dygraph optimizers decide ``found_inf`` on the host themselves
-(``Optimizer._apply_optimize`` tests ``if found_inf:``; ``adamw_`` gets ``found_inf`` only under PIR), so a
-read-free skip would need our own optimizer kernels.
+run is going to stop, so the verdict stays on the device (the norms of the unchecked steps, folded into the first
+non-finite step and its norm) and is read at the next logging, evaluation or save step and at the end of
+``train()``, which then raise — before anything is evaluated or saved, and with the trainer state set back to
+where it was after the last step whose gradients were finite (``global_step``, ``consumed_samples``, ``epoch``:
+a ``save_state`` or checkpoint written after the error names that step and its data position). The updates in
+between are applied and non-finite; they are discarded with the run. ``skip``, ``rollback`` and an fp16 loss
+scaler read the verdict every step: a skip must leave weights, optimizer moments and the LR schedule untouched,
+and Paddle's dygraph optimizers decide ``found_inf`` on the host themselves (``Optimizer._apply_optimize`` tests
+``if found_inf:``; ``adamw_`` gets ``found_inf`` only under PIR), so a read-free skip would need our own
+optimizer kernels.
 """
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ __all__ = ["STEP", "SKIP", "RAISE", "NonfiniteGuard", "nonfinite_action", "unsca
            "scaler_logs", "delayed_loss_divisor"]
 
 STEP, SKIP, RAISE = "step", "skip", "raise"
+_NO_STEP = 2**62  # "no non-finite step" in the fold's minimum over step numbers
 
 
 def nonfinite_action(norm_is_finite: bool, policy: str, scaler=None) -> str:
@@ -80,11 +81,16 @@ class NonfiniteGuard:
     """Applies :func:`nonfinite_action` to each step's global norm, reading it on the host only when needed.
 
     ``reads_every_step`` is False for ``nan_inf_policy="error"`` without a loss scaler (the default): then
-    :meth:`decide` records the verdict on the device and always says STEP, and :meth:`raise_if_seen` (called by
-    the Trainer at logging/evaluation/save steps and at the end) reads it; see the module docstring. To set the
-    state back to the step before the first non-finite one, :meth:`decide` also keeps the state's data position
-    before each step since the last check (host values, 16 bytes a step; no device read).
+    :meth:`decide` keeps the step's norm, unread, and always says STEP, and :meth:`raise_if_seen` (called by
+    the Trainer at logging/evaluation/save steps and at the end) looks at the norms kept since the last check;
+    see the module docstring. A step costs no device op: the kept norms are folded into a device record of the
+    first non-finite step and its norm only every ``FOLD_EVERY`` steps (about 15 small ops) and at the check, so
+    at most ``FOLD_EVERY`` scalar tensors are held. To set the state back to the step before the first
+    non-finite one, :meth:`decide` also keeps the state's data position before each step since the last check
+    (host values, 16 bytes a step; no device read).
     """
+
+    FOLD_EVERY = 32
 
     def __init__(self, policy: str, scaler=None):
         nonfinite_action(False, policy, None)  # validates the policy name
@@ -93,6 +99,8 @@ class NonfiniteGuard:
         self.reads_every_step = scaler is not None or policy != "error"
         self._first_step = None  # int64 [] on the device: the first step with a non-finite norm, -1 for none
         self._first_norm = None
+        self._pending = []  # the norms (unread) of the steps since the last fold; the first is step _pending_from
+        self._pending_from = None
         # the unchecked steps: the first one's number and, per step, consumed_samples / epoch (NaN: None) before it
         self._unchecked_from = None
         self._consumed_before = array("q")
@@ -104,13 +112,14 @@ class NonfiniteGuard:
         whose global gradient norm is ``norm``; raises for RAISE."""
         step = state.global_step + 1
         if not self.reads_every_step:
-            if self._first_step is None:
-                self._first_step = paddle.full([], -1, dtype="int64")
-                self._first_norm = paddle.zeros([], dtype="float32")
-            newly = paddle.logical_and(paddle.logical_not(paddle.isfinite(norm)), self._first_step < 0)
-            self._first_step = paddle.where(newly, paddle.full([], step, dtype="int64"), self._first_step)
-            self._first_norm = paddle.where(newly, norm, self._first_norm)
+            if not self._pending:
+                self._pending_from = step
+            # once per step, in order: the fold numbers the kept norms from _pending_from (as the positions do)
+            assert step == self._pending_from + len(self._pending), (step, self._pending_from, len(self._pending))
+            self._pending.append(norm)
             self._remember_position(step, state)
+            if len(self._pending) >= self.FOLD_EVERY:
+                self._fold()
             return STEP
         value = float(norm)  # the one read per step of skip / rollback / fp16
         action = nonfinite_action(math.isfinite(value), self.policy, self.scaler)
@@ -124,6 +133,7 @@ class NonfiniteGuard:
         The state is first set back to where it stood before that step (``global_step``, ``consumed_samples``,
         ``epoch``): the later updates were non-finite.
         """
+        self._fold()
         if self._first_step is None:
             return
         step = int(self._first_step)
@@ -139,6 +149,25 @@ class NonfiniteGuard:
         state.epoch = None if math.isnan(epoch) else epoch
         self._forget_positions()
         raise NonFiniteLossError(_error_message(step, norm))
+
+    @paddle.no_grad()
+    def _fold(self) -> None:
+        """Fold the kept norms into the device record (first non-finite step, its norm); nothing is read."""
+        if not self._pending:
+            return
+        if self._first_step is None:
+            self._first_step = paddle.full([], -1, dtype="int64")
+            self._first_norm = paddle.zeros([], dtype="float32")
+        norms = paddle.stack(self._pending)
+        steps = paddle.arange(self._pending_from, self._pending_from + len(self._pending), dtype="int64")
+        no_step = paddle.full_like(steps, _NO_STEP)
+        first = paddle.where(paddle.isfinite(norms), no_step, steps).min()  # _NO_STEP when every norm is finite
+        newly = paddle.logical_and(first < _NO_STEP, self._first_step < 0)
+        # the norm of step `first` (steps are distinct: the sum has one term, NaN and inf included)
+        first_norm = paddle.where(steps == first, norms, paddle.zeros_like(norms)).sum()
+        self._first_step = paddle.where(newly, first, self._first_step)
+        self._first_norm = paddle.where(newly, first_norm, self._first_norm)
+        self._pending = []
 
     def _remember_position(self, step: int, state) -> None:
         if self._unchecked_from is None:

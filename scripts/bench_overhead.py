@@ -199,7 +199,7 @@ PROFILE_PARTS = [
     ("log/save/eval check: _maybe_log_save_evaluate", "paddletrainer/trainer.py", "_maybe_log_save_evaluate"),
 ]
 BARE_PARTS = [
-    ("bare: run_bare total incl. setup (per step)", "bench_overhead.py", "run_bare"),
+    ("bare: run_bare total incl. setup (per step)", "overhead_workloads.py", "run_bare"),
     ("bare: ClipGradByGlobalNorm", "paddle/nn/clip.py", "_dygraph_clip"),
     ("bare: AdamW.step (incl. clip)", "paddle/optimizer/adamw.py", "step"),
 ]

@@ -3,6 +3,7 @@ import numpy as np
 import paddle
 
 from paddletrainer.parallel import clip_grad_norm, parallelize
+from paddletrainer.parallel.collectives import _scale_in_place
 from paddletrainer.parallel.topology import Topology
 
 ONE = Topology.of()  # one process
@@ -46,3 +47,17 @@ def test_clip_grad_norm_with_no_limit_only_measures():
     np.testing.assert_allclose(norms, unclipped_norms, rtol=1e-6)
     for a, b in zip(params, unclipped_params):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_the_cpu_scale_kernel_gives_the_broadcasting_multiplys_product():
+    # clip_grad_norm scales float32 gradients on CPU with scale_ (a tensor scale, no host read), and with the
+    # broadcasting multiply everywhere else: the products must be the same numbers.
+    rng = np.random.RandomState(1)
+    values = np.concatenate([rng.randn(4099) * 10.0 ** rng.randint(-30, 30, size=4099), [0.0, -0.0, 1e-38, -3e38]])
+    for coef_value in (0.37, 1.0, 1e-7, 0.999999):
+        grad = paddle.to_tensor(values.astype("float32"))
+        coef = paddle.full([], coef_value, dtype="float32")
+        assert grad.place.is_cpu_place() and coef.place.is_cpu_place()  # the scale_ branch
+        expected = (grad * coef).numpy()
+        _scale_in_place(grad, coef, {})
+        np.testing.assert_array_equal(grad.numpy(), expected)

@@ -11,14 +11,14 @@ backward â€” clip, NaN policy, optimizer, schedule, callbacks, logging, saving â
 
 Override points (PaddleNLP/HF names): get_train_dataloader, get_eval_dataloader, get_test_dataloader,
 create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step, log here;
-evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; save_model,
+evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; resume, save and
+load of checkpoints from ``trainer_checkpoints.TrainerCheckpoints``; save_model,
 export_model, log_metrics, save_metrics, save_state ... from ``paddlenlp_hooks.PaddleNLPHooks`` (all of them
 methods of ``Trainer``, their bodies in the modules that own them).
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -51,7 +51,6 @@ from .data import (
     default_data_collator,
     forward_argument_names,
     remove_unused_columns,
-    resume_position,
 )
 from .errors import NonFiniteLossError  # noqa: F401 (public here as paddletrainer.trainer.NonFiniteLossError)
 from .evaluation import TrainerEvaluation
@@ -59,25 +58,17 @@ from .metrics.memory_tracker import MemoryTracker
 from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_of_model, peak_memory_bytes,
                       reporting_callbacks)
 from .metrics.writers import check_report_to
-from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
 from .loss import batch_loss
 from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
-from .trainer_utils import (
-    checkpoint_dir_name,
-    EvalPrediction,
-    TrainOutput,
-    has_length,
-    is_paddlenlp_checkpoint,
-    resolve_resume_checkpoint,
-    speed_metrics,
-)
+from .trainer_utils import EvalPrediction, TrainOutput, has_length, speed_metrics
 from .rollback import Rollback
 from .seeding import set_seed
 from .runtime import GracefulStop, RobustnessCallback
 from .runtime.signals import check_interval
+from .trainer_checkpoints import TrainerCheckpoints
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -89,7 +80,7 @@ DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
-class Trainer(TrainerEvaluation, PaddleNLPHooks):
+class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -391,19 +382,6 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
         return grad_norm
 
     # ----------------------------------------------------------------------------------- train
-    def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
-        """The checkpoint to resume from (see ``resolve_resume_checkpoint``: a path, true or auto), or None.
-
-        Half-written ``checkpoint-N.tmp-*`` dirs of a crashed attempt are never resumed; rank 0 deletes those of
-        this run's ``output_dir`` here (no save of this job is in flight when train() starts). A resume path
-        elsewhere is left alone: another job may be writing beside it.
-        """
-        value = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
-        path = resolve_resume_checkpoint(value, self.args.output_dir)
-        if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
-            ckpt.remove_stale_tmp_dirs(self.args.output_dir)
-        return path
-
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
         args = self.args
@@ -590,84 +568,6 @@ class Trainer(TrainerEvaluation, PaddleNLPHooks):
                 self._save_checkpoint(metrics)
             self.control = self.callback_handler.on_save(args, self.state, self.control)
             self.log_trained_tokens()
-
-    # ----------------------------------------------------------------------------------- checkpoints
-    def wait_for_checkpoint_snapshot(self) -> None:
-        """Return once the async save in flight (``checkpoint_async_save``) has its copy of the weights and optimizer
-        states; at once without one. Code that writes them in place between a save and the next optimizer step
-        (an ``on_save``/``on_step_begin`` callback) calls it first, or its values leak into the saved step."""
-        self._checkpointer.wait_for_snapshot()
-
-    def _update_best(self, metrics: Optional[Dict[str, float]], checkpoint_dir: str) -> None:
-        self.state.update_best(metrics, self.args.metric_for_best_model, self.args.greater_is_better, checkpoint_dir)
-
-    def _save_checkpoint(self, metrics: Optional[Dict[str, float]] = None) -> str:
-        """Write ``output_dir/checkpoint-<step>``: every rank its own shards, published atomically, then rotate."""
-        checkpoint_dir = os.path.join(self.args.output_dir, checkpoint_dir_name(self.state.global_step))
-        self._update_best(metrics, checkpoint_dir)
-        resume_state = {} if self.args.ignore_save_lr_and_optim else dict(
-            optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, scaler=self.scaler)
-        return self._checkpointer.save(  # async: copied while the next step runs, see _optimizer_step
-            checkpoint_dir, model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state),
-            args=self.args, data_state={"consumed_samples": self.state.consumed_samples}, topology=self.topology,
-            async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
-            save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
-
-    @staticmethod
-    def _checkpoint_loader(checkpoint_dir: str) -> Callable:
-        """Our loader (no pickles), or for a PaddleNLP-written directory the interop loader, the one reader of
-        pickles: such a directory is only ever reached through a path the user gave, or through ``true`` in an
-        ``output_dir`` holding no checkpoint of ours (see ``get_last_checkpoint``)."""
-        if is_paddlenlp_checkpoint(checkpoint_dir):
-            logger.warning("%s is a PaddleNLP checkpoint: loading it unpickles its .pdparams/.pdopt files, which "
-                           "can run code; load only checkpoints you trust", checkpoint_dir)
-            return load_paddlenlp_checkpoint
-        return ckpt.load_checkpoint
-
-    def _load_checkpoint(self, checkpoint_dir: str) -> None:
-        """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout).
-
-        With ``ignore_load_lr_and_optim`` (PaddleNLP's warm start) only the weights are loaded: the step
-        count, data position, optimizer, schedule, scaler and RNG start fresh.
-        """
-        self._finish_checkpoints()  # a save in flight still reads the tensors this load writes
-        load = self._checkpoint_loader(checkpoint_dir)
-        if self.args.ignore_load_lr_and_optim:
-            load(checkpoint_dir, model=self.model, topology=self.topology, load_rng=False)
-            logger.info("Warm start from the weights of %s (ignore_load_lr_and_optim)", checkpoint_dir)
-            return
-        loaded = load(
-            checkpoint_dir,
-            model=self.model,
-            optimizer=self.optimizer,
-            lr_scheduler=self.lr_scheduler,
-            scaler=self.scaler,
-            topology=self.topology,
-        )
-        if not loaded.optimizer_restored:
-            raise ckpt.CheckpointError(
-                f"{checkpoint_dir} holds no optimizer state (saved with ignore_save_lr_and_optim?): resume it with "
-                f"--ignore_load_lr_and_optim to start from its weights")
-        for warning in loaded.warnings:
-            logger.warning("%s: %s", checkpoint_dir, warning)
-        restored = TrainerState.from_dict(loaded.trainer_state, source=checkpoint_dir)
-        restored.is_local_process_zero = self.state.is_local_process_zero
-        restored.is_world_process_zero = self.state.is_world_process_zero
-        # the length of this run is this run's: resuming with a larger max_steps extends the training
-        restored.max_steps = self.state.max_steps
-        restored.num_train_epochs = self.state.num_train_epochs
-        if loaded.data_state:
-            restored.consumed_samples = int(loaded.data_state["consumed_samples"])
-        self.state = restored
-        logger.info("Resumed from %s at step %d (%d samples consumed)", checkpoint_dir, self.state.global_step, self.state.consumed_samples)
-
-    def _data_start(self, resume, steps_per_epoch: Optional[int], global_batch: int) -> int:
-        """Samples of the global order to skip on (re)start (``data.resume_position``)."""
-        return resume_position(self.state.consumed_samples, resume is not None and self.args.ignore_data_skip,
-                               steps_per_epoch, global_batch)
-
-    def _finish_checkpoints(self) -> None:
-        self._checkpointer.finish()  # an async save is on disk (and published) before train() returns
 
     # ----------------------------------------------------------------------------------- logging & state
     def log(self, logs: Dict[str, float]) -> None:

@@ -99,8 +99,7 @@ class NonfiniteGuard:
         self.reads_every_step = scaler is not None or policy != "error"
         self._first_step = None  # int64 [] on the device: the first step with a non-finite norm, -1 for none
         self._first_norm = None
-        self._pending = []  # the norms (unread) of the steps since the last fold; the first is step _pending_from
-        self._pending_from = None
+        self._pending = []  # the norms (unread) of the last unchecked steps, not yet folded
         # the unchecked steps: the first one's number and, per step, consumed_samples / epoch (NaN: None) before it
         self._unchecked_from = None
         self._consumed_before = array("q")
@@ -112,12 +111,8 @@ class NonfiniteGuard:
         whose global gradient norm is ``norm``; raises for RAISE."""
         step = state.global_step + 1
         if not self.reads_every_step:
-            if not self._pending:
-                self._pending_from = step
-            # once per step, in order: the fold numbers the kept norms from _pending_from (as the positions do)
-            assert step == self._pending_from + len(self._pending), (step, self._pending_from, len(self._pending))
-            self._pending.append(norm)
             self._remember_position(step, state)
+            self._pending.append(norm)
             if len(self._pending) >= self.FOLD_EVERY:
                 self._fold()
             return STEP
@@ -159,7 +154,9 @@ class NonfiniteGuard:
             self._first_step = paddle.full([], -1, dtype="int64")
             self._first_norm = paddle.zeros([], dtype="float32")
         norms = paddle.stack(self._pending)
-        steps = paddle.arange(self._pending_from, self._pending_from + len(self._pending), dtype="int64")
+        # the kept norms are those of the last unchecked steps, whose positions are remembered one per step
+        last = self._unchecked_from + len(self._consumed_before)
+        steps = paddle.arange(last - len(self._pending), last, dtype="int64")
         no_step = paddle.full_like(steps, _NO_STEP)
         first = paddle.where(paddle.isfinite(norms), no_step, steps).min()  # _NO_STEP when every norm is finite
         newly = paddle.logical_and(first < _NO_STEP, self._first_step < 0)
@@ -172,6 +169,8 @@ class NonfiniteGuard:
     def _remember_position(self, step: int, state) -> None:
         if self._unchecked_from is None:
             self._unchecked_from = step
+        # once per step, in order: a step's position (and its kept norm) is found by its distance from the first
+        assert step == self._unchecked_from + len(self._consumed_before), (step, self._unchecked_from)
         self._consumed_before.append(int(state.consumed_samples))
         self._epoch_before.append(math.nan if state.epoch is None else float(state.epoch))
 

@@ -191,7 +191,8 @@ def get_last_checkpoint(folder: str) -> Optional[str]:
     (:func:`is_paddlenlp_checkpoint`), as PaddleNLP's own ``get_last_checkpoint`` would find it.
 
     Ours always win so that a PaddleNLP directory (whose loading unpickles files) is never preferred to a
-    checkpoint of ours, whatever its step number."""
+    checkpoint of ours, whatever its step number. A script passing a PaddleNLP path found here as
+    ``resume_from_checkpoint`` names it (it is read, with the allowlist unpickler); ``true`` does not resume one."""
     ours = sorted_checkpoints(folder)
     if ours:
         return ours[-1]

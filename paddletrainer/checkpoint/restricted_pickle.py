@@ -193,4 +193,7 @@ def load_pickle(path: str, *, return_numpy: bool = False):
                 "not loaded (re-save it from a trusted run)") from None
         except Exception as e:  # noqa: BLE001 - whatever a malformed or hostile file raises: one line naming it
             raise CheckpointError(f"{path} is not a pickle paddle.save wrote ({type(e).__name__}: {e})") from None
+    if _any(obj, lambda x: isinstance(x, np.ndarray) and x.dtype.hasobject):  # a dtype's state can say "objects"
+        raise UnsafeCheckpointFileError(f"{path}: refused a numpy array of objects (a PaddleNLP checkpoint holds "
+                                        "numbers only); this file was not loaded")
     return _as_paddle_load_returns(obj, return_numpy)

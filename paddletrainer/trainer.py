@@ -493,9 +493,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self._finish_checkpoints()
         self.log_trained_tokens()
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
-            logger.info("Loading best model from %s (score %s)", self.state.best_model_checkpoint, self.state.best_metric)
-            load = self._checkpoint_loader(self.state.best_model_checkpoint)
-            load(self.state.best_model_checkpoint, model=self.model, topology=self.topology, load_rng=False)
+            self._load_best_model()
         train_loss = self._total_loss / max(applied_steps, 1)
         metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
         metrics["train_loss"] = train_loss

@@ -16,7 +16,9 @@ from . import checkpoint as ckpt
 from .callbacks import TrainerState
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .data import resume_position
-from .trainer_utils import checkpoint_dir_name, is_paddlenlp_checkpoint, resolve_resume_checkpoint
+from .checkpoint.files import newest_sound_checkpoint
+from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint, requested_resume,
+                            resolve_resume_checkpoint)
 
 __all__ = ["TrainerCheckpoints"]
 
@@ -26,15 +28,36 @@ logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one
 class TrainerCheckpoints:
     """Resume, save and load for the Trainer (see the module docstring)."""
 
+    _named_checkpoint: Optional[str] = None  # the resume path the user gave (set by _resolve_resume)
+
+    def _is_named_checkpoint(self, path: str) -> bool:
+        return self._named_checkpoint is not None and os.path.realpath(path) == os.path.realpath(self._named_checkpoint)
+
     def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
         """The checkpoint to resume from (see ``resolve_resume_checkpoint``: a path, true or auto), or None.
 
+        ``auto`` passes over a newest checkpoint that is damaged (``checkpoint.files.checkpoint_problem``: its
+        index unreadable, a file missing or of another size), with a warning naming it, so that an automatic
+        restart is not stuck on it; when every checkpoint there is damaged it is an error, not a fresh start.
         Half-written ``checkpoint-N.tmp-*`` dirs of a crashed attempt are never resumed; rank 0 deletes those of
         this run's ``output_dir`` here (no save of this job is in flight when train() starts). A resume path
         elsewhere is left alone: another job may be writing beside it.
         """
         value = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
         path = resolve_resume_checkpoint(value, self.args.output_dir)
+        requested = requested_resume(value)
+        if requested == RESUME_AUTO and path is not None:
+            path, skipped = newest_sound_checkpoint(self.args.output_dir)
+            if path is None:
+                raise ckpt.CheckpointError(
+                    f"resume_from_checkpoint=auto: every checkpoint in output_dir={self.args.output_dir!r} is damaged ("
+                    + "; ".join(f"{os.path.basename(bad)}: {problem}" for bad, problem in skipped)
+                    + "): repair or move them, or resume from a path you name")
+            for bad, problem in skipped:
+                logger.warning("resume_from_checkpoint=auto: skipped the damaged checkpoint %s (%s); resuming from %s",
+                               bad, problem, path)
+        # the one checkpoint whose pickles may be read (a PaddleNLP one): the exact path the user gave
+        self._named_checkpoint = path if isinstance(requested, str) and requested != RESUME_AUTO else None
         if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
             ckpt.remove_stale_tmp_dirs(self.args.output_dir)
         return path
@@ -60,16 +83,30 @@ class TrainerCheckpoints:
             async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
             save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
 
-    @staticmethod
-    def _checkpoint_loader(checkpoint_dir: str) -> Callable:
-        """Our loader (no pickles), or for a PaddleNLP-written directory the interop loader, the one reader of
-        pickles: such a directory is only ever reached through a path the user gave, or through ``true`` in an
-        ``output_dir`` holding no checkpoint of ours (see ``get_last_checkpoint``)."""
-        if is_paddlenlp_checkpoint(checkpoint_dir):
-            logger.warning("%s is a PaddleNLP checkpoint: loading it unpickles its .pdparams/.pdopt files, which "
-                           "can run code; load only checkpoints you trust", checkpoint_dir)
+    def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
+        """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
+        ``resume_from_checkpoint`` the interop loader (its pickles read by an allowlist unpickler). A directory
+        found otherwise (``true``, ``auto``, rollback, the trainer state's ``best_model_checkpoint``) always
+        goes to our loader, which refuses pickles."""
+        if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_checkpoint(checkpoint_dir):
+            logger.info("%s is a PaddleNLP checkpoint: its .pdparams/.pdopt pickles are read with an allowlist "
+                        "unpickler (arrays, tensors, numbers, strings, containers only)", checkpoint_dir)
             return load_paddlenlp_checkpoint
         return ckpt.load_checkpoint
+
+    def _load_best_model(self) -> None:
+        """``load_best_model_at_end``: reload ``state.best_model_checkpoint``'s weights. The path comes from the
+        trainer state (a resumed checkpoint's ``trainer_state.json`` can name any directory), so a PaddleNLP
+        checkpoint there is read only if it is the one the user named; any other is skipped with a warning."""
+        best = self.state.best_model_checkpoint
+        if is_paddlenlp_checkpoint(best) and not self._is_named_checkpoint(best):
+            logger.warning("load_best_model_at_end: the best checkpoint %s is a PaddleNLP checkpoint that the trainer "
+                           "state names, not one you named; its pickled files are not read and the model keeps its "
+                           "final weights (resume_from_checkpoint=%s loads it)", best, best)
+            return
+        logger.info("Loading best model from %s (score %s)", best, self.state.best_metric)
+        load = self._checkpoint_loader(best)
+        load(best, model=self.model, topology=self.topology, load_rng=False)
 
     def _load_checkpoint(self, checkpoint_dir: str) -> None:
         """Restore weights, optimizer, schedule, scaler, RNG and the data position (any saved layout).

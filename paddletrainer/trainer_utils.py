@@ -191,7 +191,8 @@ def get_last_checkpoint(folder: str) -> Optional[str]:
     (:func:`is_paddlenlp_checkpoint`), as PaddleNLP's own ``get_last_checkpoint`` would find it.
 
     Ours always win so that a PaddleNLP directory (whose loading unpickles files) is never preferred to a
-    checkpoint of ours, whatever its step number."""
+    checkpoint of ours, whatever its step number. A script passing a PaddleNLP path found here as
+    ``resume_from_checkpoint`` names it (it is read, with the allowlist unpickler); ``true`` does not resume one."""
     ours = sorted_checkpoints(folder)
     if ours:
         return ours[-1]
@@ -221,11 +222,13 @@ def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional
     """The checkpoint directory a ``resume_from_checkpoint`` value asks for, or None (start fresh).
 
     * None / False / "false" / "": no resume;
-    * True / "true": the newest checkpoint in ``output_dir`` (``get_last_checkpoint``); none is an error;
+    * True / "true": the newest checkpoint of ours in ``output_dir`` (``get_last_checkpoint``); none is an error,
+      and so is a PaddleNLP checkpoint found there (reading one unpickles its files: only a path the user names
+      is read);
     * ``"auto"``: the newest complete checkpoint *of ours* in ``output_dir`` if there is one, else start fresh —
       what a job restarted by ``python -m paddletrainer.launch --max_restart`` needs to pick up where its previous
       attempt stopped (half-written ``checkpoint-N.tmp-*`` dirs never count). A PaddleNLP checkpoint is never
-      picked here: reading one unpickles its files, which only an explicit path or ``true`` asks for;
+      picked here. (The Trainer goes further back past a damaged one: ``TrainerCheckpoints._resolve_resume``);
     * a path: must exist and be a complete checkpoint (its save finished), or a PaddleNLP checkpoint.
 
     Raises ``ValueError`` naming ``resume_from_checkpoint``, so a bad value is a usage error before training.
@@ -241,6 +244,10 @@ def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional
         if path is None:
             raise ValueError(f"resume_from_checkpoint=True but output_dir={output_dir!r} holds no complete checkpoint; "
                              f"use resume_from_checkpoint=auto to start fresh when there is none")
+        if is_paddlenlp_checkpoint(path):  # its files are pickles: read only from a path the user names
+            raise ValueError(f"resume_from_checkpoint=True: output_dir={output_dir!r} holds no complete checkpoint of "
+                             f"paddletrainer, only PaddleNLP's {os.path.basename(path)}, whose files are pickles and "
+                             f"are read only from a path you name: pass --resume_from_checkpoint {path}")
         return path
     if not os.path.isdir(resume):
         raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "

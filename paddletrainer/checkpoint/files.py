@@ -13,7 +13,7 @@ import shutil
 import struct
 import threading
 import uuid
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -188,6 +188,38 @@ def get_last_complete_checkpoint(folder: str) -> Optional[str]:
     """The newest complete checkpoint *of ours* in ``folder`` (never a PaddleNLP directory), or None."""
     found = sorted_checkpoints(folder)
     return found[-1] if found else None
+
+
+def checkpoint_problem(ckpt_dir: str) -> Optional[str]:
+    """Why ``ckpt_dir`` (a complete checkpoint of ours) cannot be loaded, found without reading its tensors, or
+    None: its index must parse and every file it lists must exist with the listed size. (Checksums are compared
+    while a load reads the files; this check is what every rank can run alike before choosing one.)"""
+    try:
+        index = read_index(ckpt_dir)
+        records = index["files"].items()
+        expected = {name: int(record["size"]) for name, record in records}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, L.CheckpointError) as e:
+        return f"its {L.INDEX_NAME} is unreadable ({type(e).__name__}: {e})"
+    for name, size in sorted(expected.items()):
+        try:
+            found = os.path.getsize(os.path.join(ckpt_dir, name))
+        except OSError:
+            return f"{name} is missing"
+        if found != size:
+            return f"{name} has {found} bytes, its index says {size}"
+    return None
+
+
+def newest_sound_checkpoint(folder: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+    """The newest complete checkpoint of ours in ``folder`` that passes :func:`checkpoint_problem` (or None), and
+    the newer ones passed over, each with its problem."""
+    skipped: List[Tuple[str, str]] = []
+    for path in reversed(sorted_checkpoints(folder)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path, skipped
+        skipped.append((path, problem))
+    return None, skipped
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:

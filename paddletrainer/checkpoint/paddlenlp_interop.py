@@ -2,9 +2,11 @@
 
 This is the only place paddletrainer reads pickles: PaddleNLP stores weights, optimizer state and scheduler
 with ``paddle.save`` (``*.pdparams``, ``*.pdopt``), and loading a pickle can run code. Our own loader
-(:mod:`.load`) refuses pickles; this module is used only when the directory *is* a PaddleNLP checkpoint
-(:func:`paddletrainer.trainer_utils.is_paddlenlp_checkpoint`: PaddleNLP's file names and no
-``checkpoint_index.json``), so resume only PaddleNLP checkpoints you trust.
+(:mod:`.load`) refuses pickles. Here every pickle is read by the allowlist unpickler of
+:mod:`.restricted_pickle` (arrays, tensors, numbers, strings, containers, RNG states; anything else is refused
+naming the file and the class), never by ``paddle.load``. The Trainer calls this only for the exact directory
+the user named (``resume_from_checkpoint=<path>``), never for one it found itself (``true``, ``auto``, the
+trainer state's ``best_model_checkpoint``).
 
 What is read (this rank's files for the current layout, PaddleNLP's naming):
 
@@ -31,6 +33,7 @@ from paddle.distributed import fleet
 
 from .layout import CheckpointError
 from .load import LoadedCheckpoint
+from .restricted_pickle import load_pickle
 
 __all__ = ["load_paddlenlp_checkpoint", "paddlenlp_name_suffix"]
 
@@ -62,7 +65,7 @@ def _restore_rng(ckpt_dir: str, topology) -> bool:
     path = os.path.join(ckpt_dir, name)
     if not os.path.isfile(path):
         return False
-    states = paddle.load(path, return_numpy=True)
+    states = load_pickle(path, return_numpy=True)
     if world > 1:  # one entry per rank
         states = states[getattr(topology, "rank", 0)]
     random.setstate(states["python"])
@@ -89,7 +92,7 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
     position is the trainer state's ``consumed_samples``).
     """
     warnings: List[str] = []
-    weights = paddle.load(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
+    weights = load_pickle(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
     missing, unexpected = model.set_state_dict(weights) or ([], [])
     if missing:
         raise CheckpointError(f"{ckpt_dir}: the PaddleNLP weights lack {len(missing)} of the model's parameters, "
@@ -99,7 +102,7 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
                         f"{list(unexpected)[:3]}")
     optimizer_restored = False
     if optimizer is not None:
-        state = paddle.load(_named(ckpt_dir, "optimizer", "pdopt", paddlenlp_name_suffix(topology, optimizer=True)))
+        state = load_pickle(_named(ckpt_dir, "optimizer", "pdopt", paddlenlp_name_suffix(topology, optimizer=True)))
         names = {p.name for p in model.parameters()}
         known = {k for k in state if k not in ("master_weights", "LR_Scheduler")
                  and any(k.startswith(n + "_") for n in names)}
@@ -109,9 +112,9 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
         optimizer.set_state_dict(state)
         optimizer_restored = True
     if lr_scheduler is not None and os.path.isfile(os.path.join(ckpt_dir, "scheduler.pdparams")):
-        lr_scheduler.set_state_dict(paddle.load(os.path.join(ckpt_dir, "scheduler.pdparams")))
+        lr_scheduler.set_state_dict(load_pickle(os.path.join(ckpt_dir, "scheduler.pdparams")))
     if scaler is not None and os.path.isfile(os.path.join(ckpt_dir, "scaler.pdparams")):
-        scaler.load_state_dict(paddle.load(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
+        scaler.load_state_dict(load_pickle(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
     trainer_state = {}
     if os.path.isfile(os.path.join(ckpt_dir, "trainer_state.json")):
         with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:

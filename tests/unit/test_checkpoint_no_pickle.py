@@ -1,6 +1,7 @@
 """Loading a checkpoint never runs code from it: the RNG state is JSON, and a pickle planted in any file of one
 of our checkpoints — with an index whose size and crc32 match it — is refused (or, for an older checkpoint's
 pickled RNG file, skipped with a warning), never unpickled."""
+import collections
 import json
 import logging
 import os
@@ -162,8 +163,12 @@ def test_pdparams_planted_beside_our_marker_never_reach_the_pickle_reader(tmp_pa
     plant_paddlenlp_files(newest, marker, step=4)
     trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, overwrite_output_dir=True, max_steps=6),
                       train_dataset=regression_data())
-    with pytest.raises(Exception):
+    if resume == "auto":  # auto passes over the damaged checkpoint-4 (no index) to checkpoint-2
         trainer.train(resume_from_checkpoint=resume)
+        assert trainer.state.global_step == 6
+    else:
+        with pytest.raises(Exception):
+            trainer.train(resume_from_checkpoint=resume)
     assert not marker.exists(), f"resume_from_checkpoint={resume} unpickled a planted .pdparams"
 
 
@@ -186,3 +191,131 @@ def test_resuming_a_checkpoint_outside_output_dir_leaves_the_tmp_dirs_beside_it_
     args = args_for(tmp_path, output_dir=str(tmp_path / "elsewhere"), max_steps=4)
     Trainer(model=RegressionModel(), args=args, train_dataset=regression_data()).train(resume_from_checkpoint=trained)
     assert in_flight.is_dir()
+
+
+# ------------------------------------------------- PaddleNLP checkpoints: pickles read only from a path the user names
+def best_model_args(tmp_path, **kw):
+    return args_for(tmp_path, evaluation_strategy="steps", eval_steps=1, save_steps=1, load_best_model_at_end=True,
+                    metric_for_best_model="loss", **kw)
+
+
+def test_a_best_model_checkpoint_named_by_a_resumed_trainer_state_is_never_unpickled(tmp_path, caplog):
+    out = tmp_path / "out"
+    Trainer(model=RegressionModel(), args=best_model_args(tmp_path, max_steps=2), train_dataset=regression_data(),
+            eval_dataset=regression_data(8)).train()
+    marker, evil = tmp_path / "pwned", str(tmp_path / "elsewhere" / "checkpoint-1")
+    plant_paddlenlp_files(evil, marker, step=1)
+    newest = str(out / "checkpoint-2")
+    state = json.load(open(os.path.join(newest, L.TRAINER_STATE_NAME)))
+    state.update(best_model_checkpoint=evil, best_metric=-1.0)  # no eval loss beats it: it stays the best
+    plant(newest, L.TRAINER_STATE_NAME, json.dumps(state).encode())
+    trainer = Trainer(model=RegressionModel(), train_dataset=regression_data(), eval_dataset=regression_data(8),
+                      args=best_model_args(tmp_path, max_steps=3, resume_from_checkpoint="auto"))
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.trainer"):
+        trainer.train()
+    assert not marker.exists(), "load_best_model_at_end unpickled the directory a trainer_state.json named"
+    assert trainer.state.global_step == 3 and trainer.state.best_model_checkpoint == evil
+    assert any("load_best_model_at_end" in r.getMessage() and evil in r.getMessage() for r in caplog.records)
+
+
+def test_resume_true_never_picks_a_paddlenlp_checkpoint_it_finds(tmp_path):
+    marker, found = tmp_path / "pwned", str(tmp_path / "out" / "checkpoint-5")
+    plant_paddlenlp_files(found, marker, step=5)  # output_dir holds no checkpoint of ours
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6), train_dataset=regression_data())
+    with pytest.raises(ValueError, match=rf"only PaddleNLP's checkpoint-5.*--resume_from_checkpoint {found}"):
+        trainer.train(resume_from_checkpoint=True)
+    assert not marker.exists()
+    with pytest.raises(ValueError, match="only PaddleNLP's checkpoint-5"):  # a usage error from the options too
+        args_for(tmp_path, resume_from_checkpoint="true")
+    assert not marker.exists()
+
+
+def test_a_named_paddlenlp_checkpoint_with_a_code_payload_is_refused_naming_the_file_and_the_class(tmp_path):
+    marker, named = tmp_path / "pwned", str(tmp_path / "theirs" / "checkpoint-3")
+    plant_paddlenlp_files(named, marker, step=3)
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path), train_dataset=regression_data())
+    with pytest.raises(UnsafeCheckpointFileError) as info:
+        trainer.train(resume_from_checkpoint=named)
+    assert not marker.exists(), "the allowlist unpickler ran the payload"
+    message = str(info.value)
+    assert os.path.join(named, "model_state.pdparams") in message and f"{open.__module__}.{open.__qualname__}" in message
+    assert trainer.state.global_step == 0
+
+
+class _Evaluates:
+    """Unpickles as ``eval(<code>)``: the name paddle.save uses for DenseTensors, put to another use."""
+
+    def __init__(self, code):
+        self.code = code
+
+    def __reduce__(self):
+        return (eval, (self.code,))
+
+
+@pytest.mark.parametrize("case", ["eval_code", "object_array", "os_system"])
+def test_the_allowlist_unpickler_refuses_what_paddle_save_never_writes(tmp_path, case):
+    from paddletrainer.checkpoint.restricted_pickle import load_pickle
+
+    marker = tmp_path / "pwned"
+    obj, named = {
+        "eval_code": (_Evaluates(f"open({str(marker)!r}, 'w')"), "builtins.eval"),
+        "object_array": (np.array([1, "a"], dtype=object), "dtype object"),
+        "os_system": (_CreatesFile(str(marker)), f"{open.__module__}.{open.__qualname__}"),
+    }[case]
+    path = tmp_path / "x.pdparams"
+    path.write_bytes(pickle.dumps({"w": obj}))
+    with pytest.raises(UnsafeCheckpointFileError, match=str(path)) as info:
+        load_pickle(str(path))
+    assert named in str(info.value) and not marker.exists()
+
+
+def _same(ours, theirs, where="$"):
+    assert type(ours) is type(theirs), where
+    if isinstance(ours, dict):
+        assert list(ours) == list(theirs), where
+        for key in ours:
+            _same(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(ours, (list, tuple)):
+        assert len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            _same(a, b, f"{where}[{i}]")
+    elif isinstance(ours, paddle.Tensor):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape, where
+        if not theirs.name.startswith("generated_tensor"):  # an unnamed tensor gets a fresh name on each load
+            assert ours.name == theirs.name, where
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    elif isinstance(ours, np.ndarray):
+        assert ours.dtype == theirs.dtype, where
+        np.testing.assert_array_equal(ours, theirs)
+    elif isinstance(ours, paddle.framework.core.GeneratorState):
+        assert ours.__getstate__() == theirs.__getstate__(), where
+    else:
+        assert ours == theirs, where
+
+
+def test_the_allowlist_unpickler_returns_what_paddle_load_returns_for_a_real_paddlenlp_checkpoint(tmp_path):
+    paddlenlp_trainer = pytest.importorskip("paddlenlp.trainer")
+    from paddletrainer.checkpoint.restricted_pickle import load_pickle
+
+    with paddle.utils.unique_name.guard():
+        args = paddlenlp_trainer.TrainingArguments(output_dir=str(tmp_path / "nlp"), max_steps=2, save_steps=2,
+                                                   per_device_train_batch_size=4, report_to="none", disable_tqdm=True)
+        paddlenlp_trainer.Trainer(model=RegressionModel(), args=args, train_dataset=regression_data(16)).train()
+    ckpt = tmp_path / "nlp" / "checkpoint-2"
+    files = sorted(p for p in ckpt.iterdir() if p.suffix in (".pdparams", ".pdopt", ".pth"))
+    assert {p.name for p in files} >= {"model_state.pdparams", "optimizer.pdopt", "scheduler.pdparams", "rng_state.pth"}
+    for path in files:  # rng_state.pth: paddle.load itself fails without return_numpy (uint32 arrays)
+        for return_numpy in (True,) if path.suffix == ".pth" else (False, True):
+            _same(load_pickle(str(path), return_numpy=return_numpy), paddle.load(str(path), return_numpy=return_numpy))
+    # what paddle.save writes beyond a flat state dict: tensors nested in containers (pickled as (name, array)
+    # tuples, e.g. an optimizer's master_weights) and DenseTensors (pickled through eval), under protocols 2-4
+    weight = paddle.to_tensor([1.0, 2.0])
+    weight.name = "w0"
+    nested = {"master_weights": {"w0": weight}, "x": [weight, 3, "s", (1, 2.5)],
+              "od": collections.OrderedDict(a=np.float32(2))}
+    for obj in (nested, [weight.value().get_tensor(), {"step": 1}]):
+        for protocol in (2, 3, 4):
+            paddle.save(obj, str(tmp_path / "obj.pd"), protocol=protocol)
+            for return_numpy in (False, True):
+                _same(load_pickle(str(tmp_path / "obj.pd"), return_numpy=return_numpy),
+                      paddle.load(str(tmp_path / "obj.pd"), return_numpy=return_numpy))

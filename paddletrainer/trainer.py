@@ -61,7 +61,8 @@ from .metrics.writers import check_report_to
 from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
 from .loss import batch_loss
-from .parallel import clip_grad_norm, collectives, init_topology, no_sync, parallelize, pipeline
+from .parallel import collectives, init_topology, no_sync, parallelize, pipeline
+from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, has_length, speed_metrics
 from .rollback import Rollback
@@ -122,6 +123,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if model is not None:
             checks.check_model_for_layout(model, args.parallel_degrees)
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
+        if optimizers[0] is not None:
+            checks.check_optimizer_for_layout(optimizers[0], args.parallel_config)
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
         set_seed(args.seed)
         if model is None:
@@ -142,6 +145,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
+        self._optimizer_built_here = False  # create_optimizer sets it: then max_grad_norm is the clip
+        self.gradient_clip = None  # a GradientClip, taken off the optimizer when it is wrapped
         self.scaler = None
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
@@ -259,6 +264,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         """AdamW (or ``args.optim``) with weight decay skipped for biases and norm weights."""
         if self.optimizer is None:
             args = self.args
+            self._optimizer_built_here = True
             self.optimizer = create_optimizer(
                 self.model,
                 lr_scheduler if lr_scheduler is not None else args.learning_rate,
@@ -297,6 +303,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if self._wrapped:
             return
         self.amp.warn_if_dry_run()
+        self.gradient_clip = self._take_gradient_clip()
         self.model, self.optimizer = self.amp.decorate(self.model, self.optimizer)
         self.scaler = self.amp.grad_scaler()
         self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology,
@@ -305,6 +312,25 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self.callback_handler.optimizer = self.optimizer
         self.callback_handler.lr_scheduler = self.lr_scheduler
         self._wrapped = True
+
+    def _take_gradient_clip(self) -> GradientClip:
+        """The clip the step applies, PaddleNLP's rule: the optimizer the Trainer builds clips by the global norm
+        at ``max_grad_norm``; an optimizer the user built (``optimizers=`` or a ``create_optimizer`` override)
+        clips with its own ``grad_clip``, per parameter group as Paddle does, or not at all."""
+        checks.check_optimizer_for_layout(self.optimizer, self.args.parallel_config)
+        if self._optimizer_built_here:
+            clip = GradientClip.global_norm(self.args.max_grad_norm)
+        else:
+            clip = take_gradient_clip(self.optimizer)
+            if not clip.groups and self.args.max_grad_norm and self.args.max_grad_norm > 0:
+                logger.warning("the optimizer given to the Trainer has no grad_clip: gradients are not clipped "
+                               "(max_grad_norm=%s applies to the optimizer the Trainer builds, as in PaddleNLP); "
+                               "build yours with grad_clip=paddle.nn.ClipGradByGlobalNorm(...) to clip",
+                               self.args.max_grad_norm)
+            elif clip.groups:
+                logger.info("gradient clip of the given optimizer: %s", clip.describe())
+        check_gradient_clip(clip, whole_gradients=self.topology.world_size == 1 or not self.topology.use_hybrid)
+        return clip
 
     # ----------------------------------------------------------------------------------- steps
     def autocast_smart_context_manager(self):
@@ -363,8 +389,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         optimizer = self.optimizer
         divisor = overflow.delayed_loss_divisor(self.model_wrapped)
         found_inf = overflow.unscale_gradients(self.scaler, optimizer, divisor)
-        grad_norm = clip_grad_norm(self.model_wrapped, optimizer, self.topology, self.args.max_grad_norm,
-                                   nonfinite=found_inf)
+        grad_norm = clip_gradients(optimizer, self.topology, self.gradient_clip, nonfinite=found_inf)
         action = self._nonfinite.decide(grad_norm, self.state)  # may raise NonFiniteLossError
         self._checkpointer.wait_for_snapshot()  # an async save's host copy is taken before the step writes weights
         with self.timers("optimizer"):

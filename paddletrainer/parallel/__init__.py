@@ -28,7 +28,7 @@ from .layout import AXES, Axis, Layout, coordinates_of
 # The modules that need paddle, imported on first attribute access (PEP 562): the public names of
 # _NAME_MODULES (read from each one's ``__all__`` without importing it, so no table is written by hand) and the
 # _SUBMODULES themselves (``parallel.pipeline``).
-_NAME_MODULES = ("topology", "apply", "optimizer", "data_parallel", "collectives")
+_NAME_MODULES = ("topology", "apply", "optimizer", "data_parallel", "collectives", "clipping")
 _SUBMODULES = ("pipeline",)
 _EAGER = {"AXES", "Axis", "Layout", "ParallelConfig", "resolve_layout", "coordinates_of"}
 

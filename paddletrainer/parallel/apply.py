@@ -2,8 +2,9 @@
 
 Order (each step names the function that does it):
 
-1. checks: no ``grad_clip`` on the optimizer (clipping is :func:`~.collectives.clip_grad_norm`'s job, so
-   Paddle never installs its GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
+1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
+   :func:`~.clipping.clip_gradients` or :func:`~.collectives.clip_grad_norm`, so Paddle never installs its
+   GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
 2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel`.
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and
    ``HybridParallelOptimizer`` carries dp and sharding stage 1 (stage 2/3 with pp are rejected).
@@ -40,11 +41,13 @@ __all__ = ["parallelize"]
 
 
 def _check_optimizer(optimizer) -> None:
-    if getattr(optimizer, "_grad_clip", None) is not None:
+    groups = getattr(optimizer, "_param_groups", None) or []
+    group_clip = any(isinstance(g, dict) and g.get("grad_clip") is not None for g in groups)
+    if getattr(optimizer, "_grad_clip", None) is not None or group_clip:
         raise ValueError(
-            "build the optimizer without grad_clip: paddletrainer clips with "
-            "paddletrainer.parallel.clip_grad_norm(model, optimizer, topology, max_norm), which computes the norm "
-            "across tp/pp/sharding ranks (Paddle's hybrid clip classes are GPU-only)"
+            "take the optimizer's grad_clip off before parallelize: clip = paddletrainer.parallel.clipping."
+            "take_gradient_clip(optimizer), then clip_gradients(optimizer, topology, clip) before each step (the "
+            "Trainer does this); inside step() the clip would see only this rank's gradients"
         )
 
 

@@ -151,6 +151,11 @@ class ParallelOptimizer:
 
         Every gradient is listed (counted or not) so that clipping can scale all of them.
         """
+        return [(grad, counted) for _, grad, counted in self.named_counted_gradients()]
+
+    def named_counted_gradients(self) -> list:
+        """``(parameter name, grad, counted)``: :meth:`counted_gradients` with the name of the parameter each
+        gradient belongs to (stage 3's slices keep their ``slice@<name>``), for per-group clipping."""
         topo = self._topology
         entries = []
         for param, grad, owned in self._gradients_with_ownership():
@@ -161,7 +166,7 @@ class ParallelOptimizer:
                 counted = False
             if not getattr(param, "is_firstly_shared", True):
                 counted = False
-            entries.append((grad, counted))
+            entries.append((param.name, grad, counted))
         return entries
 
     def _gradients_with_ownership(self):
@@ -177,16 +182,21 @@ class ParallelOptimizer:
         if self._mode == STAGE2:
             owner = self._optimizer._param2rank
             return [(p, p.grad, owner[p.name] == topo.sharding_rank) for p in self._optimizer._local_params]
-        # stage 3: after sync the inner optimizer's list is [slices..., unsliced params...]
+        # stage 3: after sync the inner optimizer's parameters are [slices..., unsliced params...] (with
+        # parameter groups, only the groups hold the slices: Paddle leaves _parameter_list as built)
         unsliced = {id(p) for p in self._model._unslice_params}
         return [(p, p.grad, id(p) not in unsliced or topo.sharding_rank == 0)
-                for p in self._optimizer._parameter_list]
+                for p in _flat(self._optimizer._param_groups)]
 
     def _local_parameters(self):
-        params = self._optimizer._parameter_list
-        if params and isinstance(params[0], dict):
-            return [p for group in params for p in group["params"]]
-        return list(params)
+        return _flat(self._optimizer._parameter_list)
 
     def _hybrid_parameters(self):
         return list(obtain_optimizer_parameters_list(self._optimizer._inner_opt))
+
+
+def _flat(params) -> list:
+    """A parameter list, or the parameters of a list of parameter groups, in order."""
+    if params and isinstance(params[0], dict):
+        return [p for group in params for p in group["params"]]
+    return list(params)

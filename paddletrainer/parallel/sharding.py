@@ -109,8 +109,9 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
     group, dp_group, device = topology.sharding_group, topology.dp_group, _device()
     with _construction_scope():
         if stage == 2:
-            optimizer = GroupShardedOptimizerStage2(params=optimizer._parameter_list, optim=optimizer, group=group,
-                                                    offload=offload, dp_group=dp_group, device=device)
+            with _parameter_settings_kept(optimizer._parameter_list):
+                optimizer = GroupShardedOptimizerStage2(params=optimizer._parameter_list, optim=optimizer,
+                                                        group=group, offload=offload, dp_group=dp_group, device=device)
             model = GroupShardedStage2(model, optimizer, group=group, sync_buffers=True, dp_group=dp_group,
                                        device=device)
         else:
@@ -118,6 +119,25 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
                                          segment_size=segment_size, offload=offload, dp_group=dp_group,
                                          device=device, exclude_layer=["GroupNorm"])
     return model, optimizer
+
+
+@contextlib.contextmanager
+def _parameter_settings_kept(parameters):
+    """Keep each parameter's regularizer and learning-rate factor as the user's optimizer set them.
+
+    ``GroupShardedOptimizerStage2`` runs the base ``Optimizer.__init__`` over the user's parameter groups, whose
+    ``_add_param_group`` turns a group's float ``weight_decay`` into ``param.regularizer = L2Decay(wd)``: an
+    AdamW's decoupled decay would then also be added to the gradient (coupled L2), and the run leaves one
+    process silently (AdamW's own ``_add_param_group`` sets no regularizer).
+    """
+    params = [p for group in parameters for p in group["params"]] if parameters and isinstance(parameters[0], dict) \
+        else list(parameters or [])
+    kept = [(p, getattr(p, "regularizer", None), dict(p.optimize_attr)) for p in params]
+    yield
+    for param, regularizer, optimize_attr in kept:
+        param.regularizer = regularizer
+        param.optimize_attr.clear()
+        param.optimize_attr.update(optimize_attr)
 
 
 class _ReduceScatterStage3(GroupShardedStage3):

@@ -140,11 +140,17 @@ def test_every_fill_documents_the_paddle_function_it_replaces():
         assert "Replaces" in inspect.getdoc(fill), fill.__name__
 
 
-def test_parallelize_refuses_an_optimizer_with_its_own_grad_clip():
+def test_parallelize_refuses_an_optimizer_still_carrying_a_grad_clip():
+    """Inside step() the clip would see only this rank's gradients (and Paddle's GPU-only hybrid clip classes
+    would replace it): the Trainer takes it off first (take_gradient_clip); direct callers are told to."""
     from paddletrainer.parallel import parallelize
 
     topo = Topology.of()  # one process
     model = paddle.nn.Linear(2, 2)
     opt = paddle.optimizer.AdamW(parameters=model.parameters(), grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
-    with pytest.raises(ValueError, match="clip_grad_norm"):
+    with pytest.raises(ValueError, match="take_gradient_clip"):
         parallelize(model, opt, topo, ParallelConfig(layout=topo.layout))
+    grouped = paddle.optimizer.AdamW(parameters=[{"params": model.parameters(),
+                                                  "grad_clip": paddle.nn.ClipGradByGlobalNorm(1.0)}])
+    with pytest.raises(ValueError, match="take_gradient_clip"):
+        parallelize(model, grouped, topo, ParallelConfig(layout=topo.layout))

@@ -52,7 +52,7 @@ class Range(NamedTuple):
 
 # Options whose range is a fact of what consumes them. A value of None (an unset Optional) is never checked.
 RANGES: Dict[str, Range] = {
-    "seed": Range(0, 2**32 - 1, "NumPy seeds with an unsigned 32-bit integer (np.random.seed)"),
+    "seed": Range(0, 2**32 - 1, "np.random.seed takes an unsigned 32-bit integer"),
     "adam_beta1": Range(0, 1, "Paddle's AdamW takes beta1 in [0, 1)", high_open=True),
     "adam_beta2": Range(0, 1, "Paddle's AdamW takes beta2 in [0, 1)", high_open=True),
     "adam_epsilon": Range(0, None, "Paddle's AdamW takes epsilon >= 0"),
@@ -62,7 +62,7 @@ RANGES: Dict[str, Range] = {
     "lr_end": Range(0, None, "a learning rate"),
     "min_learning_rate": Range(0, None, "a learning rate"),
     "scale_loss": Range(0, None, "the initial fp16 loss scale multiplies the loss", low_open=True),
-    "eval_steps": Range(0, None, "an interval in steps (0 or None: use logging_steps)"),
+    "eval_steps": Range(0, None, "an interval in steps; 0 or None means logging_steps"),
 }
 
 
@@ -102,7 +102,7 @@ def check_option_values(args) -> None:
                 raise ValueError(f"{name}={value!r} is invalid: must be a finite number (not NaN or infinity)")
             if kind is int and not INT64_MIN <= value <= INT64_MAX:
                 raise ValueError(f"{name}={value!r} is invalid: must fit a signed 64-bit integer "
-                                 f"(|{name}| <= {INT64_MAX}), the integer type Paddle and NumPy take")
+                                 "(-2**63 to 2**63 - 1), the integer type Paddle and NumPy take")
     for name, rule in RANGES.items():
         value = getattr(args, name, None)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not rule.holds(value):

@@ -18,8 +18,11 @@ rank of a launched job. ``parse_dict`` and direct construction (``TrainingArgume
 so does a parser built with ``exit_on_error=False``.
 
 Differences from PaddleNLP, on purpose: unknown dict/file keys are errors (PaddleNLP drops them silently from
-``parse_dict``), option prefixes are not abbreviated (``--learning`` is not ``--learning_rate``), and the
-PaddleCloud ``PDC_INIT_STEP`` resume rewriting of ``parse_dict`` is not done.
+``parse_dict``), option prefixes are not abbreviated (``--learning`` is not ``--learning_rate``), a float option
+refuses NaN (it passes every range check a dataclass makes) and a text option refuses non-UTF-8 text (argv bytes
+that are not UTF-8 arrive as lone surrogates, which no file or log can hold), a config or ``.args`` file that is a
+directory, not UTF-8 or nested too deeply is a usage error naming it, and the PaddleCloud ``PDC_INIT_STEP`` resume
+rewriting of ``parse_dict`` is not done.
 """
 
 import argparse

@@ -70,7 +70,10 @@ RANGES: Dict[str, Range] = {
 def _numeric_fields(cls: type) -> Tuple[Tuple[str, type], ...]:
     """``(name, int|float)`` for every init field of ``cls`` whose type is int or float, bare, Optional or in
     (nested) lists; a subclass's own fields (PaddleNLP scripts extend TrainingArguments) are included."""
-    hints = get_type_hints(cls)
+    try:
+        hints = get_type_hints(cls)
+    except (NameError, TypeError):  # a script's subclass with annotations that do not resolve: the plain types
+        hints = {f.name: f.type for f in dataclasses.fields(cls) if not isinstance(f.type, str)}
     found = []
     for f in dataclasses.fields(cls):
         hint = hints.get(f.name)

@@ -95,6 +95,23 @@ def test_every_bad_value_of_every_option_is_a_usage_error_naming_it(capsys, tmp_
     assert f"error: argument --{name}: " in error, error
 
 
+def test_an_unknown_option_with_non_utf8_bytes_is_named_escaped(capsys, tmp_path):
+    error = usage_error_of(capsys, lambda: parse_cli(["--output_dir", str(tmp_path), f"--{NOT_UTF8}", "1"]))
+    assert "unknown option(s) --\\udcff\\udcfe" in error, error
+
+
+def test_a_subclass_whose_annotations_do_not_resolve_is_still_checked(tmp_path):
+    namespace = {}
+    exec("from __future__ import annotations\n"  # a script's subclass naming a type only it imports
+         "import dataclasses\n"
+         "from paddletrainer import TrainingArguments\n"
+         "@dataclasses.dataclass\n"
+         "class ScriptArguments(TrainingArguments):\n"
+         "    tokenizer_hint: ScriptOnlyType = None\n", namespace)
+    with pytest.raises(ValueError, match="^learning_rate=nan is invalid: must be a finite number"):
+        namespace["ScriptArguments"](output_dir=str(tmp_path), learning_rate=float("nan"))
+
+
 def test_the_generated_cases_cover_every_numeric_and_bool_option():
     covered = {name for name, _ in CASES}
     assert {n for n, k in FIELDS.items() if k in ("int", "float", "bool")} <= covered

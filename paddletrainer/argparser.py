@@ -304,13 +304,17 @@ class PdArgumentParser(argparse.ArgumentParser):
 
         The dataclasses' checks name the options they refuse (``warmup_ratio=2.0 is invalid: ...``,
         ``tensor_parallel_degree=1 x pipeline_parallel_degree=4 = 4 does not divide ...``): the option named is the
-        first of those the user gave (``given``), else the first named at all.
+        first of those the user gave (``given``), then an alias the user gave of one named (a dataclass's
+        ``_option_aliases``, alias → option: ``tensor_model_parallel_size`` sets ``tensor_parallel_degree``), else the
+        first named at all.
         """
         message = str(err)
         if isinstance(err, _OptionValueError):  # the message already says where the value came from
             self._usage_error(f"argument --{err.option}: {message}")
         named = [n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message) if n in self._specs]
-        option = next((n for n in named if n in given), named[0] if named else None)
+        aliases = [(a, t) for d in self.dataclass_types for a, t in getattr(d, "_option_aliases", {}).items()]
+        given_named = [n for n in named if n in given] + [a for n in named for a, t in aliases if t == n and a in given]
+        option = next(iter(given_named), named[0] if named else None)
         where = "" if source == "command line" else f" (in {source})"
         self._usage_error(f"argument --{option}: {message}{where}" if option else f"{message}{where}")
 

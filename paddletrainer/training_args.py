@@ -94,6 +94,7 @@ class TrainingArguments:
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
+    _option_aliases = {**compat.PADDLEFORMERS_NAMES, "sharding_degree": "sharding_parallel_degree"}  # errors name them
 
     # ---------------------------------------------------------------- run, phases
     output_dir: str = field(metadata=_help("Where checkpoints, logs and predictions are written."))

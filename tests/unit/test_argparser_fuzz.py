@@ -95,6 +95,12 @@ def test_every_bad_value_of_every_option_is_a_usage_error_naming_it(capsys, tmp_
     assert f"error: argument --{name}: " in error, error
 
 
+@pytest.mark.parametrize("alias", sorted(TrainingArguments._option_aliases))
+def test_a_bad_degree_given_under_an_alias_names_the_alias(capsys, tmp_path, alias):
+    error = usage_error_of(capsys, lambda: parse_cli(["--output_dir", str(tmp_path), f"--{alias}", "5"]))
+    assert f"error: argument --{alias}: " in error, error
+
+
 def test_an_unknown_option_with_non_utf8_bytes_is_named_escaped(capsys, tmp_path):
     error = usage_error_of(capsys, lambda: parse_cli(["--output_dir", str(tmp_path), f"--{NOT_UTF8}", "1"]))
     assert "unknown option(s) --\\udcff\\udcfe" in error, error

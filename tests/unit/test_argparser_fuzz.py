@@ -137,6 +137,14 @@ def test_bad_values_in_a_json_config_are_usage_errors_naming_the_option(capsys, 
     assert f"error: argument --{key}: " in error and "cfg.json" in error, error
 
 
+def test_nan_and_inf_in_a_yaml_config_are_usage_errors_naming_the_option(capsys, tmp_path):
+    for key, value in (("learning_rate", ".nan"), ("num_train_epochs", ".inf"), ("warmup_ratio", "-.inf")):
+        cfg = tmp_path / "cfg.yaml"
+        cfg.write_text(f"output_dir: {tmp_path}\n{key}: {value}\n")
+        error = usage_error_of(capsys, lambda: PdArgumentParser(TrainingArguments).parse_yaml_file(str(cfg)))
+        assert f"error: argument --{key}: " in error, error
+
+
 def _bad_config_files(tmp_path):
     (tmp_path / "dir.json").mkdir()
     (tmp_path / "dir.yaml").mkdir()
@@ -212,12 +220,13 @@ def test_samples_per_step_beyond_64_bits_are_refused(tmp_path, monkeypatch):
     (["--dataloader_num_workers", "1000000"], "dataloader_num_workers"),
     (["--per_device_train_batch_size", "100000000000000000000"], "per_device_train_batch_size"),
     (["--learning_rate", "nan"], "learning_rate"),
+    ([b"--run_name", b"caf\xe9"], "run_name"),  # Latin-1 bytes in argv
 ])
 def test_a_real_script_ends_a_bad_value_with_exit_2_and_no_traceback(tmp_path, argv, option):
     env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run([sys.executable, str(USER_SCRIPT), "--output_dir", str(tmp_path), *argv], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+                          capture_output=True, text=True, errors="replace", timeout=120, cwd=str(tmp_path))
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

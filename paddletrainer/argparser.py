@@ -18,14 +18,18 @@ rank of a launched job. ``parse_dict`` and direct construction (``TrainingArgume
 so does a parser built with ``exit_on_error=False``.
 
 Differences from PaddleNLP, on purpose: unknown dict/file keys are errors (PaddleNLP drops them silently from
-``parse_dict``), option prefixes are not abbreviated (``--learning`` is not ``--learning_rate``), and the
-PaddleCloud ``PDC_INIT_STEP`` resume rewriting of ``parse_dict`` is not done.
+``parse_dict``), option prefixes are not abbreviated (``--learning`` is not ``--learning_rate``), a float option
+refuses NaN (it passes every range check a dataclass makes) and a text option refuses non-UTF-8 text (argv bytes
+that are not UTF-8 arrive as lone surrogates, which no file or log can hold), a config or ``.args`` file that is a
+directory, not UTF-8 or nested too deeply is a usage error naming it, and the PaddleCloud ``PDC_INIT_STEP`` resume
+rewriting of ``parse_dict`` is not done.
 """
 
 import argparse
 import dataclasses
 import difflib
 import json
+import math
 import re
 import sys
 from enum import Enum
@@ -137,12 +141,15 @@ def _analyze(field: dataclasses.Field, hint, owner: type) -> _FieldSpec:
     )
 
 
+_TYPE_NAMES = {float: "float (not NaN)", str: "str (UTF-8 text)"}
+
+
 def _expected(spec: _FieldSpec) -> str:
     if spec.choices is not None:
         return "one of: " + ", ".join(str(c) for c in spec.choices)
     if spec.kind == "bool":
         return "a boolean (true/false, 1/0, yes/no)"
-    name = getattr(spec.base, "__name__", str(spec.base))
+    name = _TYPE_NAMES.get(spec.base) or getattr(spec.base, "__name__", str(spec.base))
     return {"list": f"a list of {name}", "list_of_lists": f"a list of lists of {name}", "dict": "a JSON object"}.get(
         spec.kind, f"a value of type {name}"
     )
@@ -158,14 +165,18 @@ def _coerce_scalar(base, value):
             raise ValueError
         return int(value)
     if base is float:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or math.isnan(float(value)):  # NaN passes every range check a dataclass makes
             raise ValueError
         return float(value)
     if base is str:
         # numbers become text as they do through PaddleNLP's JSON → command-line path ("save_steps": 5 → "5")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError
-        return str(value)
+        text = str(value)
+        # non-UTF-8 bytes of argv arrive as lone surrogates (JSON can spell them too); no file or log holds them:
+        # encode raises UnicodeEncodeError, a ValueError
+        text.encode("utf-8")
+        return text
     if base is bool:
         return strtobool(value)
     return value if isinstance(value, base) else base(value)
@@ -194,7 +205,7 @@ def _coerce(spec: _FieldSpec, value: Any) -> Any:
             result = [_coerce_scalar(spec.base, x) for x in items]
         else:
             result = _coerce_scalar(spec.base, value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float() of an int beyond the float range
         if spec.raw_ok:
             return value
         raise ValueError from None
@@ -272,7 +283,9 @@ class PdArgumentParser(argparse.ArgumentParser):
     # ---------------------------------------------------------------- usage errors
     def error(self, message: str):
         """argparse's error path (usage, ``<prog>: error: <message>``, exit 2) with a one-line usage: the full one
-        lists every option of every dataclass (hundreds for ``TrainingArguments``) and would bury the error."""
+        lists every option of every dataclass (hundreds for ``TrainingArguments``) and would bury the error.
+        Non-UTF-8 input (lone surrogates) is shown backslash-escaped, so any stderr can print the message."""
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         if self.usage is not None or len(self._specs) <= 20:
             super().error(message)
         sys.stderr.write(f"usage: {self.prog} [-h] [--option VALUE ...]  ({self.prog} --help lists all "
@@ -291,13 +304,17 @@ class PdArgumentParser(argparse.ArgumentParser):
 
         The dataclasses' checks name the options they refuse (``warmup_ratio=2.0 is invalid: ...``,
         ``tensor_parallel_degree=1 x pipeline_parallel_degree=4 = 4 does not divide ...``): the option named is the
-        first of those the user gave (``given``), else the first named at all.
+        first of those the user gave (``given``), then an alias the user gave of one named (a dataclass's
+        ``_option_aliases``, alias → option: ``tensor_model_parallel_size`` sets ``tensor_parallel_degree``), else the
+        first named at all.
         """
         message = str(err)
         if isinstance(err, _OptionValueError):  # the message already says where the value came from
             self._usage_error(f"argument --{err.option}: {message}")
         named = [n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message) if n in self._specs]
-        option = next((n for n in named if n in given), named[0] if named else None)
+        aliases = [(a, t) for d in self.dataclass_types for a, t in getattr(d, "_option_aliases", {}).items()]
+        given_named = [n for n in named if n in given] + [a for n in named for a, t in aliases if t == n and a in given]
+        option = next(iter(given_named), named[0] if named else None)
         where = "" if source == "command line" else f" (in {source})"
         self._usage_error(f"argument --{option}: {message}{where}" if option else f"{message}{where}")
 
@@ -366,8 +383,8 @@ class PdArgumentParser(argparse.ArgumentParser):
         if args_filename or (look_for_args_file and sys.argv):
             args_file = Path(args_filename) if args_filename else Path(sys.argv[0]).with_suffix(".args")
             if args_file.exists():
-                file_args = args_file.read_text().split()
-                args = file_args + (list(args) if args is not None else sys.argv[1:])
+                file_args = self._read_text(args_file)
+                args = file_args.split() + (list(args) if args is not None else sys.argv[1:])
         values, namespace, remaining = self._cli_values(args)
         outputs = self._build(values, "command line", usage_errors=True)
         return self._finish(outputs, namespace, remaining, return_remaining_strings)
@@ -418,10 +435,16 @@ class PdArgumentParser(argparse.ArgumentParser):
         return self._finish(outputs, namespace, remaining, return_remaining_strings)
 
     def _load_file(self, path, fmt: str) -> Dict[str, Any]:
+        return _load_file(self._read_text(path), path, fmt, self._usage_error)
+
+    def _read_text(self, path) -> str:
+        """A config or ``.args`` file's text; a missing, unreadable, non-UTF-8 file or a directory is a usage error."""
         try:
-            return _load_file(path, fmt)
-        except (OSError, ValueError) as err:  # a missing or malformed config file is bad input too
-            self._usage_error(f"{path}: {err.strerror if isinstance(err, OSError) and err.strerror else err}")
+            return Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            self._usage_error(f"{path}: not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})")
+        except OSError as err:  # names the path: No such file or directory, Is a directory, Permission denied
+            self._usage_error(f"{path}: {err.strerror or err}")
 
 
 def _cli_bool(text: str) -> bool:
@@ -431,19 +454,27 @@ def _cli_bool(text: str) -> bool:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _load_file(path, fmt: str) -> Dict[str, Any]:
-    text = Path(path).read_text()  # FileNotFoundError names the path
-    if fmt == "json":
-        data = json.loads(text)
-    else:
-        import yaml  # only needed for YAML configs
+def _load_file(text: str, path, fmt: str, fail) -> Dict[str, Any]:
+    """The option mapping of a JSON/YAML file's ``text``; ``fail(message)`` reports bad content (it does not return)."""
+    try:
+        if fmt == "json":
+            data = json.loads(text)
+        else:
+            import yaml  # only needed for YAML configs
 
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as err:
-            raise ValueError(f"not valid YAML: {err}".replace("\n", " ")) from None
+            try:
+                data = yaml.safe_load(text) or {}
+            except yaml.YAMLError as err:
+                raise ValueError(f"not valid YAML: {err}".replace("\n", " ")) from None
+    except ValueError as err:
+        fail(f"{path}: {err}")
+    except RecursionError:  # the parsers recurse once per nesting level
+        fail(f"{path}: nested too deeply to be a configuration")
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping of option names to values")
+        fail(f"{path}: the top level must be a mapping of option names to values")
+    keys = [k for k in data if not isinstance(k, str)]
+    if keys:
+        fail(f"{path}: option names must be text, got {keys[0]!r}")
     return data
 
 

@@ -40,6 +40,7 @@ from .callbacks import (
     TrainerControl,
     TrainerState,
 )
+from .device import resolve_device
 from .data import (
     ColumnFilter,
     DataCollatorWithPadding,
@@ -118,6 +119,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
+        args.device = resolve_device(args.device)  # gpu on a CPU-only build: cpu, with one warning
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Literal, Optional
 
-from . import compat
+from . import arg_checks, compat
 from .argparser import RAW_VALUE, PdArgumentParser
 # re-exported: these names have been importable from here
 from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
@@ -94,6 +94,7 @@ class TrainingArguments:
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
+    _option_aliases = {**compat.PADDLEFORMERS_NAMES, "sharding_degree": "sharding_parallel_degree"}  # errors name them
 
     # ---------------------------------------------------------------- run, phases
     output_dir: str = field(metadata=_help("Where checkpoints, logs and predictions are written."))
@@ -370,6 +371,7 @@ class TrainingArguments:
     # ================================================================ construction
     def __post_init__(self):
         self._world_size = launch_world_size()
+        arg_checks.check_option_values(self)  # NaN/inf, int64 and the RANGES table, for every field
         self._normalize_paths()
         self._normalize_schedule_and_strategies()
         self._check_sizes()
@@ -440,8 +442,6 @@ class TrainingArguments:
             raise ValueError(f"warmup_steps={self.warmup_steps} is invalid: must be >= 0")
         if self.warmup_ratio > 0 and self.warmup_steps > 0:
             logger.info("both warmup_ratio and warmup_steps are set: warmup_steps wins")
-        if self.learning_rate < 0:
-            raise ValueError(f"learning_rate={self.learning_rate} is invalid: must be >= 0")
 
     def _check_sizes(self) -> None:
         _positive(self.per_device_train_batch_size, "per_device_train_batch_size")
@@ -450,8 +450,7 @@ class TrainingArguments:
         _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
         _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
         _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
-        if self.dataloader_num_workers < 0:
-            raise ValueError(f"dataloader_num_workers={self.dataloader_num_workers} is invalid: must be >= 0")
+        arg_checks.check_sizes(self, self._world_size)  # upper bounds: what a tensor and the machine hold
 
     def _check_best_model(self) -> None:
         if self.load_best_model_at_end:

@@ -8,22 +8,26 @@ it into a usage error, exit 2). Stdlib only: the arguments import without paddle
 * A few options whose valid range is a fact of the library that consumes them (:data:`RANGES`: NumPy's seed,
   Paddle's AdamW betas/epsilon, ...), checked at parse time instead of when the Trainer builds that library's object.
 * Sizes bounded by what a tensor or the machine can hold, never by free memory (:func:`check_sizes`):
-  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**63 - 1, ``dataloader_num_workers`` <= the
+  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**63 - 1, ``dataloader_num_workers`` <= 4 x the
   CPUs this process may run on.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["INT32_MAX", "INT64_MAX", "RANGES", "check_option_values", "check_sizes", "usable_cpus"]
+__all__ = ["INT32_MAX", "INT64_MAX", "RANGES", "WORKERS_PER_CPU", "check_option_values", "check_sizes", "usable_cpus"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
+WORKERS_PER_CPU = 4  # dataloader_num_workers refused beyond this many per usable CPU (see check_sizes)
+
+logger = logging.getLogger(__name__)
 
 
 class Range(NamedTuple):
@@ -128,9 +132,10 @@ def check_sizes(args, world_size: int) -> None:
       addresses; every batch a device can hold is far below it.
     * ``per_device_train_batch_size x gradient_accumulation_steps x world_size <= 2**63 - 1``: the sampler lays
       out one optimizer step's sample indices as 64-bit integers.
-    * ``dataloader_num_workers <= usable_cpus()``: each worker is a process that loads batches on a CPU; more
-      workers than the CPUs this process may run on cannot run at once (PyTorch's DataLoader warns above the same
-      number; each worker holds its own copy of the dataset and prefetched batches).
+    * ``dataloader_num_workers <= 4 x usable_cpus()``: each worker is a process that loads batches on a CPU and
+      holds its own copy of the dataset and prefetched batches. A config written for a bigger machine (4 workers
+      on a 2-CPU laptop) still runs, with a warning above the CPU count (PyTorch's DataLoader warns there too);
+      beyond 4 per CPU the workers only wait for each other.
     """
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
         value = getattr(args, name)
@@ -144,7 +149,11 @@ def check_sizes(args, world_size: int) -> None:
             f"{args.gradient_accumulation_steps} x {world_size} processes = {step} samples per optimizer step is "
             f"invalid: must be <= {INT64_MAX} (2**63 - 1; the sampler indexes them with 64-bit integers)")
     workers, cpus = args.dataloader_num_workers, usable_cpus()
-    if workers < 0 or workers > cpus:
+    if workers < 0 or workers > WORKERS_PER_CPU * cpus:
         raise ValueError(
-            f"dataloader_num_workers={workers} is invalid: must be >= 0 and <= {cpus}, the CPUs this process may "
-            f"run on (os.sched_getaffinity): each worker is a process loading batches on a CPU of its own")
+            f"dataloader_num_workers={workers} is invalid: must be >= 0 and <= {WORKERS_PER_CPU * cpus} "
+            f"({WORKERS_PER_CPU} per CPU this process may run on, os.sched_getaffinity: {cpus}); each worker is a "
+            f"process with its own copy of the dataset and prefetched batches")
+    if workers > cpus:
+        logger.warning("dataloader_num_workers=%d is more than the %d CPU(s) this process may run on: the workers "
+                       "share them (PyTorch's DataLoader warns likewise)", workers, cpus)

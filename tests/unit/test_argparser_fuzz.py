@@ -13,7 +13,7 @@ from typing import List, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
-from paddletrainer.arg_checks import INT32_MAX, usable_cpus
+from paddletrainer.arg_checks import INT32_MAX, WORKERS_PER_CPU, usable_cpus
 from paddletrainer.argparser import PdArgumentParser
 from paddletrainer.training_args import TrainingArguments
 
@@ -65,7 +65,7 @@ def _cases():
     yield from ((name, "-1") for name in NEGATIVE_IS_NONSENSE)
     yield from ((name, "-0.5") for name in NEGATIVE_FLOAT_IS_NONSENSE)
     yield from [("per_device_train_batch_size", str(INT32_MAX + 1)), ("per_device_eval_batch_size", str(2**40)),
-                ("dataloader_num_workers", "1000000"), ("dataloader_num_workers", str(usable_cpus() + 1)),
+                ("dataloader_num_workers", "1000000"), ("dataloader_num_workers", str(WORKERS_PER_CPU * usable_cpus() + 1)),
                 ("adam_beta1", "1.0"), ("adam_beta2", "1.5"), ("seed", str(2**32)), ("scale_loss", "0"),
                 ("output_dir", NOT_UTF8)]
 
@@ -192,10 +192,10 @@ def test_paddlenlp_defaults_and_sentinels_still_parse(tmp_path):
                          "--past_index", "-1", "--max_evaluate_steps", "-1", "--local_rank", "-1",
                          "--sharding_comm_buffer_size_MB", "-1", "--tensor_parallel_degree", "-1",
                          "--max_grad_norm", "0", "--num_train_epochs", "0.5", "--eval_steps", "0",
-                         "--seed", str(2**32 - 1), "--dataloader_num_workers", str(usable_cpus()),
+                         "--seed", str(2**32 - 1), "--dataloader_num_workers", str(WORKERS_PER_CPU * usable_cpus()),
                          "--per_device_train_batch_size", str(INT32_MAX), "--adam_beta2", "0.999"])
     assert (args.seed, args.per_device_train_batch_size, args.dataloader_num_workers) == (
-        2**32 - 1, INT32_MAX, usable_cpus())
+        2**32 - 1, INT32_MAX, WORKERS_PER_CPU * usable_cpus())
 
 
 def test_direct_construction_refuses_the_same_values(tmp_path):

@@ -131,7 +131,7 @@ ARGS_CASES = [
     ("peak_flops_negative", 1, dict(peak_flops_per_device=-1.0), ["peak_flops_per_device=-1.0", "positive"]),
     ("dataloader_workers_negative", 1, dict(dataloader_num_workers=-1), ["dataloader_num_workers=-1", ">= 0"]),
     ("dataloader_workers_above_cpus", 1, dict(dataloader_num_workers=1000000),
-     ["dataloader_num_workers=1000000", "the CPUs this process may run on"]),
+     ["dataloader_num_workers=1000000", "per CPU this process may run on"]),
     ("train_batch_above_int32", 1, dict(per_device_train_batch_size=2**31), ["per_device_train_batch_size=2147483648",
                                                                             "<= 2147483647 (2**31 - 1)"]),
     ("samples_per_step_beyond_int64", 4, dict(per_device_train_batch_size=2**31 - 1,

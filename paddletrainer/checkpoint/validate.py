@@ -272,8 +272,9 @@ def validate_index(index: Any, source: str) -> dict:
     """The parsed ``checkpoint_index.json`` when it is one this code can read; else the error naming the field."""
     if isinstance(index, dict) and isinstance(index.get("version"), int) and not isinstance(index["version"], bool) \
             and index["version"] > FORMAT_VERSION and index.get("format") == FORMAT_NAME:
-        raise InvalidCheckpointFileError(source, "version", f"checkpoint format version {index['version']} is newer "
-                                                            f"than {FORMAT_VERSION}; load it with a newer paddletrainer")
+        raise InvalidCheckpointFileError(source, "version", f"{index['version']} is newer than this paddletrainer "
+                                                            f"reads; valid: 1 to {FORMAT_VERSION} (load the checkpoint "
+                                                            "with the newer paddletrainer that wrote it)")
     return check_document(index, INDEX_SCHEMA, source, _index_consistency)
 
 

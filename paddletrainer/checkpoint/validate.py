@@ -238,11 +238,12 @@ _FILE_RECORD = Record({"size": (Int(0, INT64_MAX), True), "crc32": (Int(0, UINT3
 _DIMS = ListOf(Int(0, INT64_MAX), max_len=64)
 _PIECE = Record({"file": (FILE_NAME, True), "key": (Str(), False), "offsets": (_DIMS, True), "shape": (_DIMS, True),
                  "flat": (ListOf(Int(0, INT64_MAX), length=2), False)})
-_TENSOR = Record({"shape": (_DIMS, True), "dtype": (Str(INDEX_DTYPES), True), "pieces": (ListOf(_PIECE, min_len=1), True)})
+_TENSOR = Record({"shape": (_DIMS, True), "dtype": (Str(INDEX_DTYPES), True),
+                  "pieces": (ListOf(_PIECE, min_len=1), True)})
 INDEX_SCHEMA = Record({
     "format": (Str([FORMAT_NAME]), True),
-    "version": (Int(1, FORMAT_VERSION), True),
-    "topology": (DictOf(Int()), True),
+    "version": (Int(1, FORMAT_VERSION), False),  # optional, as it always was: readers take a missing one as old
+    "topology": (DictOf(Int()), False),  # only decides whether RNG states are restored
     "files": (DictOf(_FILE_RECORD, key=FILE_NAME), True),
     "tensors": (DictOf(_TENSOR), True),
     "rng_files": (Bool(), False),
@@ -265,7 +266,8 @@ def _index_consistency(index: dict) -> None:
                                                 f"<= {math.prod(p['shape'])} (the piece's element count)")
     for name, meta in index["files"].items():
         if set(meta.get("parts", ())) - {HEADER_PART} and HEADER_PART not in meta["parts"]:
-            raise _Invalid(f"files[{name!r}].parts", f"has tensor checksums but no {HEADER_PART!r}; valid: both or none")
+            raise _Invalid(f"files[{name!r}].parts",
+                           f"has tensor checksums but no {HEADER_PART!r}; valid: both or none")
 
 
 def validate_index(index: Any, source: str) -> dict:
@@ -315,20 +317,21 @@ def validate_data_state(doc: Any, source: str) -> dict:
 
 
 # ----------------------------------------------------------------------------------- scheduler, scaler
-SCHEDULER_SCHEMA = Record({"last_epoch": (Int(-1, INT64_MAX), True), "last_lr": (Num(), True)},
-                          extra=Null(Num()))  # Paddle schedulers add scalars of their own (ReduceOnPlateau)
-
-
-def _scale_array(value, field):  # files.jsonable's form of the scaler's 1-element scale tensor
-    check = Record({"__ndarray__": (ListOf(Num(0), length=1), True), "dtype": (Str(["float32", "float64"]), True)})
-    check(value, field)
-    if not value["__ndarray__"][0] > 0:
-        raise _Invalid(f"{field}.__ndarray__[0]", f"{value['__ndarray__'][0]} is not valid; valid: a number > 0")
+# the fields every Paddle LRScheduler saves; subclasses add their own (ReduceOnPlateau's ``best`` starts at inf,
+# LinearWarmup nests its inner scheduler's state), which their ``set_state_dict`` reads
+SCHEDULER_SCHEMA = Record({"last_epoch": (Int(-1, INT64_MAX), True), "last_lr": (Num(), True)})
 
 
 class _Scale(Check):
+    """The loss scale as :func:`.files.jsonable` stores the scaler's 1-element tensor."""
+
     valid = 'a 1-element array {"__ndarray__": [s], "dtype": "float32"} with s > 0'
-    __call__ = staticmethod(_scale_array)
+    _form = Record({"__ndarray__": (ListOf(Num(0), length=1), True), "dtype": (Str(["float32", "float64"]), True)})
+
+    def __call__(self, value, field):
+        self._form(value, field)
+        if not value["__ndarray__"][0] > 0:
+            raise self.bad(value["__ndarray__"][0], f"{field}.__ndarray__[0]")
 
 
 SCALER_SCHEMA = Record({
@@ -397,8 +400,8 @@ _ST_ENTRY = Record({"dtype": (Str(list(SAFETENSORS_ITEMSIZE)), True), "shape": (
 
 def safetensors_entries(text: bytes, data_size: int) -> Tuple[dict, List[Tuple[str, dict]]]:
     """The header of a safetensors file and its tensors ``(key, meta)`` in file order, each inside the
-    ``data_size`` bytes after the header, sized by its dtype and shape, one after the other; raises ``ValueError`` saying what is
-    wrong (before anything is allocated from the header's numbers)."""
+    ``data_size`` bytes after the header, sized by its dtype and shape, one after the other; raises
+    ``ValueError`` saying what is wrong (before anything is allocated from the header's numbers)."""
     try:
         header = json.loads(text)
     except (UnicodeDecodeError, ValueError) as e:

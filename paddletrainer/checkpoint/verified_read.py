@@ -69,7 +69,8 @@ def _open(ckpt_dir: str, name: str):
     return None, f, size
 
 
-def _read_file(ckpt_dir: str, name: str, expected: dict, direct: Dict[str, np.ndarray]) -> Tuple[Optional[str], Optional[MemoryFile]]:
+def _read_file(ckpt_dir: str, name: str, expected: dict,
+               direct: Dict[str, np.ndarray]) -> Tuple[Optional[str], Optional[MemoryFile]]:
     """(problem or None, file) for one file: one sequential pass, crc32 of each chunk in a second thread."""
     problem, f, size = _open(ckpt_dir, name)
     if problem:

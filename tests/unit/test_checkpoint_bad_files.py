@@ -52,7 +52,8 @@ def ckpt(source, tmp_path):
 
 
 def load(path):
-    return load_checkpoint(path, model=RegressionModel(), lr_scheduler=paddle.optimizer.lr.LambdaDecay(0.1, lambda s: 1.0))
+    scheduler = paddle.optimizer.lr.LambdaDecay(0.1, lambda s: 1.0)
+    return load_checkpoint(path, model=RegressionModel(), lr_scheduler=scheduler)
 
 
 def edit_index(path, fn):
@@ -369,7 +370,8 @@ def test_a_fifo_or_device_in_place_of_a_file_is_refused_at_once(special_results,
 
 
 # ----------------------------------------------------------------------------------- full disk
-def test_a_full_disk_while_the_index_is_published_names_the_file_and_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+def test_a_full_disk_while_the_index_is_published_names_the_file_and_keeps_the_previous_checkpoint(tmp_path,
+                                                                                                    monkeypatch):
     model = RegressionModel()
     first = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, trainer_state={"global_step": 1})
     real_write = ckpt_io.write_file
@@ -383,7 +385,8 @@ def test_a_full_disk_while_the_index_is_published_names_the_file_and_keeps_the_p
     with pytest.raises(CheckpointError) as info:
         save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, trainer_state={"global_step": 2})
     message = str(info.value)
-    assert L.INDEX_NAME in message and os.strerror(errno.ENOSPC) in message and "previous checkpoint is intact" in message
+    assert L.INDEX_NAME in message and os.strerror(errno.ENOSPC) in message
+    assert "previous checkpoint is intact" in message
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["checkpoint-1"]  # nothing published, the unpublished tmp dir removed
     assert load_checkpoint(first, model=RegressionModel()).trainer_state == {"global_step": 1}

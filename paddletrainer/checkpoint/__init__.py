@@ -57,6 +57,8 @@ from .files import (
 )
 from .io import Checkpointer, save_checkpoint
 from .load import LoadedCheckpoint, load_checkpoint
+from .members import CheckpointPathError
+from .validate import InvalidCheckpointFileError
 from .layout import (
     CHECKPOINT_COMPLETE_MARKER,
     CheckpointCorruptError,
@@ -71,6 +73,8 @@ __all__ = [
     "Checkpointer",
     "CheckpointError",
     "CheckpointMismatchError",
+    "CheckpointPathError",
+    "InvalidCheckpointFileError",
     "LoadedCheckpoint",
     "Placement",
     "export_for_from_pretrained",

@@ -15,8 +15,8 @@ Save (every rank calls it at the same point; it is collective):
 5. the writer thread writes the files, recording size + crc32;
 6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
    are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
-   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; an all-reduce of its success ends it (a barrier
-   that fails every rank when rank 0 could not publish, e.g. on a full disk).
+   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; an all-reduce of its
+   success ends it (a barrier that fails every rank when rank 0 could not publish, e.g. on a full disk).
 
 A :class:`Checkpointer` (one per training run; the Trainer owns it) holds the save in flight. With
 ``async_save``, :meth:`Checkpointer.wait_for_snapshot` (before the next optimizer step) waits for the host
@@ -367,23 +367,23 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
 
 
 def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.CheckpointError]:
-    """Publish (see :func:`_publish`); a failure to write (disk full, quota, read-only filesystem) comes back as
-    a :class:`~.layout.CheckpointError` naming the file, for the caller to raise once every rank knows. The
-    unpublished tmp dir is removed (it is ours, and the space may be what is missing); earlier checkpoints are
-    untouched."""
+    """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). A failure to write them
+    (disk full, quota, read-only filesystem) comes back as a :class:`~.layout.CheckpointError` naming the file,
+    for the caller to raise once every rank knows; the unpublished tmp dir is removed (it is ours, and the space
+    may be what is missing) and earlier checkpoints are untouched."""
     try:
         _add_hf_weights_index(tmp_dir, index)
-        _publish(tmp_dir, ckpt_dir, index)
+        _write_index_and_marker(tmp_dir, index)
     except OSError as e:
         shutil.rmtree(tmp_dir, ignore_errors=True)
         where = e.filename or tmp_dir
         return L.CheckpointError(f"{where}: could not be written ({e.strerror or e}): checkpoint {ckpt_dir} was not "
                                  "published; the previous checkpoint is intact")
+    _rename_into_place(tmp_dir, ckpt_dir)
     return None
 
 
-def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:
-    """Index, then the marker LAST, then an atomic rename; an old dir of the same step is replaced."""
+def _write_index_and_marker(tmp_dir: str, index: dict) -> None:
     for name, data in ((L.INDEX_NAME, json.dumps(index, indent=1).encode()), (L.CHECKPOINT_COMPLETE_MARKER, b"")):
         path = os.path.join(tmp_dir, name)
         try:
@@ -392,6 +392,10 @@ def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:
             e.filename = e.filename or path
             raise
     fsync_dir(tmp_dir)
+
+
+def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
+    """``tmp_dir`` becomes ``ckpt_dir`` atomically; an old dir of the same step is replaced."""
     if os.path.exists(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)

@@ -17,6 +17,8 @@ from .callbacks import TrainerState
 from .checkpoint.files import read_index, read_json
 from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
+from .checkpoint.layout import TRAINER_STATE_NAME
+from .checkpoint.validate import validate_trainer_state
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
 from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint, requested_resume,
@@ -175,7 +177,9 @@ class TrainerCheckpoints:
                 f"--ignore_load_lr_and_optim to start from its weights")
         for warning in loaded.warnings:
             logger.warning("%s: %s", checkpoint_dir, warning)
-        restored = TrainerState.from_dict(loaded.trainer_state, source=checkpoint_dir)
+        state_file = os.path.join(checkpoint_dir, TRAINER_STATE_NAME)
+        restored = TrainerState.from_dict(validate_trainer_state(loaded.trainer_state, state_file, resume=True),
+                                          source=checkpoint_dir)
         restored.is_local_process_zero = self.state.is_local_process_zero
         restored.is_world_process_zero = self.state.is_world_process_zero
         # the length of this run is this run's: resuming with a larger max_steps extends the training

@@ -35,7 +35,9 @@ Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation â
 (what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
 (``Checkpointer``: save + atomic publish), :mod:`.snapshot` (the async host copy), :mod:`.async_writer`,
 :mod:`.load`, :mod:`.verified_read` (files read once, checksummed as read), :mod:`.reshard` (slices),
-:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`.
+:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`, :mod:`.members` (every file is
+opened there: plain names inside the directory, regular files, sizes checked before reading) and :mod:`.validate`
+(one schema per kind of JSON file and the safetensors header, checked on load).
 The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
 
 Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one
@@ -55,6 +57,8 @@ from .files import (
 )
 from .io import Checkpointer, save_checkpoint
 from .load import LoadedCheckpoint, load_checkpoint
+from .members import CheckpointPathError
+from .validate import InvalidCheckpointFileError
 from .layout import (
     CHECKPOINT_COMPLETE_MARKER,
     CheckpointCorruptError,
@@ -69,6 +73,8 @@ __all__ = [
     "Checkpointer",
     "CheckpointError",
     "CheckpointMismatchError",
+    "CheckpointPathError",
+    "InvalidCheckpointFileError",
     "LoadedCheckpoint",
     "Placement",
     "export_for_from_pretrained",

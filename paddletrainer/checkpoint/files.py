@@ -22,6 +22,8 @@ from ..trainer_utils import sorted_checkpoints
 from . import layout as L
 from .checksum import crc32, crc32_combine
 from .local_state import unwrap_model
+from .members import MAX_INDEX_BYTES, read_member
+from .validate import validate_index
 from .verified_read import read_small_file
 
 
@@ -241,12 +243,18 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_ch
 
 
 def read_index(ckpt_dir: str) -> dict:
+    """The checkpoint's index, read as a bounded regular file and checked field by field
+    (:func:`.validate.validate_index`: file names are plain names inside the directory); raises
+    :class:`~.layout.CheckpointError` naming the file."""
     if not is_complete_checkpoint(ckpt_dir):
         raise L.CheckpointError(f"{ckpt_dir} is not a complete checkpoint (no {L.CHECKPOINT_COMPLETE_MARKER})")
-    with open(os.path.join(ckpt_dir, L.INDEX_NAME)) as f:
-        index = json.load(f)
-    L.check_index(index)
-    return index
+    source = os.path.join(ckpt_dir, L.INDEX_NAME)
+    try:
+        raw = read_member(ckpt_dir, L.INDEX_NAME, MAX_INDEX_BYTES, "checkpoint index")
+    except FileNotFoundError:
+        raise L.CheckpointError(f"{source} is missing although {ckpt_dir} has its completion marker "
+                                f"{L.CHECKPOINT_COMPLETE_MARKER}: the checkpoint is damaged; resume from another one") from None
+    return validate_index(_parse_json(raw, source), source)
 
 
 def read_small(ckpt_dir: str, index: dict, name: str):
@@ -278,9 +286,12 @@ def read_json(ckpt_dir: str, index: dict, name: str):
     raw = read_small(ckpt_dir, index, name)
     if raw is None:
         return None
-    source = os.path.join(ckpt_dir, name)
+    return _parse_json(raw, os.path.join(ckpt_dir, name))
+
+
+def _parse_json(raw: bytes, source: str):
     refuse_pickle(raw, source)
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise L.CheckpointError(f"{source} is not valid JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise L.CheckpointError(f"{source} is not valid JSON ({type(e).__name__}: {e})") from None

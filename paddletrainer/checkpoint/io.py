@@ -15,7 +15,8 @@ Save (every rank calls it at the same point; it is collective):
 5. the writer thread writes the files, recording size + crc32;
 6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
    are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
-   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; a barrier ends it.
+   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; an all-reduce of its
+   success ends it (a barrier that fails every rank when rank 0 could not publish, e.g. on a full disk).
 
 A :class:`Checkpointer` (one per training run; the Trainer owns it) holds the save in flight. With
 ``async_save``, :meth:`Checkpointer.wait_for_snapshot` (before the next optimizer step) waits for the host
@@ -65,11 +66,6 @@ logger = logging.getLogger(__name__)
 # ----------------------------------------------------------------------------------- collectives
 def _gather(obj, topo) -> list:
     return all_gather_object(obj) if topo.world_size > 1 else [obj]
-
-
-def _barrier(topo) -> None:
-    if topo.world_size > 1:
-        paddle.distributed.barrier()
 
 
 def _true_on_every_rank(value: bool, topo) -> bool:
@@ -273,6 +269,7 @@ class Checkpointer:
             records, error = f"{type(e).__name__}: {e}", e
         all_records = _gather(records, topo)
         _raise_if_any_failed(list(zip(range(len(all_records)), all_records)), "writing its files", error)
+        published = None
         if topo.rank == 0:
             files: Dict[str, Dict[str, int]] = {}
             for r in all_records:
@@ -280,11 +277,15 @@ class Checkpointer:
             extra = dict(p.index_extra)
             extra["timing"]["total_s"] = round(time.perf_counter() - p.t0, 4)
             index = L.build_index(p.pieces, files, extra.pop("layout"), extra)
-            _add_hf_weights_index(p.tmp_dir, index)
-            _publish(p.tmp_dir, p.ckpt_dir, index)
-            if p.save_total_limit:
+            published = _publish_or_error(p.tmp_dir, p.ckpt_dir, index)
+            if published is None and p.save_total_limit:
                 rotate_checkpoints(os.path.dirname(p.ckpt_dir), p.save_total_limit, p.best_checkpoint)
-        _barrier(topo)  # nobody resumes/loads/rotates before the directory exists under its final name
+        # doubles as the barrier: nobody resumes/loads/rotates before the directory exists under its final name,
+        # and a publish that failed on rank 0 (disk full) fails on every rank instead of leaving them waiting
+        if not _true_on_every_rank(published is None, topo):
+            raise published or L.CheckpointError(
+                f"checkpoint {p.ckpt_dir} was not published: rank 0 could not write it (see its error); "
+                "the previous checkpoint is intact")
         return p.ckpt_dir
 
     def finish_after_error(self, same_on_every_rank: bool) -> Optional[str]:
@@ -365,11 +366,36 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
     index["hf_weights_index"] = {"written": True}
 
 
-def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:
-    """Index, then the marker LAST, then an atomic rename; an old dir of the same step is replaced."""
-    write_file(os.path.join(tmp_dir, L.INDEX_NAME), json.dumps(index, indent=1).encode())
-    write_file(os.path.join(tmp_dir, L.CHECKPOINT_COMPLETE_MARKER), b"")
+def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.CheckpointError]:
+    """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). A failure to write them
+    (disk full, quota, read-only filesystem) comes back as a :class:`~.layout.CheckpointError` naming the file,
+    for the caller to raise once every rank knows; the unpublished tmp dir is removed (it is ours, and the space
+    may be what is missing) and earlier checkpoints are untouched."""
+    try:
+        _add_hf_weights_index(tmp_dir, index)
+        _write_index_and_marker(tmp_dir, index)
+    except OSError as e:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        where = e.filename or tmp_dir
+        return L.CheckpointError(f"{where}: could not be written ({e.strerror or e}): checkpoint {ckpt_dir} was not "
+                                 "published; the previous checkpoint is intact")
+    _rename_into_place(tmp_dir, ckpt_dir)
+    return None
+
+
+def _write_index_and_marker(tmp_dir: str, index: dict) -> None:
+    for name, data in ((L.INDEX_NAME, json.dumps(index, indent=1).encode()), (L.CHECKPOINT_COMPLETE_MARKER, b"")):
+        path = os.path.join(tmp_dir, name)
+        try:
+            write_file(path, data)
+        except OSError as e:  # ENOSPC/EDQUOT raised by write or fsync carry no file name: name it
+            e.filename = e.filename or path
+            raise
     fsync_dir(tmp_dir)
+
+
+def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
+    """``tmp_dir`` becomes ``ckpt_dir`` atomically; an old dir of the same step is replaced."""
     if os.path.exists(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)

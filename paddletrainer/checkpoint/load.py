@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from . import layout as L
 from . import rng as rng_mod
+from . import validate as V
 from .files import from_json, read_index, read_json, read_small
 from .local_state import (LocalTensor, dtype_name, ensure_accumulators, layout_dict, model_tensors,
                           offload_master_weights, optimizer_tensors, stepped_parameter_names, topology_info,
@@ -110,18 +112,18 @@ def load_checkpoint(
             master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
 
     if lr_scheduler is not None:
-        raw = read_json(ckpt_dir, index, L.SCHEDULER_NAME)
+        raw = _read_valid(ckpt_dir, index, L.SCHEDULER_NAME)
         if raw is None:
             warnings.append("checkpoint has no LR scheduler state")
         else:
             lr_scheduler.set_state_dict(from_json(raw))
     if scaler is not None:
-        raw = read_json(ckpt_dir, index, L.SCALER_NAME)
+        raw = _read_valid(ckpt_dir, index, L.SCALER_NAME)
         state = from_json(raw) if raw else {}
         if state:
             scaler.load_state_dict(state)
-    trainer_state = read_json(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}
-    data_state = read_json(ckpt_dir, index, L.DATA_STATE_NAME)
+    trainer_state = _read_valid(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}
+    data_state = _read_valid(ckpt_dir, index, L.DATA_STATE_NAME)
 
     rng_restored = False
     if load_rng and index.get("rng_files"):
@@ -147,6 +149,17 @@ def load_checkpoint(
     for w in warnings:
         logging.getLogger(__name__).warning(w)
     return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
+
+
+_VALIDATORS = {L.SCHEDULER_NAME: V.validate_scheduler_state, L.SCALER_NAME: V.validate_scaler_state,
+               L.TRAINER_STATE_NAME: V.validate_trainer_state, L.DATA_STATE_NAME: V.validate_data_state}
+
+
+def _read_valid(ckpt_dir: str, index: dict, name: str):
+    """JSON file ``name`` (None when the index lacks it), every field checked by its kind's schema
+    (:mod:`.validate`) before anything uses it."""
+    doc = read_json(ckpt_dir, index, name)
+    return None if doc is None else _VALIDATORS[name](doc, os.path.join(ckpt_dir, name))
 
 
 def _direct_targets(index: dict, targets: Dict[str, LocalTensor]) -> Tuple[Dict[str, Dict[str, np.ndarray]], dict]:

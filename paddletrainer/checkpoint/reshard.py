@@ -28,6 +28,7 @@ from .layout import (
     row_block_of_flat,
     stored_key,
 )
+from .members import CheckpointPathError, member_path, open_member
 
 _CHUNK = 16 << 20
 _NP_DTYPES = {"bfloat16": "uint16"}  # numpy has no bfloat16: stored as its bit pattern
@@ -35,13 +36,17 @@ _NP_DTYPES = {"bfloat16": "uint16"}  # numpy has no bfloat16: stored as its bit 
 
 def file_crc32(path: str) -> int:
     """crc32 of a file in 16 MiB chunks (the index stores it per file)."""
-    crc = 0
     with open(path, "rb") as f:
-        while True:
-            b = f.read(_CHUNK)
-            if not b:
-                return crc
-            crc = crc32(b, crc)
+        return _crc32_of(f)
+
+
+def _crc32_of(f) -> int:
+    crc = 0
+    while True:
+        b = f.read(_CHUNK)
+        if not b:
+            return crc
+        crc = crc32(b, crc)
 
 
 def verify_files(ckpt_dir: str, index: dict, files: List[str]) -> None:
@@ -52,15 +57,18 @@ def verify_files(ckpt_dir: str, index: dict, files: List[str]) -> None:
     """
     def problem(name: str):
         meta = index["files"].get(name)
-        path = os.path.join(ckpt_dir, name)
         if meta is None:
             return f"{name}: not in the index"
-        if not os.path.isfile(path):
+        try:
+            f, size = open_member(ckpt_dir, name)  # a regular file inside ckpt_dir only
+        except FileNotFoundError:
             return f"{name}: missing"
-        size = os.path.getsize(path)
-        if size != meta["size"]:
-            return f"{name}: size {size} != {meta['size']}"
-        crc = file_crc32(path)
+        except CheckpointPathError as e:
+            return e.problem
+        with f:
+            if size != meta["size"]:
+                return f"{name}: size {size} != {meta['size']}"
+            crc = _crc32_of(f)
         if crc != meta["crc32"]:
             return f"{name}: crc32 {crc:08x} != {meta['crc32']:08x}"
         return None
@@ -82,7 +90,12 @@ class PieceReader:
     def __call__(self, file: str):
         h = self._open.get(file)
         if h is None:
-            h = safe_open(os.path.join(self.ckpt_dir, file), framework="np")
+            f, _ = open_member(self.ckpt_dir, file)  # a regular file inside the checkpoint, or an error naming it
+            f.close()
+            try:
+                h = safe_open(member_path(self.ckpt_dir, file), framework="np")
+            except Exception as e:  # safetensors' own errors (SafetensorError: a bad header) name no file
+                raise CheckpointError(f"{os.path.join(self.ckpt_dir, file)}: not a safetensors file ({e})") from None
             self._open[file] = h
         return h
 

@@ -24,6 +24,7 @@ from paddle.base.libpaddle import GeneratorState
 
 from .files import refuse_pickle
 from .layout import CheckpointError
+from .validate import validate_rng_doc
 
 FORMAT = "paddletrainer-rng/1"
 
@@ -71,7 +72,7 @@ def _generator_to_json(gen) -> Dict[str, Any]:
 
 def _generator_from_json(d: Dict[str, Any]):
     gen = GeneratorState.__new__(GeneratorState)
-    gen.__setstate__((_int(d["device"]), _int(d["seed"]), _int(d["offset"]), list(_str(d["engine"]).encode("latin-1"))))
+    gen.__setstate__((d["device"], d["seed"], d["offset"], list(d["engine"].encode("latin-1"))))
     return gen
 
 
@@ -98,36 +99,23 @@ def loads(data: bytes, source: str = "RNG state") -> Dict[str, Any]:
     """Parse :func:`dumps` bytes back into a state for :func:`restore_rng_state`.
 
     Raises :class:`.files.UnsafeCheckpointFileError` for a pickle (never unpickled) and :class:`CheckpointError`
-    for anything that is not this module's JSON schema.
+    for anything that is not this module's JSON schema (:func:`.validate.rng_schema`: the field it names).
     """
     refuse_pickle(data, source)
     try:
         doc = json.loads(data.decode("utf-8"))
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ValueError(f"format is not {FORMAT!r}")
-        py, npy = doc["python"], doc["numpy"]
-        gauss = py["gauss_next"]
-        if gauss is not None and not isinstance(gauss, float):
-            raise ValueError("python.gauss_next is not a float")
-        state = {
-            "python": (_int(py["version"]), tuple(_int(x) for x in py["state"]), gauss),
-            "numpy": (_str(npy["algorithm"]), np.asarray([_int(x) for x in npy["keys"]], dtype=np.uint32),
-                      _int(npy["pos"]), _int(npy["has_gauss"]), float(npy["cached_gaussian"])),
-            "paddle": [_generator_from_json(g) for g in doc["paddle"]],
-            "tracker": {_str(name): [_generator_from_json(g) for g in gens] for name, gens in doc["tracker"].items()},
-        }
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(f"{source} is not a paddletrainer RNG state ({type(e).__name__}: {e})") from None
-    return state
-
-
-def _int(x) -> int:
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise ValueError(f"expected an integer, got {type(x).__name__}")
-    return x
-
-
-def _str(x) -> str:
-    if not isinstance(x, str):
-        raise ValueError(f"expected a string, got {type(x).__name__}")
-    return x
+    validate_rng_doc(doc, source, FORMAT)  # every field's type and range: the restore below cannot fail on them
+    py, npy = doc["python"], doc["numpy"]
+    gauss = None if py["gauss_next"] is None else float(py["gauss_next"])
+    try:
+        return {
+            "python": (py["version"], tuple(py["state"]), gauss),
+            "numpy": (npy["algorithm"], np.asarray(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                      float(npy["cached_gaussian"])),
+            "paddle": [_generator_from_json(g) for g in doc["paddle"]],
+            "tracker": {name: [_generator_from_json(g) for g in gens] for name, gens in doc["tracker"].items()},
+        }
+    except (ValueError, TypeError, RuntimeError) as e:  # Paddle refusing a generator state the schema let by
+        raise CheckpointError(f"{source} is not a paddletrainer RNG state ({type(e).__name__}: {e})") from None

@@ -21,8 +21,6 @@ that is not one (a planted pickle, say) is refused as corrupt, never handed to a
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +30,8 @@ import numpy as np
 
 from .checksum import crc32
 from .layout import HEADER_PART, CheckpointCorruptError
+from .members import MAX_SMALL_FILE_BYTES, CheckpointPathError, open_member, read_exactly
+from .validate import safetensors_entries
 
 CHUNK = 16 << 20
 MAX_PARALLEL_FILES = 4
@@ -58,14 +58,24 @@ class MemoryFile:
     get_slice = get_tensor  # NumPy slicing of the view is the slice read
 
 
-def _read_file(path: str, name: str, expected: dict, direct: Dict[str, np.ndarray]) -> Tuple[Optional[str], Optional[MemoryFile]]:
-    """(problem or None, file) for one file: one sequential pass, crc32 of each chunk in a second thread."""
+def _open(ckpt_dir: str, name: str):
+    """(problem or None, file, size): only a regular file inside ``ckpt_dir`` (:func:`.members.open_member`)."""
     try:
-        f = open(path, "rb", buffering=0)
+        f, size = open_member(ckpt_dir, name)
     except FileNotFoundError:
-        return f"{name}: missing", None
+        return f"{name}: missing", None, 0
+    except CheckpointPathError as e:
+        return e.problem, None, 0
+    return None, f, size
+
+
+def _read_file(ckpt_dir: str, name: str, expected: dict,
+               direct: Dict[str, np.ndarray]) -> Tuple[Optional[str], Optional[MemoryFile]]:
+    """(problem or None, file) for one file: one sequential pass, crc32 of each chunk in a second thread."""
+    problem, f, size = _open(ckpt_dir, name)
+    if problem:
+        return problem, None
     with f, ThreadPoolExecutor(max_workers=1) as crc_thread:
-        size = os.fstat(f.fileno()).st_size
         if size != expected["size"]:
             return f"{name}: size {size} != {expected['size']}", None
         crc = crc_thread.submit(lambda: 0)
@@ -84,13 +94,11 @@ def _read_file(path: str, name: str, expected: dict, direct: Dict[str, np.ndarra
 
         checksum(head)
         checksum(text)
-        try:
-            header = json.loads(text)
-            entries = sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
-                             key=lambda kv: kv[1]["data_offsets"][0])
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        try:  # every offset inside the file before any buffer is sized from the header
+            header, entries = safetensors_entries(text, size - 8 - n)
+        except ValueError as e:
             crc.result()
-            return f"{name}: not a safetensors file ({type(e).__name__}: {e})", None
+            return f"{name}: not a safetensors file ({e})", None
         data_start = 8 + n
         buffered = [(k, v) for k, v in entries if k not in direct]
         total = sum(v["data_offsets"][1] - v["data_offsets"][0] for _, v in buffered)
@@ -99,9 +107,8 @@ def _read_file(path: str, name: str, expected: dict, direct: Dict[str, np.ndarra
         pos, used = data_start, 0
         for key, meta in entries:
             begin, end = (data_start + o for o in meta["data_offsets"])
-            dtype = _NP_DTYPES.get(meta.get("dtype"))
-            shape = tuple(meta.get("shape", ()))
-            if begin != pos or dtype is None or end - begin != math.prod(shape) * np.dtype(dtype).itemsize:
+            dtype, shape = _NP_DTYPES[meta["dtype"]], tuple(meta["shape"])
+            if begin != pos:
                 crc.result()
                 return f"{name}: not a safetensors file written by paddletrainer (tensor {key})", None
             if key in direct:
@@ -135,17 +142,15 @@ def _read_file(path: str, name: str, expected: dict, direct: Dict[str, np.ndarra
     return None, MemoryFile(header, arrays)
 
 
-def _read_parts(path: str, name: str, expected: dict, keys: Set[str],
+def _read_parts(ckpt_dir: str, name: str, expected: dict, keys: Set[str],
                 direct: Dict[str, np.ndarray]) -> Tuple[Optional[str], Optional[MemoryFile]]:
     """Only the header and ``keys`` of one file, each checked against its own crc32 in the index
     (``parts``): a rank that needs a few tensors of another rank's file reads just those."""
     parts = expected["parts"]
-    try:
-        f = open(path, "rb", buffering=0)
-    except FileNotFoundError:
-        return f"{name}: missing", None
+    problem, f, size = _open(ckpt_dir, name)
+    if problem:
+        return problem, None
     with f:
-        size = os.fstat(f.fileno()).st_size
         if size != expected["size"]:
             return f"{name}: size {size} != {expected['size']}", None
         head = f.read(8)
@@ -155,7 +160,13 @@ def _read_parts(path: str, name: str, expected: dict, keys: Set[str],
         text = f.read(n)
         if crc32(text, crc32(head)) != parts.get(HEADER_PART):
             return f"{name}: header crc32 does not match the index", None
-        header = json.loads(text)  # verified: the bytes the writer wrote
+        try:  # the bytes the index says the writer wrote, which an edited index can still say of nonsense
+            header, _ = safetensors_entries(text, size - 8 - n)
+        except ValueError as e:
+            return f"{name}: not a safetensors file ({e})", None
+        absent = sorted(set(keys) - set(header))
+        if absent:
+            return f"{name}: has no tensor {absent[0]} (the index says it has)", None
         arrays: Dict[str, np.ndarray] = {}
         for key in sorted(keys, key=lambda k: header[k]["data_offsets"][0]):
             meta = header[key]
@@ -206,11 +217,11 @@ def read_verified(ckpt_dir: str, index: dict, files: List[str],
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_PARALLEL_FILES, len(jobs)))) as pool:
         def read(job):
             name, meta = job
-            path, keys, dests = os.path.join(ckpt_dir, name), needed.get(name), direct.get(name, {})
+            keys, dests = needed.get(name), direct.get(name, {})
             stored = set(meta.get("parts", ())) - {HEADER_PART}
             if keys is not None and stored and set(keys) < stored:
-                return _read_parts(path, name, meta, set(keys), dests)
-            return _read_file(path, name, meta, dests)
+                return _read_parts(ckpt_dir, name, meta, set(keys), dests)
+            return _read_file(ckpt_dir, name, meta, dests)
 
         results = list(pool.map(read, jobs))
     for (name, _), (problem, mf) in zip(jobs, results):
@@ -227,13 +238,7 @@ def read_small_file(ckpt_dir: str, index: dict, name: str) -> bytes:
     """The bytes of a small file (JSON, RNG state) of ``ckpt_dir``, read once: the bytes whose size and crc32
     are checked against ``index`` are the bytes returned. Raises :class:`CheckpointCorruptError`."""
     meta = index["files"].get(name)
-    problem = f"{name}: not in the index" if meta is None else None
-    if problem is None:
-        try:
-            with open(os.path.join(ckpt_dir, name), "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            data, problem = b"", f"{name}: missing"
+    problem, data = (f"{name}: not in the index", b"") if meta is None else _read_small(ckpt_dir, name, meta["size"])
     if problem is None and len(data) != meta["size"]:
         problem = f"{name}: size {len(data)} != {meta['size']}"
     if problem is None and crc32(data) != meta["crc32"]:
@@ -241,3 +246,17 @@ def read_small_file(ckpt_dir: str, index: dict, name: str) -> bytes:
     if problem is not None:
         raise CheckpointCorruptError(ckpt_dir, [name], [problem])
     return data
+
+
+def _read_small(ckpt_dir: str, name: str, size: int) -> Tuple[Optional[str], bytes]:
+    """(problem or None, bytes): a regular file inside ``ckpt_dir``, read only when its size is the index's
+    ``size`` and at most :data:`.members.MAX_SMALL_FILE_BYTES`; one byte more is asked for, to notice growth."""
+    problem, f, actual = _open(ckpt_dir, name)
+    if problem:
+        return problem, b""
+    with f:
+        if actual != size:
+            return f"{name}: size {actual} != {size}", b""
+        if size > MAX_SMALL_FILE_BYTES:
+            return f"{name}: {size} bytes, more than a small checkpoint file can be ({MAX_SMALL_FILE_BYTES})", b""
+        return None, read_exactly(f, size + 1)

@@ -419,20 +419,18 @@ def test_offload_masters_missing_from_a_checkpoint_start_from_the_loaded_weights
 def test_a_load_reads_each_file_once_checksumming_the_bytes_it_uses(tmp_path, monkeypatch):
     # One pass per file: the bytes that are checksummed are the bytes loaded (no verify pass, then a
     # second read through safetensors); same-layout tensors are read straight into their memory.
-    import builtins
-
     from paddletrainer.checkpoint import reshard, verified_read
 
     model, opt, sched = make()
     train(model, opt, sched, 2)
     ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
-    opened, real_open = [], builtins.open
+    opened, real_open = [], verified_read.open_member
 
-    def counting_open(path, *args, **kwargs):
-        opened.append(os.path.basename(path))
-        return real_open(path, *args, **kwargs)
+    def counting_open(ckpt_dir, name):  # every checkpoint file is opened through members.open_member
+        opened.append(name)
+        return real_open(ckpt_dir, name)
 
-    monkeypatch.setattr(verified_read, "open", counting_open, raising=False)
+    monkeypatch.setattr(verified_read, "open_member", counting_open)
     monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, _ = make(seed=99)
     load_checkpoint(ckpt, model=model2, optimizer=opt2)
@@ -450,20 +448,25 @@ def test_small_files_and_exported_shards_are_read_once_and_verified_as_read(tmp_
     # bytes used), and a corrupt small file is still refused.
     import builtins
 
-    from paddletrainer.checkpoint import reshard
+    from paddletrainer.checkpoint import reshard, verified_read
     from paddletrainer.checkpoint.export import export_for_from_pretrained
 
     model, opt, sched = make()
     train(model, opt, sched, 2)
     ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt, lr_scheduler=sched,
                            trainer_state={"global_step": 2}, data_state={"consumed_samples": 8})
-    opened, real_open = [], builtins.open
+    opened, real_open, real_open_member = [], builtins.open, verified_read.open_member
 
     def counting_open(path, *args, **kwargs):
         opened.append(os.path.basename(str(path)))
         return real_open(path, *args, **kwargs)
 
+    def counting_open_member(ckpt_dir, name):  # checkpoint files are opened through members.open_member
+        opened.append(name)
+        return real_open_member(ckpt_dir, name)
+
     monkeypatch.setattr(builtins, "open", counting_open)
+    monkeypatch.setattr(verified_read, "open_member", counting_open_member)
     monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, sched2 = make(seed=99)
     res = load_checkpoint(ckpt, model=model2, optimizer=opt2, lr_scheduler=sched2)

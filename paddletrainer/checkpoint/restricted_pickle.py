@@ -133,7 +133,7 @@ def _join_split_arrays(obj: dict) -> dict:
 def _tensor(array: np.ndarray, name, return_numpy: bool):
     if return_numpy:
         return array
-    tensor = paddle.to_tensor(array)
+    tensor = paddle.to_tensor(array, place=paddle.CPUPlace())  # host memory: the loader copies it where it belongs
     if name:
         tensor.name = name
     return tensor

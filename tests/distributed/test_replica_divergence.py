@@ -1,0 +1,49 @@
+"""``replica_check_steps`` on real 2-process launches through the public Trainer (``workers/replica_worker.py``):
+rank 1 changes one bit of its copy after the gradient sync and the check stops the run within
+``replica_check_steps`` steps naming the step, the ranks and the parameter, on both ranks; under
+``nan_inf_policy=rollback`` the run rolls back instead and ends with the replicas equal again; a clean run with
+the check on has bit-identical losses to one with it off."""
+from __future__ import annotations
+
+from launcher import launch, read_results
+
+WORKER = "replica_worker.py"
+MAX_STEPS, EVERY = 8, 2
+
+
+def run_layout(tmp_path, *extra):
+    launch(WORKER, 2, ["--out_dir", tmp_path / "out", "--result_dir", tmp_path / "res", *extra], tmp_path, timeout=300)
+    logs = {p.name: p.read_text(errors="replace") for p in (tmp_path / "logs").glob("workerlog.*")}
+    return read_results(tmp_path / "res", 2), logs
+
+
+def check_results(ranks, logs, corrupt_step, rollback_step, axes):
+    caught = corrupt_step + (-corrupt_step) % EVERY  # the first check step at or after the corruption
+    for rank in ranks:
+        assert rank["on"]["losses"] == rank["off"]["losses"]  # the check changes nothing (bit-identical)
+        assert len(rank["on"]["losses"]) == MAX_STEPS and rank["on"]["global_step"] == MAX_STEPS
+        error = rank["corrupt"]["error"]
+        assert error["step"] == caught and error["ranks"] == [1] and error["parameter"] == "net.0.weight", error
+        assert error["message"].startswith(
+            f"step {caught}: the {axes} replicas' weights diverged: parameter 'net.0.weight' on rank(s) [1] "
+            "differs from rank(s) [0] (1 of 4 parameters differ; ranks [0, 1] compared"), error["message"]
+        # the same losses up to the step before the check; the check raises before the check step is logged
+        assert rank["corrupt"]["losses"] == rank["off"]["losses"][:caught - 1]
+        assert rank["rollback"]["global_step"] == MAX_STEPS and "error" not in rank["rollback"]
+    # the replicas are equal again after the rollback, and differed when the error was raised
+    assert ranks[0]["rollback"]["fingerprint"] == ranks[1]["rollback"]["fingerprint"]
+    assert ranks[0]["corrupt"]["fingerprint"] != ranks[1]["corrupt"]["fingerprint"]
+    rolled = rollback_step + (-rollback_step) % EVERY
+    for name, text in logs.items():
+        assert f"step {rolled}: replica divergence; rolled back to" in text, f"{name} did not roll back"
+
+
+def test_a_bit_changed_in_one_rank_s_gradient_after_the_sync_stops_dp2_within_the_check_interval(tmp_path):
+    ranks, logs = run_layout(tmp_path, "--corrupt", "grad", "--corrupt_step", 3, "--rollback_step", 5)
+    check_results(ranks, logs, corrupt_step=3, rollback_step=5, axes="data-parallel")
+
+
+def test_a_bit_changed_in_one_rank_s_weight_stops_sharding_stage1(tmp_path):
+    ranks, logs = run_layout(tmp_path, "--sharding", "stage1", "--corrupt", "weight", "--corrupt_step", 4,
+                             "--rollback_step", 6)
+    check_results(ranks, logs, corrupt_step=4, rollback_step=6, axes="data-parallel and sharding")

@@ -472,7 +472,6 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                         self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
                     )
                     if replicas.due(self.state.global_step):  # every replica_check_steps, with a replica
-                        self._nonfinite.raise_if_seen(self.state)  # a NaN is named as such, not as a divergence
                         try:  # one all_gather of the weights' fingerprints over the dp (× sharding) group, one read
                             replicas.check(self.state.global_step)
                         except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica

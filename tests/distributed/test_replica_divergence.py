@@ -47,3 +47,18 @@ def test_a_bit_changed_in_one_rank_s_weight_stops_sharding_stage1(tmp_path):
     ranks, logs = run_layout(tmp_path, "--sharding", "stage1", "--corrupt", "weight", "--corrupt_step", 4,
                              "--rollback_step", 6)
     check_results(ranks, logs, corrupt_step=4, rollback_step=6, axes="data-parallel and sharding")
+
+
+def test_on_dp2_the_check_reads_the_host_only_on_its_own_steps(tmp_path, llama_weights):
+    # logging every 3 steps, the check every 2: steps 2 and 4 read for the check alone, step 6 logs and checks
+    options = dict(model="llama", weights=llama_weights, num_samples=96, per_device_train_batch_size=2,
+                   gradient_accumulation_steps=2, learning_rate=0.01, max_grad_norm=0.5, max_steps=6,
+                   logging_steps=3, replica_check_steps=2, save_steps=100, seed=7, disable_tqdm=True,
+                   report_to="none", remove_unused_columns=False, output_dir=tmp_path / "out",
+                   result_dir=tmp_path / "res")
+    launch("host_reads_worker.py", 2, [str(x) for k, v in options.items() for x in (f"--{k}", v)], tmp_path)
+    for rank in read_results(tmp_path / "res", 2):
+        assert rank["logged_steps"] == [3, 6]
+        assert sorted(rank["outside"]) == ["2", "4"], rank["outside"]
+        for reads in rank["outside"].values():  # the gathered table: one read, from the check
+            assert len(reads) == 1 and "replica_check.py" in reads[0], reads

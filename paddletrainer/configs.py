@@ -2,9 +2,9 @@
 
 With ``training_args.py`` and ``compat.py`` this is the only place that reads PaddleNLP's option names; every
 subsystem takes the typed value instead (``args.parallel_config``, ``args.amp_config``,
-``args.rollback_config``, ``args.metrics_config``, ``args.replica_check_config`` call the builders here). Pure: no paddle, so
-``TrainingArguments`` imports it. The configs of subsystems that import paddle (AMP, rollback, metrics) are
-defined here for that reason; ``ParallelConfig`` lives in the pure ``parallel.config``.
+``args.rollback_config``, ``args.metrics_config``, ``args.replica_check_config`` call the builders here). Pure:
+no paddle, so ``TrainingArguments`` imports it. The configs of subsystems that import paddle (AMP, rollback,
+metrics, the replica check) are defined here for that reason; ``ParallelConfig`` lives in the pure ``parallel.config``.
 
 ``parallel_inputs()`` lists the fields ``ParallelConfig`` is built from: PaddleNLP scripts change arguments after
 parsing (``gradient_accumulation_steps``, ``per_device_train_batch_size`` ...), and ``TrainingArguments``
@@ -23,7 +23,8 @@ from .parallel.layout import Layout, option_axes
 from .trainer_utils import default_logdir, normalize_report_to
 
 __all__ = ["AmpSettings", "RollbackConfig", "MetricsConfig", "ReplicaCheckConfig", "PARALLEL_INPUTS", "parallel_inputs",
-           "parallel_config_of", "amp_settings_of", "rollback_config_of", "metrics_config_of", "replica_check_config_of"]
+           "parallel_config_of", "amp_settings_of", "rollback_config_of", "metrics_config_of",
+           "replica_check_config_of"]
 
 # The fields a ParallelConfig (and its Layout) is built from besides the axes' degree options (parallel_inputs()
 # adds those); a change to any of them rebuilds it.

@@ -3,14 +3,15 @@
 * Bad *options* never reach here: ``PdArgumentParser`` ends them as argparse does (usage, ``error: argument
   --<option>: ...``, exit 2) on every rank, before training (see :mod:`paddletrainer.argparser`).
 * ``friendly_errors`` / ``main_guard`` wrap a script's ``main`` for what is found later: ``ValueError``,
-  ``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` print ``error: <message>`` and exit :data:`ERROR_EXIT_CODE` (2);
-  ``TrainingInterrupted`` prints its line and exits 128 + signal. No traceback unless ``PADDLETRAINER_TRACEBACK=1``;
-  any other exception (a bug) keeps its traceback.
+  ``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` print ``error: <message>`` and exit
+  :data:`ERROR_EXIT_CODE` (2); ``TrainingInterrupted`` prints its line and exits 128 + signal. No traceback
+  unless ``PADDLETRAINER_TRACEBACK=1``; any other exception (a bug) keeps its traceback.
 * ``TrainingInterrupted``: raised after a signal-triggered stop checkpoint (``runtime.RobustnessCallback``).
 
-``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` are defined here, with no import of the package (so this module,
-``runtime`` and ``python -m paddletrainer.launch`` stay free of the trainer and the checkpoint machinery);
-``paddletrainer.checkpoint`` and ``paddletrainer.trainer`` re-export them under their public names.
+``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` are defined here, with no import of the
+package (so this module, ``runtime`` and ``python -m paddletrainer.launch`` stay free of the trainer and the
+checkpoint machinery); ``paddletrainer.checkpoint`` and ``paddletrainer.trainer`` re-export them under their
+public names.
 """
 from __future__ import annotations
 

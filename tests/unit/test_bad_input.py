@@ -130,6 +130,7 @@ ARGS_CASES = [
     ("collective_timeout_zero", 1, dict(collective_timeout_seconds=0), ["collective_timeout_seconds=0", "positive"]),
     ("peak_flops_negative", 1, dict(peak_flops_per_device=-1.0), ["peak_flops_per_device=-1.0", "positive"]),
     ("dataloader_workers_negative", 1, dict(dataloader_num_workers=-1), ["dataloader_num_workers=-1", ">= 0"]),
+    ("replica_check_steps_negative", 1, dict(replica_check_steps=-1), ["replica_check_steps=-1", ">= 0"]),
     # best model
     ("best_model_strategies_differ", 1, dict(load_best_model_at_end=True, evaluation_strategy="steps", eval_steps=2,
                                              save_strategy="epoch"),

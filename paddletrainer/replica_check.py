@@ -14,7 +14,8 @@ replica) all look normal. Every ``replica_check_steps`` optimizer steps the repl
 2. one ``all_gather`` of that ``[parameters, 2]`` table over the replica group (the loop's own call);
 3. one host read of the gathered table; a row that differs between ranks raises
    :class:`~paddletrainer.errors.ReplicaDivergenceError` naming the step, the first differing parameter and the
-   ranks that differ from the majority — on every rank of the group alike (they all read the same table).
+   ranks that differ from a strict majority (every disagreeing rank when there is none, e.g. with two
+   replicas) — on every rank of the group alike (they all read the same table).
    When the world holds several replica groups (tensor/pipeline parallel cells), a 1-element MAX all-reduce of
    the verdict over the world follows, so every rank stops (or rolls back) at the same step.
 
@@ -77,8 +78,9 @@ def replicated_tensors(model, sharding_stage: int) -> Tuple[List[str], List[padd
 
 def first_divergence(table: np.ndarray) -> Optional[Tuple[int, List[int], List[int]]]:
     """``table[r, p, :]``: replica ``r``'s fingerprint of parameter ``p``. None when every replica agrees, else
-    ``(p, differing, majority)``: the first parameter whose rows differ, the replica indices that differ and the
-    indices of the largest group of equal rows (on a tie the one holding the lowest index)."""
+    ``(p, differing, majority)``: the first parameter whose rows differ, the replica indices that differ from a
+    strict majority of equal rows and that majority's indices; without a strict majority (two replicas, say) no
+    replica can be blamed: ``differing`` is every replica and ``majority`` empty."""
     differs = (table != table[:1]).any(axis=(0, 2))
     if not differs.any():
         return None
@@ -86,8 +88,10 @@ def first_divergence(table: np.ndarray) -> Optional[Tuple[int, List[int], List[i
     buckets = {}
     for r in range(table.shape[0]):
         buckets.setdefault(tuple(table[r, p].tolist()), []).append(r)
-    majority = max(buckets.values(), key=lambda rs: (len(rs), -rs[0]))
-    return p, [r for r in range(table.shape[0]) if r not in majority], majority
+    largest = max(buckets.values(), key=len)
+    if 2 * len(largest) <= table.shape[0]:
+        return p, list(range(table.shape[0])), []
+    return p, [r for r in range(table.shape[0]) if r not in largest], largest
 
 
 def _replica_group(topology, sharding_stage: int):
@@ -121,27 +125,35 @@ class ReplicaCheck:
         dist.all_gather(gathered, fingerprint(tensors), group=self.group)
         table = paddle.stack(gathered).numpy()  # the check's one host read
         found = first_divergence(table)
-        ranks = list(self.group.ranks)
-        error = None
-        if found is not None:
-            p, differing, majority = found
-            bad, good = [ranks[r] for r in differing], [ranks[r] for r in majority]
-            count = int((table != table[:1]).any(axis=(0, 2)).sum())
-            error = ReplicaDivergenceError(
-                f"step {step}: the {self._axes} replicas' weights diverged: parameter {names[p]!r} on rank(s) {bad} "
-                f"differs from rank(s) {good} ({count} of {len(names)} parameters differ; ranks {ranks} compared, "
-                f"replica_check_steps={self.every}); a flipped bit, a nondeterministic kernel or a bug changed one "
-                "replica after the gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint instead",
-                step=step, ranks=bad, parameter=names[p])
+        error = None if found is None else self._error(step, names, table, found)
         if self.group.nranks < self._world_size:
-            # tp/pp cells compare in their own groups: every rank must stop (or roll back) at the same step
-            flag = paddle.to_tensor([0 if error is None else 1 + min(error.ranks)], dtype="int64")
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            elsewhere = int(flag.numpy()[0])  # a second read, only when the world has more than one replica group
-            if error is None and elsewhere:
-                error = ReplicaDivergenceError(
-                    f"step {step}: the {self._axes} replicas of another tensor/pipeline cell diverged (rank "
-                    f"{elsewhere - 1} differs; its log names the parameter); stopping every rank at this step",
-                    step=step, ranks=[elsewhere - 1])
+            error = self._agree_over_world(step, error)
         if error is not None:
             raise error
+
+    def _error(self, step: int, names: List[str], table: np.ndarray, found) -> ReplicaDivergenceError:
+        p, differing, majority = found
+        ranks = list(self.group.ranks)
+        bad, good = [ranks[r] for r in differing], [ranks[r] for r in majority]
+        count = int((table != table[:1]).any(axis=(0, 2)).sum())
+        where = f"on rank(s) {bad} differs from rank(s) {good}" if good else f"differs between ranks {bad}"
+        return ReplicaDivergenceError(
+            f"step {step}: the {self._axes} replicas' weights diverged: parameter {names[p]!r} {where} "
+            f"({count} of {len(names)} parameters differ; ranks {ranks} compared, replica_check_steps="
+            f"{self.every}); a flipped bit, a nondeterministic kernel or a bug changed a replica after the "
+            "gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint instead",
+            step=step, ranks=bad, parameter=names[p])
+
+    def _agree_over_world(self, step: int, error: Optional[ReplicaDivergenceError]):
+        """Tensor/pipeline cells (and stage 3's sharding ranks) compare in their own groups: a MAX all-reduce of
+        the verdict (1 + a differing rank, 0 for none) over the world makes every rank stop (or roll back) at
+        this step. A second host read, only when the world has more than one replica group."""
+        flag = paddle.to_tensor([0 if error is None else 1 + min(error.ranks)], dtype="int64")
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        elsewhere = int(flag.numpy()[0])
+        if error is None and elsewhere:
+            error = ReplicaDivergenceError(
+                f"step {step}: the {self._axes} replicas of another replica group diverged (rank {elsewhere - 1} "
+                "is one of them; its log names the parameter); stopping every rank at this step",
+                step=step, ranks=[elsewhere - 1])
+        return error

@@ -43,18 +43,20 @@ class Rollback:
         self.lr_scale = 1.0
         self._base_lr: Optional[float] = None
 
-    def recover(self, trainer, error: Exception, data_position: int, bad_step: Optional[int] = None,
+    def recover(self, trainer, error: Exception, data_position: int, step_applied: bool = False,
                 cause: str = "non-finite gradient norm") -> str:
         """Roll ``trainer`` back after ``error`` (the bad step's ``NonFiniteLossError``, or the
         ``ReplicaDivergenceError`` of a check step); return the checkpoint.
 
         ``data_position``: samples consumed once the bad step's batch is counted — where training goes on.
-        ``bad_step``: the step named in the log (default: the step after ``global_step``, not yet counted);
-        ``cause``: what went wrong, for the log.
+        ``step_applied``: False for a step stopped before its update (its gradients are dropped; it is the step
+        after ``global_step``), True after a step was applied and counted (the replica check: the step is
+        ``global_step``, its gradients already cleared). ``cause``: what went wrong, for the log.
         Re-raises ``error`` (its type, with the reason appended) when retries are exhausted or there is no
         checkpoint to go back to.
         """
-        trainer.optimizer.clear_grad()
+        if not step_applied:
+            trainer.optimizer.clear_grad()
         if self.count >= self.config.max_retries:
             raise type(error)(f"{error}; gave up after {self.count} rollback(s) (nan_inf_rollback_max_retries="
                               f"{self.config.max_retries})") from None
@@ -64,7 +66,7 @@ class Rollback:
         if path is None:
             raise type(error)(f"{error}; nan_inf_policy='rollback' found no complete checkpoint in "
                               f"output_dir={self.config.output_dir!r} to roll back to (save earlier: save_steps)") from None
-        bad_step = trainer.state.global_step + 1 if bad_step is None else bad_step
+        bad_step = trainer.state.global_step + (0 if step_applied else 1)
         trainer._load_checkpoint(path)
         skipped_from = trainer.state.consumed_samples
         trainer.state.consumed_samples = data_position

@@ -477,8 +477,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                         except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica
                             if rollback is None:
                                 raise
-                            rollback.recover(self, err, data_position=self.state.consumed_samples,
-                                             bad_step=self.state.global_step, cause="replica divergence")
+                            rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
+                                             cause="replica divergence")
                             continue
                     if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
                         self.control.should_save = True

@@ -23,10 +23,10 @@ def check_results(ranks, logs, corrupt_step, rollback_step, axes):
         assert rank["on"]["losses"] == rank["off"]["losses"]  # the check changes nothing (bit-identical)
         assert len(rank["on"]["losses"]) == MAX_STEPS and rank["on"]["global_step"] == MAX_STEPS
         error = rank["corrupt"]["error"]
-        assert error["step"] == caught and error["ranks"] == [1] and error["parameter"] == "net.0.weight", error
+        assert error["step"] == caught and error["ranks"] == [0, 1] and error["parameter"] == "net.0.weight", error
         assert error["message"].startswith(
-            f"step {caught}: the {axes} replicas' weights diverged: parameter 'net.0.weight' on rank(s) [1] "
-            "differs from rank(s) [0] (1 of 4 parameters differ; ranks [0, 1] compared"), error["message"]
+            f"step {caught}: the {axes} replicas' weights diverged: parameter 'net.0.weight' differs between ranks "
+            "[0, 1] (1 of 4 parameters differ; ranks [0, 1] compared, replica_check_steps=2)"), error["message"]
         # the same losses up to the step before the check; the check raises before the check step is logged
         assert rank["corrupt"]["losses"] == rank["off"]["losses"][:caught - 1]
         assert rank["rollback"]["global_step"] == MAX_STEPS and "error" not in rank["rollback"]
@@ -62,3 +62,26 @@ def test_on_dp2_the_check_reads_the_host_only_on_its_own_steps(tmp_path, llama_w
         assert sorted(rank["outside"]) == ["2", "4"], rank["outside"]
         for reads in rank["outside"].values():  # the gathered table: one read, from the check
             assert len(reads) == 1 and "replica_check.py" in reads[0], reads
+
+
+def test_under_stage3_the_dp_peers_compare_their_slices_and_every_rank_stops_or_rolls_back(tmp_path):
+    # dp2 x sharding2, every parameter sliced: rank 1's slice has one dp peer; the other dp group (the other
+    # sharding rank's slices) agrees, and stops at the same step all the same (the verdict is all-reduced)
+    launch(WORKER, 4, ["--out_dir", tmp_path / "out", "--result_dir", tmp_path / "res", "--sharding", "stage3",
+                       "--corrupt", "slice", "--corrupt_step", 3, "--rollback_step", 5], tmp_path, timeout=400)
+    ranks = read_results(tmp_path / "res", 4)
+    peers = ranks[1]["dp_group"]
+    assert 1 in peers and len(peers) == 2
+    for r, rank in enumerate(ranks):
+        assert rank["on"]["losses"] == rank["off"]["losses"] and rank["rollback"]["global_step"] == MAX_STEPS
+        error = rank["corrupt"]["error"]
+        assert error["step"] == 4 and rank["corrupt"]["losses"] == rank["off"]["losses"][:3], error
+        if r in peers:
+            assert error["ranks"] == peers and error["parameter"] == "net.0.weight", error
+            assert f"parameter 'net.0.weight' differs between ranks {peers}" in error["message"]
+        else:
+            assert "replicas of another replica group diverged (rank 1 is one of them" in error["message"], error
+    assert ranks[peers[0]]["corrupt"]["fingerprint"] != ranks[peers[1]]["corrupt"]["fingerprint"]
+    assert ranks[peers[0]]["rollback"]["fingerprint"] == ranks[peers[1]]["rollback"]["fingerprint"]
+    for log in (tmp_path / "logs").glob("workerlog.*"):
+        assert "step 6: replica divergence; rolled back to" in log.read_text(errors="replace"), log.name

@@ -38,16 +38,19 @@ def test_the_fingerprint_has_one_row_per_tensor_and_reads_bits_not_values():
     assert fingerprint([]).shape == [0, 2]
 
 
-def test_first_divergence_names_the_first_parameter_and_the_minority_ranks():
+def test_first_divergence_names_the_first_parameter_and_the_ranks_outside_a_strict_majority():
     agree = np.zeros((3, 4, 2), dtype=np.int64)
     assert first_divergence(agree) is None
     table = agree.copy()
-    table[1, 2, 0] = 5  # replica 1 differs in parameter 2
+    table[1, 2, 0] = 5  # replica 1 differs in parameter 2 (and 3)
     table[1, 3, 1] = 5
     assert first_divergence(table) == (2, [1], [0, 2])
     two = np.zeros((2, 3, 2), dtype=np.int64)
     two[1, 1, 1] = -1
-    assert first_divergence(two) == (1, [1], [0])  # a tie: the group of the lowest replica is the reference
+    assert first_divergence(two) == (1, [0, 1], [])  # two replicas: no majority, neither can be blamed
+    four = np.zeros((4, 1, 2), dtype=np.int64)
+    four[2:, 0, 0] = 1
+    assert first_divergence(four) == (0, [0, 1, 2, 3], [])  # a 2-2 split neither
 
 
 def test_stage_3_compares_the_slice_a_parameter_keeps_and_skips_released_ones():

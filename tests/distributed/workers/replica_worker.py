@@ -29,7 +29,7 @@ import paddle.distributed as dist  # noqa: E402
 from common import exit_cleanly, write_json  # noqa: E402
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from paddletrainer.errors import ReplicaDivergenceError  # noqa: E402
-from paddletrainer.replica_check import fingerprint  # noqa: E402
+from paddletrainer.replica_check import fingerprint, replicated_tensors  # noqa: E402
 from trainer_worker import MLP, mlp_data  # noqa: E402
 
 MAX_STEPS = 8
@@ -44,7 +44,7 @@ def flip_bit(tensor, bit: int = 22) -> None:
 
 class CorruptRankOne(TrainerCallback):
     """On rank 1, the first time step ``step`` runs: one bit of ``net.0.weight``'s gradient after the sync (the
-    optimizer's step is wrapped for that call) or of the weight itself after the step."""
+    optimizer's step is wrapped for that call), or of the weight (or its stage-3 slice) after the step."""
 
     def __init__(self, model, step: int, kind: str):
         self.param, self.step, self.kind, self.done = model.net[0].weight, step, kind, False
@@ -67,9 +67,9 @@ class CorruptRankOne(TrainerCallback):
         optimizer.step = corrupted_step
 
     def on_optimizer_end(self, args, state, control, **kwargs):
-        if self.kind == "weight" and self._now(state):
+        if self.kind in ("weight", "slice") and self._now(state):
             self.done = True
-            flip_bit(self.param)
+            flip_bit(self.param.fw_storage if self.kind == "slice" else self.param)
 
 
 def run(work, name: str, corrupt_step: int = 0, **options):
@@ -90,7 +90,7 @@ def run(work, name: str, corrupt_step: int = 0, **options):
                                global_step=trainer.state.global_step)
     result["losses"] = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     result["global_step"] = trainer.state.global_step
-    result["fingerprint"] = fingerprint([p for p in model.parameters()]).numpy().tolist()
+    result["fingerprint"] = fingerprint(replicated_tensors(model, trainer.args.sharding_stage)[1]).numpy().tolist()
     return trainer.topology, result
 
 
@@ -99,17 +99,22 @@ def main():
     parser.add_argument("--out_dir", required=True)
     parser.add_argument("--result_dir", required=True)
     parser.add_argument("--sharding", default="")
-    parser.add_argument("--corrupt", choices=("grad", "weight"), default="grad")
+    parser.add_argument("--sharding_parallel_degree", type=int, default=2)
+    parser.add_argument("--corrupt", choices=("grad", "weight", "slice"), default="grad")
     parser.add_argument("--corrupt_step", type=int, default=3)
     parser.add_argument("--rollback_step", type=int, default=5)
     work = parser.parse_args()
-    work.layout = dict(sharding=work.sharding, sharding_parallel_degree=2) if work.sharding else {}
+    work.layout = {}
+    if work.sharding:  # stage 3: slice every parameter (the MLP's are below the default segment size)
+        work.layout = dict(sharding=work.sharding, sharding_parallel_degree=work.sharding_parallel_degree,
+                           sharding_stage3_segment_size=0)
     results = {}
     _, results["off"] = run(work, "off", replica_check_steps=0)
     _, results["on"] = run(work, "on")
     _, results["corrupt"] = run(work, "corrupt", corrupt_step=work.corrupt_step)
     topology, results["rollback"] = run(work, "rollback", corrupt_step=work.rollback_step, save_steps=2,
                                         nan_inf_policy="rollback")
+    results["dp_group"] = list(topology.group("dp").ranks) if topology.group("dp") is not None else [topology.rank]
     write_json(os.path.join(work.result_dir, f"rank{topology.rank}.json"), results)
     exit_cleanly(topology)
 

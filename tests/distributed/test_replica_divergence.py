@@ -1,6 +1,6 @@
-"""``replica_check_steps`` on real 2-process launches through the public Trainer (``workers/replica_worker.py``):
-rank 1 changes one bit of its copy after the gradient sync and the check stops the run within
-``replica_check_steps`` steps naming the step, the ranks and the parameter, on both ranks; under
+"""``replica_check_steps`` on real launches through the public Trainer (``workers/replica_worker.py``; dp2,
+sharding stage1x2, stage3 dp2xsharding2): rank 1 changes one bit of its copy after the gradient sync and the check
+stops the run within ``replica_check_steps`` steps naming the step, the ranks and the parameter, on every rank; under
 ``nan_inf_policy=rollback`` the run rolls back instead and ends with the replicas equal again; a clean run with
 the check on has bit-identical losses to one with it off."""
 from __future__ import annotations

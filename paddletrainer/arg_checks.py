@@ -67,6 +67,7 @@ RANGES: Dict[str, Range] = {
     "min_learning_rate": Range(0, None, "a learning rate"),
     "scale_loss": Range(0, None, "the initial fp16 loss scale multiplies the loss", low_open=True),
     "eval_steps": Range(0, None, "an interval in steps; 0 or None means logging_steps"),
+    "replica_check_steps": Range(0, None, "an interval in steps; 0 turns the replica check off"),
 }
 
 

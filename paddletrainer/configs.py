@@ -2,9 +2,9 @@
 
 With ``training_args.py`` and ``compat.py`` this is the only place that reads PaddleNLP's option names; every
 subsystem takes the typed value instead (``args.parallel_config``, ``args.amp_config``,
-``args.rollback_config``, ``args.metrics_config`` call the builders here). Pure: no paddle, so
-``TrainingArguments`` imports it. The configs of subsystems that import paddle (AMP, rollback, metrics) are
-defined here for that reason; ``ParallelConfig`` lives in the pure ``parallel.config``.
+``args.rollback_config``, ``args.metrics_config``, ``args.replica_check_config`` call the builders here). Pure:
+no paddle, so ``TrainingArguments`` imports it. The configs of subsystems that import paddle (AMP, rollback,
+metrics, the replica check) are defined here for that reason; ``ParallelConfig`` lives in the pure ``parallel.config``.
 
 ``parallel_inputs()`` lists the fields ``ParallelConfig`` is built from: PaddleNLP scripts change arguments after
 parsing (``gradient_accumulation_steps``, ``per_device_train_batch_size`` ...), and ``TrainingArguments``
@@ -22,8 +22,9 @@ from .parallel.config import ParallelConfig, sharding_stage_of
 from .parallel.layout import Layout, option_axes
 from .trainer_utils import default_logdir, normalize_report_to
 
-__all__ = ["AmpSettings", "RollbackConfig", "MetricsConfig", "PARALLEL_INPUTS", "parallel_inputs", "parallel_config_of",
-           "amp_settings_of", "rollback_config_of", "metrics_config_of"]
+__all__ = ["AmpSettings", "RollbackConfig", "MetricsConfig", "ReplicaCheckConfig", "PARALLEL_INPUTS", "parallel_inputs",
+           "parallel_config_of", "amp_settings_of", "rollback_config_of", "metrics_config_of",
+           "replica_check_config_of"]
 
 # The fields a ParallelConfig (and its Layout) is built from besides the axes' degree options (parallel_inputs()
 # adds those); a change to any of them rebuilds it.
@@ -73,6 +74,15 @@ class MetricsConfig:
     report_to: Tuple[str, ...]
     logging_dir: str
     run_name: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaCheckConfig:
+    """The replica-divergence check (see :mod:`paddletrainer.replica_check`): every ``every_steps`` optimizer
+    steps (0: off); ``sharding_stage`` decides which ranks hold identical weights (stage 3: the dp group only)."""
+
+    every_steps: int
+    sharding_stage: int = 0
 
 
 def parallel_config_of(args, layout: Layout) -> ParallelConfig:
@@ -129,3 +139,8 @@ def metrics_config_of(args) -> MetricsConfig:
     return MetricsConfig(report_to=tuple(normalize_report_to(args.report_to)),
                          logging_dir=args.logging_dir or os.path.join(args.output_dir or ".", default_logdir()),
                          run_name=args.run_name)
+
+
+def replica_check_config_of(args) -> ReplicaCheckConfig:
+    """``replica_check_steps`` and the sharding stage of ``args.parallel_config``."""
+    return ReplicaCheckConfig(int(args.replica_check_steps), args.parallel_config.sharding_stage)

@@ -3,14 +3,15 @@
 * Bad *options* never reach here: ``PdArgumentParser`` ends them as argparse does (usage, ``error: argument
   --<option>: ...``, exit 2) on every rank, before training (see :mod:`paddletrainer.argparser`).
 * ``friendly_errors`` / ``main_guard`` wrap a script's ``main`` for what is found later: ``ValueError``,
-  ``CheckpointError`` and ``NonFiniteLossError`` print ``error: <message>`` and exit :data:`ERROR_EXIT_CODE` (2);
-  ``TrainingInterrupted`` prints its line and exits 128 + signal. No traceback unless ``PADDLETRAINER_TRACEBACK=1``;
-  any other exception (a bug) keeps its traceback.
+  ``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` print ``error: <message>`` and exit
+  :data:`ERROR_EXIT_CODE` (2); ``TrainingInterrupted`` prints its line and exits 128 + signal. No traceback
+  unless ``PADDLETRAINER_TRACEBACK=1``; any other exception (a bug) keeps its traceback.
 * ``TrainingInterrupted``: raised after a signal-triggered stop checkpoint (``runtime.RobustnessCallback``).
 
-``CheckpointError`` and ``NonFiniteLossError`` are defined here, with no import of the package (so this module,
-``runtime`` and ``python -m paddletrainer.launch`` stay free of the trainer and the checkpoint machinery);
-``paddletrainer.checkpoint`` and ``paddletrainer.trainer`` re-export them under their public names.
+``CheckpointError``, ``NonFiniteLossError`` and ``ReplicaDivergenceError`` are defined here, with no import of the
+package (so this module, ``runtime`` and ``python -m paddletrainer.launch`` stay free of the trainer and the
+checkpoint machinery); ``paddletrainer.checkpoint`` and ``paddletrainer.trainer`` re-export them under their
+public names.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import signal
 import sys
 from typing import Any, Callable, Optional
 
-__all__ = ["ERROR_EXIT_CODE", "TRACEBACK_ENV", "CheckpointError", "NonFiniteLossError", "TrainingInterrupted",
-           "friendly_errors", "main_guard", "signal_name"]
+__all__ = ["ERROR_EXIT_CODE", "TRACEBACK_ENV", "CheckpointError", "NonFiniteLossError", "ReplicaDivergenceError",
+           "TrainingInterrupted", "friendly_errors", "main_guard", "signal_name"]
 
 ERROR_EXIT_CODE = 2  # bad input / configuration, as argparse does
 TRACEBACK_ENV = "PADDLETRAINER_TRACEBACK"
@@ -33,6 +34,21 @@ class CheckpointError(RuntimeError):
 
 class NonFiniteLossError(RuntimeError):
     """Raised (on every rank alike) when the loss or gradient norm is NaN/inf under ``nan_inf_policy=error``."""
+
+
+class ReplicaDivergenceError(RuntimeError):
+    """Raised (on every rank of the replica group alike) when the data-parallel/sharding replicas' weights differ
+    at a ``replica_check_steps`` check (see :mod:`paddletrainer.replica_check`).
+
+    Attributes: ``step``, ``ranks`` (the global ranks that differ from the majority), ``parameter`` (the first
+    differing parameter's name); None/empty when built from a message alone (``rollback`` re-raises that way).
+    """
+
+    def __init__(self, message: str, *, step: Optional[int] = None, ranks=(), parameter: Optional[str] = None):
+        super().__init__(message)
+        self.step = step
+        self.ranks = list(ranks)
+        self.parameter = parameter
 
 
 class TrainingInterrupted(SystemExit):
@@ -70,7 +86,7 @@ def signal_name(signum: int) -> str:
 
 
 # What a wrapped main reports as one "error: ..." line (bad input or state the user can fix), not as a bug.
-_USER_ERROR_TYPES = (ValueError, CheckpointError, NonFiniteLossError)
+_USER_ERROR_TYPES = (ValueError, CheckpointError, NonFiniteLossError, ReplicaDivergenceError)
 
 
 def friendly_errors(fn: Callable) -> Callable:

@@ -16,9 +16,13 @@ see ``overflow.nonfinite_action``) — the same on every rank, because the norm 
 6. after ``nan_inf_rollback_max_retries`` rollbacks in one ``train()`` call, the next non-finite step raises
    ``NonFiniteLossError`` saying so, and so does a rollback with no checkpoint to go back to.
 
-The loop calls :meth:`Rollback.recover` where ``_optimizer_step`` raised; this module never communicates
-except through ``Trainer._finish_checkpoints`` (publishing an async save). Limits: only non-finite norms trigger it (a finite loss spike
-does not); the skipped samples count as consumed, so a run bounded by epochs ends after fewer optimizer steps.
+A replica divergence (``replica_check_steps``, :mod:`paddletrainer.replica_check`) takes the same path: the
+check step's update is already applied and counted, and is discarded with the rest of the window.
+
+The loop calls :meth:`Rollback.recover` where ``_optimizer_step`` or the replica check raised; this module never
+communicates except through ``Trainer._finish_checkpoints`` (publishing an async save). Limits: only non-finite
+norms and replica divergence trigger it (a finite loss spike does not); the skipped samples count as consumed,
+so a run bounded by epochs ends after fewer optimizer steps.
 """
 from __future__ import annotations
 
@@ -39,14 +43,20 @@ class Rollback:
         self.lr_scale = 1.0
         self._base_lr: Optional[float] = None
 
-    def recover(self, trainer, error: Exception, data_position: int) -> str:
-        """Roll ``trainer`` back after ``error`` (the bad step's ``NonFiniteLossError``); return the checkpoint.
+    def recover(self, trainer, error: Exception, data_position: int, step_applied: bool = False,
+                cause: str = "non-finite gradient norm") -> str:
+        """Roll ``trainer`` back after ``error`` (the bad step's ``NonFiniteLossError``, or the
+        ``ReplicaDivergenceError`` of a check step); return the checkpoint.
 
         ``data_position``: samples consumed once the bad step's batch is counted — where training goes on.
+        ``step_applied``: False for a step stopped before its update (its gradients are dropped; it is the step
+        after ``global_step``), True after a step was applied and counted (the replica check: the step is
+        ``global_step``, its gradients already cleared). ``cause``: what went wrong, for the log.
         Re-raises ``error`` (its type, with the reason appended) when retries are exhausted or there is no
         checkpoint to go back to.
         """
-        trainer.optimizer.clear_grad()
+        if not step_applied:
+            trainer.optimizer.clear_grad()
         if self.count >= self.config.max_retries:
             raise type(error)(f"{error}; gave up after {self.count} rollback(s) (nan_inf_rollback_max_retries="
                               f"{self.config.max_retries})") from None
@@ -56,7 +66,7 @@ class Rollback:
         if path is None:
             raise type(error)(f"{error}; nan_inf_policy='rollback' found no complete checkpoint in "
                               f"output_dir={self.config.output_dir!r} to roll back to (save earlier: save_steps)") from None
-        bad_step = trainer.state.global_step + 1
+        bad_step = trainer.state.global_step + (0 if step_applied else 1)
         trainer._load_checkpoint(path)
         skipped_from = trainer.state.consumed_samples
         trainer.state.consumed_samples = data_position
@@ -66,8 +76,8 @@ class Rollback:
         trainer._tr_loss.zero_()  # the losses of the discarded steps are not logged
         trainer._loss_steps = 0
         logger.warning(
-            "step %d: non-finite gradient norm; rolled back to %s (rollback %d of at most %d), skipping samples "
-            "[%d, %d) trained on since it%s", bad_step, path, self.count, self.config.max_retries, skipped_from,
+            "step %d: %s; rolled back to %s (rollback %d of at most %d), skipping samples "
+            "[%d, %d) trained on since it%s", bad_step, cause, path, self.count, self.config.max_retries, skipped_from,
             data_position, f"; learning rate x{self.lr_scale:g}" if self.config.lr_factor != 1.0 else "")
         return path
 

@@ -53,7 +53,7 @@ from .data import (
     forward_argument_names,
     remove_unused_columns,
 )
-from .errors import NonFiniteLossError  # noqa: F401 (public here as paddletrainer.trainer.NonFiniteLossError)
+from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (public here as paddletrainer.trainer.*)
 from .evaluation import TrainerEvaluation
 from .metrics.memory_tracker import MemoryTracker
 from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_of_model, peak_memory_bytes,
@@ -66,6 +66,7 @@ from .parallel import collectives, init_topology, no_sync, parallelize, pipeline
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, has_length, speed_metrics
+from .replica_check import ReplicaCheck
 from .rollback import Rollback
 from .seeding import set_seed
 from .runtime import GracefulStop, RobustnessCallback
@@ -449,6 +450,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self._stop.every = check_interval(args.logging_strategy, args.logging_steps)
         rollback_config = args.rollback_config
         rollback = Rollback(rollback_config) if rollback_config is not None else None
+        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped)
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
         self._memory.start("train")
@@ -497,6 +499,15 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                     self.state.epoch = (
                         self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
                     )
+                    if replicas.due(self.state.global_step):  # every replica_check_steps, with a replica
+                        try:  # one all_gather of the weights' fingerprints over the dp (× sharding) group, one read
+                            replicas.check(self.state.global_step)
+                        except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica
+                            if rollback is None:
+                                raise
+                            rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
+                                             cause="replica divergence")
+                            continue
                     if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
                         self.control.should_save = True
                         self.control.should_training_stop = True
@@ -513,7 +524,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         except BaseException as err:
             self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
-            self._checkpointer.finish_after_error(same_on_every_rank=isinstance(err, NonFiniteLossError))
+            self._checkpointer.finish_after_error(
+                same_on_every_rank=isinstance(err, (NonFiniteLossError, ReplicaDivergenceError)))
             raise
 
         if self._loss_steps:  # fold the loss not yet logged into the total

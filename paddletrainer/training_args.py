@@ -30,7 +30,7 @@ from .argparser import RAW_VALUE, PdArgumentParser
 from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
 from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
-                      rollback_config_of)
+                      replica_check_config_of, rollback_config_of)
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
@@ -355,6 +355,8 @@ class TrainingArguments:
         "nan_inf_policy=rollback: rollbacks allowed in one train() call before a NaN/Inf step is an error."))
     nan_inf_rollback_lr_factor: float = field(default=1.0, metadata=_help(
         "nan_inf_policy=rollback: multiply the learning rate by this after each rollback (1.0: unchanged)."))
+    replica_check_steps: int = field(default=100, metadata=_help(
+        "Every N optimizer steps the data-parallel/sharding replicas compare a checksum of their weights (0: off)."))
     collective_timeout_seconds: Optional[int] = field(default=None, metadata=_help(
         "Timeout of collective operations in seconds (None: Paddle's default)."))
     log_phase_timers: bool = field(default=False, metadata=_help(
@@ -547,6 +549,7 @@ class TrainingArguments:
                             "rebuilt and re-checked when a field it is built from has changed.")
     amp_config = _view(amp_settings_of, "The mixed precision asked for (``configs.AmpSettings``).")
     rollback_config = _view(rollback_config_of, "``configs.RollbackConfig``; None unless nan_inf_policy='rollback'.")
+    replica_check_config = _view(replica_check_config_of, "``configs.ReplicaCheckConfig`` (replica_check_steps).")
     metrics_config = _view(metrics_config_of, "``configs.MetricsConfig``: the writers, logging_dir, run_name.")
     parallel_degrees = _view(lambda self: self.parallel_config.layout, "The resolved :class:`Layout`.")
     use_hybrid_parallel = _view(lambda self: self.parallel_config.layout.use_hybrid,

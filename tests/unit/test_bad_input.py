@@ -147,6 +147,7 @@ ARGS_CASES = [
     ("weight_decay_negative", 1, dict(weight_decay=-0.1), ["weight_decay=-0.1", ">= 0"]),
     ("scale_loss_zero", 1, dict(scale_loss=0.0), ["scale_loss=0.0", "> 0"]),
     ("eval_steps_negative", 1, dict(eval_steps=-5), ["eval_steps=-5", ">= 0"]),
+    ("replica_check_steps_negative", 1, dict(replica_check_steps=-1), ["replica_check_steps=-1", ">= 0"]),
     # best model
     ("best_model_strategies_differ", 1, dict(load_best_model_at_end=True, evaluation_strategy="steps", eval_steps=2,
                                              save_strategy="epoch"),

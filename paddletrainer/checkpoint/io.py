@@ -43,6 +43,7 @@ import paddle
 
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
+from ..trainer_utils import is_our_checkpoint
 from . import layout as L
 from . import rng as rng_mod
 from .async_writer import AsyncWriter
@@ -173,6 +174,8 @@ class Checkpointer:
 
         # 3. candidates -> writers (metadata only crosses the wire)
         try:
+            if topo.rank == 0:
+                refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
             models, by_param = model_tensors(model, topo)
             optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
             if optimizer is not None:
@@ -191,7 +194,7 @@ class Checkpointer:
         plan = self._reusable_plan(topo, coords, mine)
         if plan is None:
             gathered = _gather((coords, mine if error is None else f"{type(error).__name__}: {error}", uid), topo)
-            _raise_if_any_failed(gathered, "describing its tensors", error)
+            _raise_if_any_failed(gathered, "preparing the save", error)
             assigned = L.assign_writers([g[1] for g in gathered])
             files = L.file_names_for_writers([g[0] for g in gathered], assigned)
             assigned = [[dataclasses.replace(e, file=files[r][e.file]) for e in ents]
@@ -365,11 +368,25 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
     index["hf_weights_index"] = {"written": True}
 
 
+def refuse_foreign_target(ckpt_dir: str) -> None:
+    """Raise :class:`~.layout.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
+    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted."""
+    if os.path.lexists(ckpt_dir) and not is_our_checkpoint(ckpt_dir):
+        kind = "directory" if os.path.isdir(ckpt_dir) and not os.path.islink(ckpt_dir) else "file"
+        raise L.CheckpointError(
+            f"cannot save {ckpt_dir}: a {kind} of that name exists that paddletrainer did not write (no "
+            f"{L.CHECKPOINT_COMPLETE_MARKER} and {L.INDEX_NAME}); paddletrainer never replaces, renames or deletes "
+            f"it, even with --overwrite_output_dir: move it out of {os.path.dirname(ckpt_dir)} or choose another "
+            f"output_dir")
+
+
 def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:
-    """Index, then the marker LAST, then an atomic rename; an old dir of the same step is replaced."""
+    """Index, then the marker LAST, then an atomic rename; an old checkpoint of ours of the same step is replaced,
+    anything else there is refused (the save stays in ``tmp_dir``)."""
     write_file(os.path.join(tmp_dir, L.INDEX_NAME), json.dumps(index, indent=1).encode())
     write_file(os.path.join(tmp_dir, L.CHECKPOINT_COMPLETE_MARKER), b"")
     fsync_dir(tmp_dir)
+    refuse_foreign_target(ckpt_dir)  # appeared since the save began (checked there on rank 0 already)
     if os.path.exists(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)

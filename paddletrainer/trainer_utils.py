@@ -198,14 +198,23 @@ def is_our_checkpoint(path: str) -> bool:
             and os.path.isfile(os.path.join(path, CHECKPOINT_INDEX_NAME)))
 
 
+def is_empty_dir(path: str) -> bool:
+    """A real (not symlinked) directory with nothing in it."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
+
+
 def foreign_checkpoint_entries(folder: str) -> List[Tuple[int, str]]:
     """``(step, name)`` of the entries of ``folder`` named ``checkpoint-<step>`` that are not checkpoints of ours
-    (:func:`is_our_checkpoint`): a save of that step would collide with them. Sorted by step."""
+    (:func:`is_our_checkpoint`) and hold something (an empty directory holds nothing to lose: a save of its step
+    takes its place): a save of that step would collide with them. Sorted by step."""
     if not folder or not os.path.isdir(folder):
         return []
-    found = [(parse_checkpoint_step(name), name) for name in os.listdir(folder)]
-    return sorted((step, name) for step, name in found
-                  if step is not None and not is_our_checkpoint(os.path.join(folder, name)))
+    found = [(parse_checkpoint_step(name), os.path.join(folder, name)) for name in os.listdir(folder)]
+    return sorted((step, os.path.basename(path)) for step, path in found
+                  if step is not None and not is_our_checkpoint(path) and not is_empty_dir(path))
 
 
 def get_last_checkpoint(folder: str) -> Optional[str]:

@@ -30,6 +30,7 @@ the previous ``checkpoint-*`` untouched.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import paddle
 
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
-from ..trainer_utils import is_our_checkpoint
+from ..trainer_utils import is_empty_dir, is_our_checkpoint
 from . import layout as L
 from . import rng as rng_mod
 from .async_writer import AsyncWriter
@@ -370,8 +371,9 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
 
 def refuse_foreign_target(ckpt_dir: str) -> None:
     """Raise :class:`~.layout.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
-    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted."""
-    if os.path.lexists(ckpt_dir) and not is_our_checkpoint(ckpt_dir):
+    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted. An empty
+    directory holds nothing to lose: the save takes its place."""
+    if os.path.lexists(ckpt_dir) and not is_our_checkpoint(ckpt_dir) and not is_empty_dir(ckpt_dir):
         kind = "directory" if os.path.isdir(ckpt_dir) and not os.path.islink(ckpt_dir) else "file"
         raise L.CheckpointError(
             f"cannot save {ckpt_dir}: a {kind} of that name exists that paddletrainer did not write (no "
@@ -387,11 +389,17 @@ def _publish(tmp_dir: str, ckpt_dir: str, index: dict) -> None:
     write_file(os.path.join(tmp_dir, L.CHECKPOINT_COMPLETE_MARKER), b"")
     fsync_dir(tmp_dir)
     refuse_foreign_target(ckpt_dir)  # appeared since the save began (checked there on rank 0 already)
-    if os.path.exists(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
+    if is_our_checkpoint(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)
         os.rename(tmp_dir, ckpt_dir)
         shutil.rmtree(trash, ignore_errors=True)
     else:
-        os.rename(tmp_dir, ckpt_dir)
+        try:  # onto nothing, or an empty directory: rename(2) replaces that atomically, a non-empty one it refuses
+            os.rename(tmp_dir, ckpt_dir)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            refuse_foreign_target(ckpt_dir)  # filled meanwhile: refused with the message naming it
+            raise
     fsync_dir(os.path.dirname(ckpt_dir))

@@ -13,8 +13,11 @@ per directory covers ``save_on_each_node`` too).
 * **Stale** — written on this host by a process that no longer exists (a SIGKILL, a crash, a lost node that
   came back): taken over with a warning. "No longer exists" means no process with that pid, or one that started
   at another time (the pid was reused).
-* **From another host** — never taken over: its pid cannot be checked from here, and a live remote run would
-  lose its saves. The error says to delete the lock file once that run is known to be gone.
+* **From another host** — its pid cannot be checked from here, so the holder renews the lock file's mtime every
+  :data:`HEARTBEAT_SECONDS` (a daemon thread) and the lock is stale only when it has not been renewed for
+  :data:`STALE_AFTER_SECONDS`, measured on the filesystem's clock (the mtime of a file written just now), so
+  the hosts' clocks need not agree. Until then the error names the holder and the heartbeat's age (a job
+  restarted on other nodes right after a crash waits that long, or deletes the lock file).
 * **Released** at the end of ``train()`` (also when it raises, SIGTERM's ``TrainingInterrupted`` included) and
   at interpreter exit; only by the process that took it, and only while the file still names it.
 
@@ -31,8 +34,9 @@ import json
 import logging
 import os
 import socket
+import threading
 import uuid
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from .errors import CheckpointError
 
@@ -41,6 +45,8 @@ __all__ = ["LOCK_NAME", "OutputDirLock", "OutputDirLockedError", "describe", "li
 logger = logging.getLogger(__name__)
 
 LOCK_NAME = ".paddletrainer.lock"
+HEARTBEAT_SECONDS = 30  # the holder renews the lock's mtime this often
+STALE_AFTER_SECONDS = 300  # another host's lock not renewed for this long is stale (10 missed heartbeats)
 _FORMAT = "paddletrainer-output-lock"
 
 _HELD: Dict[str, "OutputDirLock"] = {}  # lock path -> the lock this process holds (released at exit)
@@ -58,16 +64,21 @@ def lock_path(output_dir: str) -> str:
     return os.path.join(os.path.abspath(output_dir), LOCK_NAME)
 
 
-def _process_start(pid: int) -> Optional[str]:
-    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), None if unknown."""
+def _proc_stat(pid: int) -> Optional[list]:
+    """The fields of ``/proc/<pid>/stat`` from the state on (field 3 of proc(5) is index 0); None without one."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: the fields after it follow the last ")"
-    fields = stat[stat.rfind(")") + 2:].split()
-    return fields[19] if len(fields) > 19 else None  # field 22 of proc(5)
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def _process_start(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` in clock ticks since boot (Linux ``/proc``), None if unknown."""
+    fields = _proc_stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None  # field 22 of proc(5)
 
 
 def _pid_exists(pid: int) -> bool:
@@ -84,6 +95,9 @@ def _alive_on_this_host(holder: dict) -> bool:
     """Whether the holder (written on this host) still runs: its pid exists and started when the lock says."""
     pid = holder.get("pid")
     if not isinstance(pid, int) or pid <= 0 or not _pid_exists(pid):
+        return False
+    fields = _proc_stat(pid)
+    if fields and fields[0] in ("Z", "X"):  # killed, not yet reaped by its parent: it holds nothing any more
         return False
     recorded, now = holder.get("process_start"), _process_start(pid)
     return recorded is None or now is None or recorded == now
@@ -115,7 +129,7 @@ def describe(holder: dict) -> str:
 
 def live_holder(output_dir: str) -> Optional[dict]:
     """The holder of ``output_dir``'s lock when it is another process that may still run (a live process on this
-    host, or any process on another host, which cannot be checked), else None (no lock, ours, or stale).
+    host, or any process on another host, whose pid cannot be checked), else None (no lock, ours, or stale).
     An unreadable lock file counts as held (``{"unreadable": path}``): nobody can tell who wrote it."""
     path = lock_path(output_dir)
     try:
@@ -137,6 +151,7 @@ class OutputDirLock:
         self.path = lock_path(output_dir)
         self.run_id = uuid.uuid4().hex
         self._pid: Optional[int] = None  # the pid that took it (a forked child never releases it)
+        self._stop = threading.Event()  # ends the heartbeat
 
     def _content(self) -> bytes:
         pid = os.getpid()
@@ -145,52 +160,80 @@ class OutputDirLock:
             "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "run_id": self.run_id,
             "output_dir": self.output_dir}, indent=1).encode()
 
-    def _link(self) -> bool:
-        """Create the lock atomically with its content; False when the name exists."""
+    def _link(self) -> Tuple[bool, float]:
+        """Create the lock atomically with its content: (True, now) or (False, now) when the name exists; ``now``
+        is the filesystem's clock (a fresh file's mtime), against which another host's heartbeat is aged."""
         private = f"{self.path}.{self.run_id}.new"
         with open(private, "wb") as f:
             f.write(self._content())
             f.flush()
             os.fsync(f.fileno())
         try:
+            now = os.stat(private).st_mtime
             os.link(private, self.path)
-            return True
+            return True, now
         except FileExistsError:
-            return False
+            return False, now
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(private)
 
     def acquire(self) -> "OutputDirLock":
-        """Take the lock or raise :class:`OutputDirLockedError` naming the holder; a stale lock of this host is
-        taken over with a warning."""
+        """Take the lock or raise :class:`OutputDirLockedError` naming the holder; a stale lock is taken over
+        with a warning (see the module docstring)."""
         os.makedirs(self.output_dir, exist_ok=True)
         for _ in range(3):  # a holder may release (or a racing run take) the lock between our steps
-            if self._link():
+            taken, now = self._link()
+            if taken:
                 self._pid = os.getpid()
                 _HELD[self.path] = self
+                self._start_heartbeat()
                 return self
             holder = _read(self.path)
             if holder is None:
                 continue
-            self._refuse_live(holder)
-            logger.warning("taking over the stale lock of %s: %s no longer runs on this host (it ended without "
-                           "releasing it, e.g. killed)", self.output_dir, describe(holder))
+            why = self._stale_or_raise(holder, now)
+            logger.warning("taking over the stale lock of %s: %s %s", self.output_dir, describe(holder), why)
             self._remove_if_still(holder)
         raise OutputDirLockedError(f"could not take the lock {self.path}: other runs keep taking it")
 
-    def _refuse_live(self, holder: dict) -> None:
+    def _stale_or_raise(self, holder: dict, now: float) -> str:
+        """Why ``holder``'s lock is stale, or raise :class:`OutputDirLockedError` naming it."""
         where = f"output_dir={self.output_dir!r} is in use by another training run ({describe(holder)}; lock {self.path})"
         here = socket.gethostname()
         if holder.get("host") != here:
+            try:
+                age = now - os.stat(self.path).st_mtime
+            except FileNotFoundError:
+                return "released it meanwhile"
+            if age > STALE_AFTER_SECONDS:
+                return f"has not renewed it for {age:.0f} s (its host {holder.get('host')!r} is down or it was killed)"
             raise OutputDirLockedError(
-                f"{where}: one run per output_dir. That host's processes cannot be checked from {here!r}: if that "
-                f"run is gone, delete {self.path}; otherwise choose another output_dir", holder)
+                f"{where}: one run per output_dir. Its last heartbeat was {max(age, 0):.0f} s ago (renewed every "
+                f"{HEARTBEAT_SECONDS} s while it runs; taken over once older than {STALE_AFTER_SECONDS} s): wait for "
+                f"it to end, or delete {self.path} if that run is gone; otherwise choose another output_dir", holder)
         if _alive_on_this_host(holder):
             same = " (this process: a train() is already running into it)" if holder.get("pid") == os.getpid() else ""
             raise OutputDirLockedError(
                 f"{where}{same}: one run per output_dir; wait for it to end, stop it, or choose another output_dir",
                 holder)
+        return "no longer runs on this host (it ended without releasing it, e.g. killed)"
+
+    def _start_heartbeat(self) -> None:
+        """Renew the lock's mtime every HEARTBEAT_SECONDS while held, so that a run on another host can tell a
+        live holder from a dead one (a daemon thread; a forked child has none)."""
+        self._stop = threading.Event()
+
+        def beat(stop=self._stop):
+            while not stop.wait(HEARTBEAT_SECONDS):
+                try:
+                    if (_read(self.path) or {}).get("run_id") != self.run_id:
+                        return  # no longer ours (removed by hand): never touch another run's lock
+                    os.utime(self.path)
+                except (OSError, OutputDirLockedError) as e:
+                    logger.warning("could not renew the lock %s: %s", self.path, e)
+
+        threading.Thread(target=beat, name="paddletrainer-output-lock", daemon=True).start()
 
     def _remove_if_still(self, holder: dict) -> None:
         """Remove the stale lock only if it is still the one judged stale (renamed aside first, atomically)."""
@@ -215,6 +258,7 @@ class OutputDirLock:
         if self._pid != os.getpid():
             return
         self._pid = None
+        self._stop.set()
         _HELD.pop(self.path, None)
         try:
             holder = _read(self.path)

@@ -12,13 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError, save_checkpoint
 from paddletrainer.checkpoint import layout as L
-from paddletrainer.output_lock import LOCK_NAME, OutputDirLockedError
+from paddletrainer import output_lock
+from paddletrainer.output_lock import LOCK_NAME, STALE_AFTER_SECONDS, OutputDirLockedError
 from toy_models import RegressionModel, regression_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -184,15 +186,36 @@ def test_a_stale_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, cap
     assert not (out / LOCK_NAME).exists()
 
 
-def test_a_lock_from_another_host_is_never_taken_over(tmp_path):
+def test_a_lock_from_another_host_is_taken_over_only_once_its_heartbeat_is_stale(tmp_path, caplog):
     out = tmp_path / "out"
     out.mkdir()
     lock = {"format": "paddletrainer-output-lock", "host": "some-other-node", "pid": 1, "process_start": None,
             "started": "2026-01-01T00:00:00+00:00", "run_id": "r1", "output_dir": str(out)}
-    (out / LOCK_NAME).write_text(json.dumps(lock))
-    with pytest.raises(OutputDirLockedError, match=r"'some-other-node', pid 1.*if that run is gone, delete"):
+    (out / LOCK_NAME).write_text(json.dumps(lock))  # just renewed: that run may well be alive
+    with pytest.raises(OutputDirLockedError, match=r"'some-other-node', pid 1.*last heartbeat was \d+ s ago.*delete"):
         train(out)
     assert json.loads((out / LOCK_NAME).read_text()) == lock
+    old = time.time() - STALE_AFTER_SECONDS - 60
+    os.utime(out / LOCK_NAME, (old, old))  # not renewed for longer than the stale limit: its host is gone
+    with caplog.at_level(logging.WARNING):
+        assert train(out).state.global_step == 5
+    assert any("stale lock" in r.getMessage() and "some-other-node" in r.getMessage() for r in caplog.records)
+    assert not (out / LOCK_NAME).exists()
+
+
+def test_the_holder_renews_its_lock_while_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(output_lock, "HEARTBEAT_SECONDS", 0.05)
+    lock = output_lock.OutputDirLock(str(tmp_path)).acquire()
+    try:
+        old = time.time() - 1000
+        os.utime(lock.path, (old, old))
+        deadline = time.time() + 10
+        while os.stat(lock.path).st_mtime <= old + 1 and time.time() < deadline:
+            time.sleep(0.02)
+        assert os.stat(lock.path).st_mtime > old + 1
+    finally:
+        lock.release()
+    assert not os.path.exists(lock.path)
 
 
 def test_an_unreadable_lock_file_is_refused_and_left_alone(tmp_path):

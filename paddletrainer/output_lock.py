@@ -8,7 +8,8 @@ per directory covers ``save_on_each_node`` too).
 
 * **Taking it** is atomic: the holder's JSON (host, pid, the process's start time, when) is written to a
   private file first, then hard-linked to the lock name; the link fails if the name exists (``O_EXCL``
-  semantics, also on NFS), so the lock never exists half-written.
+  semantics, also on NFS), so the lock never exists half-written. On a filesystem without hard links it is
+  created with ``O_CREAT | O_EXCL`` instead.
 * **Held by a live run** → :class:`OutputDirLockedError` naming the holder's host, pid and start, at once.
 * **Stale** — written on this host by a process that no longer exists (a SIGKILL, a crash, a lost node that
   came back): taken over with a warning. "No longer exists" means no process with that pid, or one that started
@@ -174,9 +175,26 @@ class OutputDirLock:
             return True, now
         except FileExistsError:
             return False, now
+        except OSError as e:  # a filesystem without hard links (some FUSE/SMB mounts): O_EXCL, then the content
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            return self._create_exclusive(), now
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(private)
+
+    def _create_exclusive(self) -> bool:
+        """``O_CREAT | O_EXCL``: atomic too, but the file is empty for an instant (a run reading it then is refused
+        as by an unreadable lock: it fails safe)."""
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(self._content())
+            f.flush()
+            os.fsync(f.fileno())
+        return True
 
     def acquire(self) -> "OutputDirLock":
         """Take the lock or raise :class:`OutputDirLockedError` naming the holder; a stale lock is taken over

@@ -5,6 +5,7 @@ checkpoint, a user's ``checkpoint-3/my_results.csv`` or a plain file named ``che
 of a run that could save those steps (naming them), ignored by ``save_total_limit`` rotation, and never touched by
 a save. ``output_dir/.paddletrainer.lock`` keeps a second run out while one trains (naming the holder); a lock
 left by a killed process of this host is taken over."""
+import errno
 import json
 import logging
 import os
@@ -248,3 +249,18 @@ def test_the_lock_is_held_by_this_process_during_train_and_released_when_train_r
     assert boom.seen["pid"] == os.getpid() and boom.seen["host"] == socket.gethostname()
     assert not (out / LOCK_NAME).exists()
     train(out, resume=True)  # the next run takes it again
+
+
+def test_on_a_filesystem_without_hard_links_the_lock_is_created_exclusively(tmp_path, monkeypatch):
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    lock = output_lock.OutputDirLock(str(tmp_path)).acquire()
+    try:
+        assert json.loads(open(lock.path).read())["run_id"] == lock.run_id
+        with pytest.raises(OutputDirLockedError, match="this process"):
+            output_lock.OutputDirLock(str(tmp_path)).acquire()
+    finally:
+        lock.release()
+    assert os.listdir(tmp_path) == []  # no private file left either

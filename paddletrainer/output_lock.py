@@ -117,8 +117,8 @@ def _read(path: str) -> Optional[dict]:
         holder = None
     if not isinstance(holder, dict) or holder.get("format") != _FORMAT:
         raise OutputDirLockedError(
-            f"{path} is not a paddletrainer lock file (unreadable JSON); it was left alone: delete it if no run "
-            f"is using {os.path.dirname(path)}")
+            f"{path} is not a paddletrainer lock file (not the JSON paddletrainer writes); it was left alone: "
+            f"delete it if no run is using {os.path.dirname(path)}")
     return holder
 
 

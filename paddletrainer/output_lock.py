@@ -217,7 +217,8 @@ class OutputDirLock:
 
     def _stale_or_raise(self, holder: dict, now: float) -> str:
         """Why ``holder``'s lock is stale, or raise :class:`OutputDirLockedError` naming it."""
-        where = f"output_dir={self.output_dir!r} is in use by another training run ({describe(holder)}; lock {self.path})"
+        where = (f"output_dir={self.output_dir!r} is in use by another training run ({describe(holder)}; "
+                 f"lock {self.path})")
         here = socket.gethostname()
         if holder.get("host") != here:
             try:

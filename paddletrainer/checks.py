@@ -3,7 +3,8 @@
 ``check_model_for_layout`` (TP/PP asked of a model not built for it — before any process group exists),
 ``check_pipeline_split``, ``check_batch_keys`` (``remove_unused_columns=False`` with keys the forward does not
 take), ``check_dataset`` (empty data set), ``check_output_dir`` (a previous run's checkpoints would be mixed with
-this run's).
+this run's, or entries paddletrainer did not write are in the way), ``check_checkpoint_collisions`` (a step this
+run may save is taken by such an entry).
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from typing import Iterable, Sequence
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from .data import forward_parameters
-from .trainer_utils import has_length, parse_checkpoint_step, requested_resume
+from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
 
 __all__ = [
     "check_batch_keys",
+    "check_checkpoint_collisions",
     "check_dataset",
     "check_model_for_layout",
     "check_optimizer_for_layout",
@@ -129,15 +131,29 @@ def check_dataset(dataset, option: str = "train_dataset") -> None:
 def check_output_dir(args, resume_from_checkpoint=None) -> None:
     """Refuse to train into an ``output_dir`` that holds a previous run's checkpoints.
 
-    Raises when ``args.do_train`` is set, ``overwrite_output_dir`` is False, no ``resume_from_checkpoint`` is
-    given (argument or ``args.resume_from_checkpoint``) and ``output_dir`` has ``checkpoint-*`` directories —
-    the new run's checkpoints would be interleaved with (and rotated against) the old ones.
+    Raises when ``overwrite_output_dir`` is False, no ``resume_from_checkpoint`` is given (argument or
+    ``args.resume_from_checkpoint``) and ``output_dir`` has
+
+    * ``checkpoint-N`` entries paddletrainer did not write (a PaddleNLP checkpoint, a user's directory or file:
+      :func:`~paddletrainer.trainer_utils.foreign_checkpoint_entries`) — this run's saves would collide with
+      them, and they are never deleted or renamed; checked for every ``train()``;
+    * with ``args.do_train`` (as PaddleNLP's scripts check), checkpoints of ours — the new run's checkpoints would
+      be interleaved with (and rotated against) the old ones.
     """
-    if not args.do_train or args.overwrite_output_dir:
+    if args.overwrite_output_dir:
         return
     resume = resume_from_checkpoint if resume_from_checkpoint is not None else args.resume_from_checkpoint
     out = args.output_dir
     if requested_resume(resume) is not None or not out or not os.path.isdir(out):
+        return
+    foreign = foreign_checkpoint_entries(out)
+    if foreign:
+        raise ValueError(
+            f"output_dir={out!r} holds entries named like checkpoints that paddletrainer did not write "
+            f"({_entry_list(out, foreign)}); this run's saves would collide with them and paddletrainer never "
+            f"deletes or renames them: move them out of output_dir or choose another output_dir (with "
+            f"--overwrite_output_dir a run may start beside them as long as it cannot save one of those steps)")
+    if not args.do_train:
         return
     found = sorted((n for n in os.listdir(out) if parse_checkpoint_step(n) is not None), key=parse_checkpoint_step)
     if found:
@@ -146,3 +162,26 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
             f"output_dir={out!r} already holds checkpoints of a previous run ({shown}); pass "
             f"--resume_from_checkpoint true to continue it, --overwrite_output_dir to train over it, or choose "
             f"another output_dir")
+
+
+def _entry_list(folder: str, entries, limit: int = 10) -> str:
+    shown = [name + (" (a file)" if not os.path.isdir(os.path.join(folder, name)) else "") for _, name in entries]
+    return ", ".join(shown[:limit]) + (f" (+{len(shown) - limit} more)" if len(shown) > limit else "")
+
+
+def check_checkpoint_collisions(output_dir: str, first_step: int, max_steps: int, resume=None) -> None:
+    """Refuse to start a run that could save a ``checkpoint-N`` where an entry paddletrainer did not write lies.
+
+    ``first_step``: the step training starts from (after any resume); every ``N`` in ``(first_step, max_steps]``
+    may be saved (``save_steps``, epoch ends, a stop on SIGTERM), so a foreign ``checkpoint-N`` in that range
+    is refused — also with ``overwrite_output_dir``, which never makes paddletrainer delete what it did not
+    write. ``resume``: the checkpoint resumed from (never in the way of itself)."""
+    resumed = os.path.abspath(resume) if resume else None
+    blocking = [(step, name) for step, name in foreign_checkpoint_entries(output_dir)
+                if first_step < step <= max_steps and os.path.join(os.path.abspath(output_dir), name) != resumed]
+    if blocking:
+        raise ValueError(
+            f"output_dir={output_dir!r} holds entries named like checkpoints that paddletrainer did not write at "
+            f"steps this run may save (steps {first_step + 1}..{max_steps}): {_entry_list(output_dir, blocking)}; "
+            f"paddletrainer never deletes or renames them, even with --overwrite_output_dir: move them out of "
+            f"output_dir or choose another output_dir")

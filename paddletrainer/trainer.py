@@ -411,9 +411,15 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
 
     # ----------------------------------------------------------------------------------- train
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
-        """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``."""
+        """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``.
+
+        One run per ``output_dir``: its lock is held until this returns or raises (``_output_dir_lock``)."""
+        checks.check_output_dir(self.args, resume_from_checkpoint)
+        with self._output_dir_lock():
+            return self._train_holding_output_dir(resume_from_checkpoint, ignore_keys_for_eval)
+
+    def _train_holding_output_dir(self, resume_from_checkpoint, ignore_keys_for_eval) -> TrainOutput:
         args = self.args
-        checks.check_output_dir(args, resume_from_checkpoint)
         resume = self._resolve_resume(resume_from_checkpoint)
         self._keep_saved_global_batch(resume)  # before the sampler and the step count, which are counted in it
         train_dataloader = self.get_train_dataloader()
@@ -437,6 +443,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self.state.num_train_epochs = num_epochs
         if resume is not None:
             self._load_checkpoint(resume)
+        checks.check_checkpoint_collisions(args.output_dir, self.state.global_step, max_steps, resume)
         applied_steps = 0  # optimizer steps taken in this call (a rollback sets global_step back, not this)
         global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
         step_fn = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward

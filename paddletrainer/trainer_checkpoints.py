@@ -7,10 +7,11 @@ Trainer's ``args``, ``state``, ``model``, ``optimizer``, ``lr_scheduler``, ``sca
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Iterator, Optional
 
 from . import checkpoint as ckpt
 from .callbacks import TrainerState
@@ -21,6 +22,8 @@ from .checkpoint.layout import TRAINER_STATE_NAME
 from .checkpoint.validate import validate_trainer_state
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
+from .output_lock import OutputDirLock, OutputDirLockedError
+from .parallel.collectives import all_gather_object
 from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint, requested_resume,
                             resolve_resume_checkpoint)
 
@@ -65,6 +68,31 @@ class TrainerCheckpoints:
         if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
             ckpt.remove_stale_tmp_dirs(self.args.output_dir)
         return path
+
+    @contextlib.contextmanager
+    def _output_dir_lock(self) -> Iterator[None]:
+        """Hold ``output_dir``'s lock (:mod:`~paddletrainer.output_lock`) for the block, on global rank 0 — the rank
+        that publishes, rotates and removes tmp dirs. Every rank learns rank 0's outcome (one gather), so a run
+        that finds the directory in use fails on every rank alike; released when the block ends, raising or not."""
+        lock = OutputDirLock(self.args.output_dir) if self.topology.rank == 0 else None
+        failure = None
+        if lock is not None:
+            try:
+                lock.acquire()
+            except Exception as e:  # noqa: BLE001 - e.g. an unwritable output_dir: the other ranks must learn it too
+                failure = e
+        outcome = f"{type(failure).__name__}: {failure}" if failure is not None else None
+        if self.topology.world_size > 1:
+            outcome = all_gather_object(outcome)[0]
+        if failure is not None:
+            raise failure
+        if outcome is not None:
+            raise OutputDirLockedError(f"rank 0: {outcome}")
+        try:
+            yield
+        finally:
+            if lock is not None:
+                lock.release()
 
     def wait_for_checkpoint_snapshot(self) -> None:
         """Return once the async save in flight (``checkpoint_async_save``) has its copy of the weights and optimizer

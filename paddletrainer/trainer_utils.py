@@ -39,12 +39,16 @@ __all__ = [
     "find_batch_size",
     "_get_distributed_seeds",
     "is_paddlenlp_checkpoint",
+    "is_our_checkpoint",
+    "foreign_checkpoint_entries",
 ]
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
 # A checkpoint directory is published atomically: the writer creates this empty file last, so a directory
 # without it is a save that crashed or is still being written, and must never be resumed from.
 CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
+# The index our writer puts beside the marker; ``checkpoint.layout.INDEX_NAME`` is this name.
+CHECKPOINT_INDEX_NAME = "checkpoint_index.json"
 
 _CHECKPOINT_DIR_RE = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
 
@@ -183,6 +187,34 @@ def is_paddlenlp_checkpoint(path: str) -> bool:
     return ("trainer_state.json" in names and "checkpoint_index.json" not in names
             and CHECKPOINT_COMPLETE_MARKER not in names
             and any(n.startswith("model_state") and n.endswith(".pdparams") for n in names))
+
+
+def is_our_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a checkpoint paddletrainer published: a real directory (not a symlink) holding both our
+    completion marker and our ``checkpoint_index.json``. Only these are ever replaced or rotated away; anything
+    else named ``checkpoint-*`` (a PaddleNLP checkpoint, a user's directory or file) is never deleted or renamed."""
+    return (os.path.isdir(path) and not os.path.islink(path)
+            and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER))
+            and os.path.isfile(os.path.join(path, CHECKPOINT_INDEX_NAME)))
+
+
+def is_empty_dir(path: str) -> bool:
+    """A real (not symlinked) directory with nothing in it."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    with os.scandir(path) as entries:
+        return next(entries, None) is None
+
+
+def foreign_checkpoint_entries(folder: str) -> List[Tuple[int, str]]:
+    """``(step, name)`` of the entries of ``folder`` named ``checkpoint-<step>`` that are not checkpoints of ours
+    (:func:`is_our_checkpoint`) and hold something (an empty directory holds nothing to lose: a save of its step
+    takes its place): a save of that step would collide with them. Sorted by step."""
+    if not folder or not os.path.isdir(folder):
+        return []
+    found = [(parse_checkpoint_step(name), os.path.join(folder, name)) for name in os.listdir(folder)]
+    return sorted((step, os.path.basename(path)) for step, path in found
+                  if step is not None and not is_our_checkpoint(path) and not is_empty_dir(path))
 
 
 def get_last_checkpoint(folder: str) -> Optional[str]:

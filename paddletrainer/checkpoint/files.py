@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import struct
@@ -18,13 +19,16 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import paddle
 
-from ..trainer_utils import sorted_checkpoints
+from ..output_lock import describe, live_holder
+from ..trainer_utils import is_our_checkpoint, sorted_checkpoints
 from . import layout as L
 from .checksum import crc32, crc32_combine
 from .local_state import unwrap_model
 from .members import MAX_INDEX_BYTES, read_member
 from .validate import validate_index
 from .verified_read import read_small_file
+
+logger = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------ small files
@@ -171,10 +175,41 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def remove_stale_tmp_dirs(parent: str) -> None:
-    for name in os.listdir(parent):
-        if L.is_tmp_dir_name(name):
-            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+def is_our_staging_dir(path: str) -> bool:
+    """Whether ``path`` (named ``checkpoint-N.tmp-*``) holds only what our writer leaves there: a real directory
+    whose entries are all regular files with our file names (an unfinished save: no marker yet, or a checkpoint
+    of ours moved aside to be replaced or rotated away). A user's file in it, a subdirectory or a symlink makes it
+    not ours: it is then never removed."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    with os.scandir(path) as entries:
+        return all(e.is_file(follow_symlinks=False) and L.is_our_file_name(e.name) for e in entries)
+
+
+def remove_stale_tmp_dirs(parent: str) -> List[str]:
+    """Remove the ``checkpoint-N.tmp-*`` dirs of crashed saves in ``parent``; returns the removed paths.
+
+    Only staging dirs of ours (:func:`is_our_staging_dir`) go; anything else with such a name is left alone with
+    a warning. Nothing is removed while another live run holds ``parent``'s lock (:mod:`paddletrainer.output_lock`):
+    its tmp dir is the save it is writing."""
+    holder = live_holder(parent)
+    if holder is not None:
+        logger.warning("not removing stale checkpoint tmp dirs in %s: another run holds its lock (%s)", parent,
+                       holder.get("unreadable") or describe(holder))
+        return []
+    removed = []
+    for name in sorted(os.listdir(parent)):
+        if not L.is_tmp_dir_name(name):
+            continue
+        path = os.path.join(parent, name)
+        if is_our_staging_dir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        else:
+            logger.warning("left %s in place: it is named like a checkpoint tmp dir but holds files paddletrainer "
+                           "does not write (or is not a directory); paddletrainer never deletes what it did not write",
+                           path)
+    return removed
 
 
 # ----------------------------------------------------------------------------------- discovery
@@ -225,8 +260,11 @@ def newest_sound_checkpoint(folder: str) -> Tuple[Optional[str], List[Tuple[str,
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:
-    """Delete the oldest complete checkpoints beyond the limit; never the best nor the newest. Rank 0 only."""
-    ckpts = list_complete_checkpoints(output_dir)
+    """Delete the oldest complete checkpoints beyond the limit; never the best nor the newest. Rank 0 only.
+
+    Only checkpoints of ours count and go (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and
+    index); a PaddleNLP checkpoint or a user's ``checkpoint-*`` entry is neither counted nor touched."""
+    ckpts = [p for p in list_complete_checkpoints(output_dir) if is_our_checkpoint(p)]
     steps = {L.parse_checkpoint_step(os.path.basename(p)): p for p in ckpts}
     best = L.parse_checkpoint_step(os.path.basename(os.path.normpath(best_checkpoint))) if best_checkpoint else None
     doomed = [steps[s] for s in L.select_checkpoints_to_delete(list(steps), save_total_limit, best)]

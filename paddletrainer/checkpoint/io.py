@@ -31,6 +31,7 @@ the previous ``checkpoint-*`` untouched.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ import paddle
 
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
+from ..trainer_utils import is_empty_dir, is_our_checkpoint
 from . import layout as L
 from . import rng as rng_mod
 from .async_writer import AsyncWriter
@@ -169,6 +171,8 @@ class Checkpointer:
 
         # 3. candidates -> writers (metadata only crosses the wire)
         try:
+            if topo.rank == 0:
+                refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
             models, by_param = model_tensors(model, topo)
             optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
             if optimizer is not None:
@@ -187,7 +191,7 @@ class Checkpointer:
         plan = self._reusable_plan(topo, coords, mine)
         if plan is None:
             gathered = _gather((coords, mine if error is None else f"{type(error).__name__}: {error}", uid), topo)
-            _raise_if_any_failed(gathered, "describing its tensors", error)
+            _raise_if_any_failed(gathered, "preparing the save", error)
             assigned = L.assign_writers([g[1] for g in gathered])
             files = L.file_names_for_writers([g[0] for g in gathered], assigned)
             assigned = [[dataclasses.replace(e, file=files[r][e.file]) for e in ents]
@@ -366,6 +370,19 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
     index["hf_weights_index"] = {"written": True}
 
 
+def refuse_foreign_target(ckpt_dir: str) -> None:
+    """Raise :class:`~.layout.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
+    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted. An empty
+    directory holds nothing to lose: the save takes its place."""
+    if os.path.lexists(ckpt_dir) and not is_our_checkpoint(ckpt_dir) and not is_empty_dir(ckpt_dir):
+        kind = "directory" if os.path.isdir(ckpt_dir) and not os.path.islink(ckpt_dir) else "file"
+        raise L.CheckpointError(
+            f"cannot save {ckpt_dir}: a {kind} of that name exists that paddletrainer did not write (no "
+            f"{L.CHECKPOINT_COMPLETE_MARKER} and {L.INDEX_NAME}); paddletrainer never replaces, renames or deletes "
+            f"it, even with --overwrite_output_dir: move it out of {os.path.dirname(ckpt_dir)} or choose another "
+            f"output_dir")
+
+
 def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.CheckpointError]:
     """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). A failure to write them
     (disk full, quota, read-only filesystem) comes back as a :class:`~.layout.CheckpointError` naming the file,
@@ -395,12 +412,20 @@ def _write_index_and_marker(tmp_dir: str, index: dict) -> None:
 
 
 def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
-    """``tmp_dir`` becomes ``ckpt_dir`` atomically; an old dir of the same step is replaced."""
-    if os.path.exists(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
+    """``tmp_dir`` becomes ``ckpt_dir`` atomically; an old checkpoint of ours of the same step is replaced,
+    anything else there is refused (the save stays in ``tmp_dir``)."""
+    refuse_foreign_target(ckpt_dir)  # appeared since the save began (checked there on rank 0 already)
+    if is_our_checkpoint(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)
         os.rename(tmp_dir, ckpt_dir)
         shutil.rmtree(trash, ignore_errors=True)
     else:
-        os.rename(tmp_dir, ckpt_dir)
+        try:  # onto nothing, or an empty directory: rename(2) replaces that atomically, a non-empty one it refuses
+            os.rename(tmp_dir, ckpt_dir)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            refuse_foreign_target(ckpt_dir)  # filled meanwhile: refused with the message naming it
+            raise
     fsync_dir(os.path.dirname(ckpt_dir))

@@ -33,13 +33,13 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
 from ..parallel.layout import Layout
 # defined there (the one home of checkpoint naming, importable without paddle); re-exported as L.*
-from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, PREFIX_CHECKPOINT_DIR  # noqa: F401
+from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME, PREFIX_CHECKPOINT_DIR  # noqa: F401
 from ..trainer_utils import checkpoint_dir_name, parse_checkpoint_step  # noqa: F401
 
 FORMAT_NAME = "paddletrainer-checkpoint"
 # 2: pieces record their in-file ``key`` (model tensors under bare names); 1: in-file key = global key
 FORMAT_VERSION = 2
-INDEX_NAME = "checkpoint_index.json"
+INDEX_NAME = CHECKPOINT_INDEX_NAME  # defined in trainer_utils (discovery reads it too)
 # what PaddleNLP's / HF's from_pretrained reads: this index maps state_dict names to our model shard files
 HF_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TMP_INFIX = ".tmp-"
@@ -50,6 +50,9 @@ SCALER_NAME = "scaler.json"
 DATA_STATE_NAME = "data_state.json"
 CONFIG_NAME = "config.json"
 HEADER_PART = "__header__"  # key of a safetensors file's header crc32 in its record's ``parts``
+
+_OUR_SMALL_FILES = frozenset({TRAINER_STATE_NAME, TRAINING_ARGS_NAME, SCHEDULER_NAME, SCALER_NAME, DATA_STATE_NAME,
+                               CONFIG_NAME, INDEX_NAME, HF_WEIGHTS_INDEX_NAME, CHECKPOINT_COMPLETE_MARKER})
 
 MODEL_PREFIX = "model/"
 OPTIM_PREFIX = "optim/"
@@ -142,6 +145,16 @@ def tmp_dir_name(step: int, unique_id: str) -> str:
 
 def is_tmp_dir_name(dir_name: str) -> bool:
     return _TMP_RE.match(dir_name) is not None
+
+
+# every name our writer puts in a checkpoint directory (shards, per-rank RNG, small files, indexes, the marker)
+_OUR_FILE_RE = re.compile(r"^(?:(?:model_state|optimizer)\.tp\d+_pp\d+(?:_shard\d+)?(?:_dp\d+)?\.safetensors"
+                          r"|rng_state\.[A-Za-z0-9_]+\.(?:json|pkl))$")
+
+
+def is_our_file_name(name: str) -> bool:
+    """Whether ``name`` is a file name our checkpoint writer uses (what a staging dir of ours may hold)."""
+    return name in _OUR_SMALL_FILES or _OUR_FILE_RE.match(name) is not None
 
 
 # ------------------------------------------------------------------------------------ placements

@@ -238,7 +238,7 @@ def _topology(**kw):
 def test_a_tensor_parallel_param_without_split_axis_aborts_the_save_with_its_name(tmp_path):
     model, _, _ = make()
     model[0].weight.is_distributed = True  # no split_axis: the save cannot know how it is split
-    with pytest.raises(CheckpointError, match=r"rank 0 failed describing its tensors.*0\.weight"):
+    with pytest.raises(CheckpointError, match=r"rank 0 failed preparing the save.*0\.weight"):
         save_checkpoint(str(tmp_path / "checkpoint-1"), model=model, topology=_topology(tp_degree=2))
     assert list_complete_checkpoints(str(tmp_path)) == []
 

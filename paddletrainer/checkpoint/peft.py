@@ -30,8 +30,9 @@ import numpy as np
 
 from ..parallel.wrappers import unwrap_model
 from . import layout as L
-from .export import merged_model_state
+from .export import PADDLE_WEIGHTS_NAME, merged_model_state
 from .files import read_index
+from .restricted_pickle import load_pickle
 
 __all__ = ["UnsupportedPeftModelError", "peft_type", "checkpoint_tensors", "index_entry", "check_index_for_model",
            "export_adapters", "export_merged_lora", "LORA_CONFIG_NAME", "SAFE_PEFT_WEIGHTS_INDEX_NAME"]
@@ -215,20 +216,23 @@ def merged_lora_weights(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndar
 
 
 def read_base_weights(base_dir: str) -> Dict[str, np.ndarray]:
-    """The weights of a ``from_pretrained`` directory saved as safetensors (``model.safetensors`` or a sharded
-    ``model.safetensors.index.json``). Pickled weights (``model_state.pdparams``) are refused: never unpickled."""
+    """The weights of a ``from_pretrained`` directory: ``model.safetensors``, a sharded
+    ``model.safetensors.index.json``, or ``model_state.pdparams`` (PaddleNLP's default; a pickle, read only
+    because the user named this directory, through the allowlist unpickler of :mod:`.restricted_pickle`)."""
     from safetensors.numpy import load_file
 
     single, sharded = os.path.join(base_dir, "model.safetensors"), os.path.join(base_dir, L.HF_WEIGHTS_INDEX_NAME)
+    pickled = os.path.join(base_dir, PADDLE_WEIGHTS_NAME)
     if os.path.isfile(sharded):
         with open(sharded) as f:
             files = sorted(set(json.load(f)["weight_map"].values()))
     elif os.path.isfile(single):
         files = ["model.safetensors"]
+    elif os.path.isfile(pickled):
+        return {name: np.asarray(a) for name, a in load_pickle(pickled, return_numpy=True).items()}
     else:
-        raise FileNotFoundError(
-            f"--base-model {base_dir} has no model.safetensors nor {L.HF_WEIGHTS_INDEX_NAME} (pickled "
-            "model_state.pdparams are not read): save the base with save_pretrained(dir, safe_serialization=True)")
+        raise FileNotFoundError(f"--base-model {base_dir} has no model.safetensors, {L.HF_WEIGHTS_INDEX_NAME} "
+                                f"or {PADDLE_WEIGHTS_NAME}: name the directory the base model was saved to")
     out: Dict[str, np.ndarray] = {}
     for name in files:
         out.update(load_file(os.path.join(base_dir, name)))

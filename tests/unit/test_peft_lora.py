@@ -14,7 +14,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.checkpoint import CheckpointError, load_checkpoint, read_index, save_checkpoint
+from paddletrainer.checkpoint import (CheckpointError, export_for_from_pretrained, load_checkpoint, read_index,
+                                      save_checkpoint)
 from paddletrainer.checkpoint.peft import UnsupportedPeftModelError
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -122,9 +123,12 @@ def test_checkpoints_hold_adapters_and_optimizer_state_only_and_resume_exactly(r
     np.testing.assert_array_equal(losses(resumed), run.losses)  # steps 1-3 restored, 4-6 trained again
 
 
-def test_a_lora_checkpoint_and_a_whole_model_checkpoint_do_not_load_into_each_other(run, tmp_path):
+def test_a_lora_checkpoint_and_a_whole_model_checkpoint_do_not_load_into_each_other_nor_export_baseless(run, tmp_path):
     with pytest.raises(CheckpointError, match="is a lora checkpoint: it holds the lora adapters only"):
         load_checkpoint(str(run.work / "out" / "checkpoint-3"), model=base_model(run.base))
+    with pytest.raises(CheckpointError, match="is a lora checkpoint: it holds the adapters only"):
+        export_for_from_pretrained(str(run.work / "out" / "checkpoint-3"), str(tmp_path / "export"))
+    assert not (tmp_path / "export").exists()
     whole = save_checkpoint(str(tmp_path / "checkpoint-1"), model=base_model(run.base))
     with pytest.raises(CheckpointError, match="holds a whole model"):
         load_checkpoint(whole, model=lora_model(run.base))

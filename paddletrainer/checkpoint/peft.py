@@ -27,6 +27,7 @@ import os
 from typing import Dict, Optional
 
 import numpy as np
+from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from ..parallel.wrappers import unwrap_model
 from . import layout as L
@@ -78,6 +79,12 @@ def peft_type(model) -> Optional[str]:
             "and save_model would not write what its from_pretrained reads; use LoRAModel or PaddleNLP's Trainer")
     if name != "LoRAModel":
         raise UnsupportedPeftModelError(f"{name} (paddlenlp.peft) is not supported by paddletrainer; use LoRAModel")
+    if isinstance(getattr(inner, "model", None), PipelineLayer):
+        raise UnsupportedPeftModelError(
+            f"LoRAModel over the pipeline model {type(inner.model).__name__} is not supported by paddletrainer: its "
+            "state_dict names are the pipeline stage's, not the plain model's, so its checkpoints and save_model "
+            "would not load into another layout nor into LoRAModel.from_pretrained; use pipeline_parallel_degree=1 "
+            "(tensor parallel and sharding are supported)")
     cfg = inner.lora_config
     for option, why in _REFUSED_LORA_OPTIONS.items():
         if getattr(cfg, option, False):

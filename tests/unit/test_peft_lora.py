@@ -172,6 +172,12 @@ def test_other_peft_types_and_lora_variants_are_refused_by_name_before_any_proce
     vera = VeRAModel(LlamaForCausalLM(tiny_config()), VeRAConfig(target_modules=TARGETS, r=4))
     with pytest.raises(UnsupportedPeftModelError, match=r"^VeRAModel \(paddlenlp.peft\) is not supported"):
         Trainer(model=vera, args=training_args(tmp_path))
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+    piped = LoRAModel(LlamaForCausalLM(tiny_config()), LoRAConfig(target_modules=TARGETS, r=4))
+    piped.model.__class__ = type("LlamaForCausalLMPipe", (LlamaForCausalLM, PipelineLayer), {})  # no pp groups here
+    with pytest.raises(UnsupportedPeftModelError, match="LoRAModel over the pipeline model LlamaForCausalLMPipe"):
+        Trainer(model=piped, args=training_args(tmp_path))
     mora = LoRAModel(LlamaForCausalLM(tiny_config()), LoRAConfig(target_modules=TARGETS, r=4, use_mora=True))
     with pytest.raises(UnsupportedPeftModelError, match=r"LoRAConfig\(use_mora=True\) is not supported"):
         Trainer(model=mora, args=training_args(tmp_path))

@@ -84,7 +84,7 @@ def peft_type(model) -> Optional[str]:
             f"LoRAModel over the pipeline model {type(inner.model).__name__} is not supported by paddletrainer: its "
             "state_dict names are the pipeline stage's, not the plain model's, so its checkpoints and save_model "
             "would not load into another layout nor into LoRAModel.from_pretrained; use pipeline_parallel_degree=1 "
-            "(tensor parallel and sharding are supported)")
+            "(tensor parallel is supported)")
     cfg = inner.lora_config
     for option, why in _REFUSED_LORA_OPTIONS.items():
         if getattr(cfg, option, False):

@@ -115,10 +115,13 @@ def index_entry(model) -> dict:
 
 
 def _lora_config_dict(cfg) -> dict:
-    """The LoRA config as ``lora_config.json`` holds it (PaddleNLP's ``LoRAConfig.to_dict``); a tensor-parallel
-    run's adapters are saved merged, so its degree is reset as PaddleNLP's ``merge_tensor_parallel`` does."""
+    """The LoRA config as PaddleNLP's ``LoRAConfig.save_pretrained`` writes ``lora_config.json`` (its fields and
+    ``scaling``); a tensor-parallel run's adapters are saved merged, so its degree is reset to -1 as PaddleNLP's
+    ``merge_tensor_parallel`` does."""
     d = dict(cfg.to_dict())
-    d["tensor_parallel_degree"] = -1
+    d["scaling"] = cfg.scaling
+    if (d.get("tensor_parallel_degree") or 1) > 1:
+        d["tensor_parallel_degree"] = -1
     return d
 
 

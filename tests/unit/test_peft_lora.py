@@ -93,6 +93,8 @@ def test_save_model_writes_the_adapters_lora_from_pretrained_reloads_to_the_trai
     weights = load_file(str(run.saved / "peft_model-00001-of-00001.safetensors"))
     assert sorted(weights) == run.trainable  # the adapters, nothing of the frozen base
     assert all(".lora_A" in n or ".lora_B" in n for n in weights)
+    ours_cfg = json.loads((run.saved / "lora_config.json").read_text())
+    assert ours_cfg == json.loads((run.work / "paddlenlp_saved" / "lora_config.json").read_text())
     index = json.loads((run.saved / "peft_model.safetensors.index.json").read_text())
     assert index["type"] == "lora" and set(index["weight_map"]) == set(weights)
     ours = os.path.getsize(run.saved / "peft_model-00001-of-00001.safetensors")

@@ -35,7 +35,8 @@ Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation â
 (what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
 (``Checkpointer``: save + atomic publish), :mod:`.snapshot` (the async host copy), :mod:`.async_writer`,
 :mod:`.load`, :mod:`.verified_read` (files read once, checksummed as read), :mod:`.reshard` (slices),
-:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`.
+:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`, :mod:`.peft` (LoRA: adapters-only
+checkpoints, ``save_model``'s PEFT directory, merging into the base).
 The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
 
 Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one

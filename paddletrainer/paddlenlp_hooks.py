@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 import paddle
 
 from . import checkpoint as ckpt
+from .checkpoint import peft
 from .data import IterableDatasetShard, forward_argument_names, sum_over_data_ranks
 from .metrics import results
 from .nested import distributed_concat
@@ -85,14 +86,19 @@ class PaddleNLPHooks:
         """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``.
 
         Works on every layout: each rank contributes its shards to a weights-only checkpoint, which the
-        main process merges into full tensors.
+        main process merges into full tensors. A ``paddlenlp.peft.LoRAModel`` gets what
+        ``LoRAModel.from_pretrained(base, output_dir)`` reads, as PaddleNLP saves it: ``lora_config.json``, the
+        config and the adapters only (safetensors, merged over tensor-parallel ranks; ``checkpoint.peft``).
         """
         output_dir = output_dir or self.args.output_dir
         staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
         # the Trainer's checkpointer: an async save in flight is published first (this save clears tmp dirs)
         self._checkpointer.save(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
         if self.args.should_save:
-            ckpt.export_for_from_pretrained(staging, output_dir, require_config=False)
+            if peft.peft_type(self.model) is not None:
+                peft.export_adapters(staging, output_dir)
+            else:
+                ckpt.export_for_from_pretrained(staging, output_dir, require_config=False)
             shutil.rmtree(staging, ignore_errors=True)
             if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
                 self.tokenizer.save_pretrained(output_dir)

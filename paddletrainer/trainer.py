@@ -31,6 +31,7 @@ import paddle
 from . import checkpoint as ckpt
 from . import checks, overflow
 from .amp import AmpConfig
+from .checkpoint.peft import peft_type
 from .callbacks import (
     CallbackHandler,
     DefaultFlowCallback,
@@ -125,6 +126,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
             checks.check_model_for_layout(model, args.parallel_degrees)
+            peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
         if optimizers[0] is not None:
             checks.check_optimizer_for_layout(optimizers[0], args.parallel_config)
@@ -134,6 +136,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function")
             model = model_init()
+            peft_type(model)
         if args.recompute:
             enable_recompute(model)
         self.model = model

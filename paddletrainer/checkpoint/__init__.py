@@ -36,8 +36,9 @@ Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation â
 (``Checkpointer``: save + atomic publish), :mod:`.snapshot` (the async host copy), :mod:`.async_writer`,
 :mod:`.load`, :mod:`.verified_read` (files read once, checksummed as read), :mod:`.reshard` (slices),
 :mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`, :mod:`.members` (every file is
-opened there: plain names inside the directory, regular files, sizes checked before reading) and :mod:`.validate`
-(one schema per kind of JSON file and the safetensors header, checked on load).
+opened there: plain names inside the directory, regular files, sizes checked before reading), :mod:`.validate`
+(one schema per kind of JSON file and the safetensors header, checked on load) and :mod:`.peft` (LoRA:
+adapters-only checkpoints, ``save_model``'s PEFT directory, merging into the base).
 The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
 
 Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one

@@ -57,6 +57,11 @@ def export_for_from_pretrained(
     ``require_config=False`` accepts a model without a config (a plain ``paddle.nn.Layer``): only the
     weights are written, loadable with ``set_state_dict``.
     """
+    peft = read_index(ckpt_dir).get("peft")  # checkpoint.peft.INDEX_KEY (that module builds on this one)
+    if peft:
+        raise L.CheckpointError(
+            f"{ckpt_dir} is a {peft['type']} checkpoint: it holds the adapters only, not the base model; merge it into "
+            "its base with scripts/merge_checkpoint.py --base-model <base dir> (checkpoint.peft.export_merged_lora)")
     state = merged_model_state(ckpt_dir)
     os.makedirs(out_dir, exist_ok=True)
     if any(dt == "bfloat16" for _, dt in state.values()):

@@ -47,6 +47,7 @@ from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
 from ..trainer_utils import is_empty_dir, is_our_checkpoint
 from . import layout as L
+from . import peft
 from . import rng as rng_mod
 from .async_writer import AsyncWriter
 from .files import (
@@ -174,6 +175,7 @@ class Checkpointer:
             if topo.rank == 0:
                 refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
             models, by_param = model_tensors(model, topo)
+            models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, not the frozen base
             optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
             if optimizer is not None:
                 optims.update({k: master for k, (master, _) in offload_master_weights(model, by_param).items()})
@@ -225,7 +227,7 @@ class Checkpointer:
 
         self._pending = _PendingSave(
             topo=topo, tmp_dir=tmp_dir, ckpt_dir=ckpt_dir, pieces=[e for ents in assigned for e in ents],
-            index_extra={"layout": layout_dict(topo), "rng_files": save_rng,
+            index_extra={"layout": layout_dict(topo), "rng_files": save_rng, **peft.index_entry(model),
                          "timing": {"save_call_s": round(call_s, 4)}},
             save_total_limit=save_total_limit, best_checkpoint=best_checkpoint, t0=t0, snapshot=snapshot,
         )
@@ -362,6 +364,8 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
     Otherwise (tensor parallel, stage-3 slices, bfloat16) there is none and the index says why.
     """
     weight_map, why_not = L.whole_weight_map(index)
+    if index.get(peft.INDEX_KEY):  # the adapters alone: from_pretrained would build a model without its base
+        weight_map, why_not = None, f"a {index[peft.INDEX_KEY]['type']} checkpoint holds the adapters only"
     if weight_map is None:
         index["hf_weights_index"] = {"written": False, "reason": why_not}
         return

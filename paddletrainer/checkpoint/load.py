@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from . import layout as L
+from . import peft
 from . import rng as rng_mod
 from . import validate as V
 from .files import from_json, read_index, read_json, read_small
@@ -62,7 +63,9 @@ def load_checkpoint(
     index = read_index(ckpt_dir)
     warnings: List[str] = []
 
+    peft.check_index_for_model(ckpt_dir, index, model)
     models, by_param = model_tensors(model, topo)
+    models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, its base is the user's
     targets = dict(models)
     problems = L.compare_to_index(
         index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},

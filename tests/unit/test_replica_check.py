@@ -72,5 +72,5 @@ def test_the_option_builds_the_config_and_refuses_a_negative_value(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path))
     assert args.replica_check_config == ReplicaCheckConfig(every_steps=100, sharding_stage=0)
     assert TrainingArguments(output_dir=str(tmp_path), replica_check_steps=0).replica_check_config.every_steps == 0
-    with pytest.raises(ValueError, match=r"^replica_check_steps=-1 is invalid: must be >= 0$"):
+    with pytest.raises(ValueError, match=r"^replica_check_steps=-1 is invalid: must be >= 0 \(an interval in steps; 0 turns the replica check off\)$"):
         TrainingArguments(output_dir=str(tmp_path), replica_check_steps=-1)

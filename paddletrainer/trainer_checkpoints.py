@@ -17,10 +17,11 @@ from .callbacks import TrainerState
 from .checkpoint.files import read_index, read_json
 from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
+from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
-from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint, requested_resume,
-                            resolve_resume_checkpoint)
+from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
+                            is_paddlenlp_unified_checkpoint, requested_resume, resolve_resume_checkpoint)
 
 __all__ = ["TrainerCheckpoints"]
 
@@ -129,6 +130,11 @@ class TrainerCheckpoints:
         ``resume_from_checkpoint`` the interop loader (its pickles read by an allowlist unpickler). A directory
         found otherwise (``true``, ``auto``, rollback, the trainer state's ``best_model_checkpoint``) always
         goes to our loader, which refuses pickles."""
+        if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_unified_checkpoint(checkpoint_dir):
+            logger.info("%s is a PaddleNLP unified checkpoint: its safetensors are loaded into this layout; "
+                        "scheduler.pdparams and rng_state*.pth are pickles, read with an allowlist unpickler",
+                        checkpoint_dir)
+            return load_paddlenlp_unified_checkpoint
         if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_checkpoint(checkpoint_dir):
             logger.info("%s is a PaddleNLP checkpoint: its .pdparams/.pdopt pickles are read with an allowlist "
                         "unpickler (arrays, tensors, numbers, strings, containers only)", checkpoint_dir)

@@ -1,0 +1,116 @@
+"""PaddleNLP's unified checkpoints (``--unified_checkpoint true``): a one-process one resumes on PaddleNLP's own
+resumed losses; what a named directory that is not a checkpoint of ours is called. (dp2-written, resharded:
+tests/distributed/test_paddlenlp_unified_checkpoint.py.)"""
+import json
+import os
+
+import numpy as np
+import paddle
+import pytest
+
+from paddletrainer import Trainer, TrainerCallback, TrainingArguments
+from paddletrainer.checkpoint import CheckpointError
+from paddletrainer.checkpoint.paddlenlp_unified import unified_checkpoint_index
+from paddletrainer.trainer_utils import (get_last_checkpoint, is_paddlenlp_unified_checkpoint,
+                                         resolve_resume_checkpoint)
+
+SEQ, VOCAB = 16, 96
+COMMON = dict(max_steps=6, logging_steps=1, learning_rate=1e-2, per_device_train_batch_size=2, seed=3,
+              lr_scheduler_type="linear", warmup_steps=0, report_to="none", disable_tqdm=True)
+
+
+def tiny_llama(seed):
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+    paddle.seed(seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, max_position_embeddings=SEQ, seq_length=SEQ, rms_norm_eps=1e-6,
+        use_flash_attention=False, use_fused_rms_norm=False, tie_word_embeddings=False, dtype="float32"))
+
+
+def token_data(n=32):
+    tokens = np.random.RandomState(0).randint(0, VOCAB, size=(n, SEQ + 1)).astype("int64")
+    return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
+
+
+def _sequential(self):
+    return paddle.io.BatchSampler(self.train_dataset, batch_size=self.args.per_device_train_batch_size, shuffle=False)
+
+
+def paddlenlp_run(output_dir, resume=None):
+    """PaddleNLP's Trainer writing unified checkpoints at step 3 and 6; its per-step losses."""
+    nlp = pytest.importorskip("paddlenlp.trainer")
+    losses = {}
+    log = type("LossLog", (nlp.TrainerCallback,), {"on_log": lambda self, args, state, control, logs=None, **kw:
+                                                  losses.update({state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
+    with paddle.utils.unique_name.guard():  # as in its own process: optimizer states are keyed by generated names
+        trainer = type("NLPTrainer", (nlp.Trainer,), {"_get_train_sampler": _sequential})(
+            model=tiny_llama(2024), train_dataset=token_data(), callbacks=[log()],
+            args=nlp.TrainingArguments(output_dir=str(output_dir), save_steps=3, unified_checkpoint=True, **COMMON))
+        trainer.train(resume_from_checkpoint=resume)
+    return losses
+
+
+@pytest.fixture(scope="module")
+def unified(tmp_path_factory):
+    root = tmp_path_factory.mktemp("unified")
+    paddlenlp_run(root / "nlp")
+    checkpoint = str(root / "nlp" / "checkpoint-3")
+    return checkpoint, paddlenlp_run(root / "nlp_resumed", resume=checkpoint)
+
+
+def test_a_one_process_unified_checkpoint_resumes_on_paddlenlp_own_resumed_losses(tmp_path, unified):
+    checkpoint, theirs = unified
+    names = os.listdir(checkpoint)
+    assert "model.safetensors.index.json" in names and "optimizer.safetensors.index.json" in names
+    assert is_paddlenlp_unified_checkpoint(checkpoint)
+    assert get_last_checkpoint(os.path.dirname(checkpoint)).endswith("checkpoint-6")
+    losses = {}
+    log = type("LossLog", (TrainerCallback,), {"on_log": lambda self, args, state, control, logs=None, **kw:
+                                              losses.update({state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
+    with paddle.utils.unique_name.guard():
+        ours = type("Ours", (Trainer,), {"_get_train_sampler": _sequential})(
+            tiny_llama(7), train_dataset=token_data(), callbacks=[log()],  # other weights: all come from the checkpoint
+            args=TrainingArguments(output_dir=str(tmp_path / "ours"), **COMMON))
+        ours.train(resume_from_checkpoint=checkpoint)
+    assert ours.state.global_step == 6 and sorted(theirs) == sorted(losses) == [4, 5, 6]
+    np.testing.assert_allclose([losses[s] for s in (4, 5, 6)], [theirs[s] for s in (4, 5, 6)], rtol=0, atol=1e-5)
+    assert ours.lr_scheduler.last_epoch == 6  # the schedule came from scheduler.pdparams
+
+
+def test_unified_index_maps_paddlenlp_keys_onto_ours_and_names_a_missing_file(tmp_path, unified):
+    checkpoint, _ = unified
+    index, _ = unified_checkpoint_index(checkpoint)
+    assert index["tensors"]["model/llama.embed_tokens.weight"]["shape"] == [VOCAB, 32]
+    assert index["tensors"]["optim/llama.embed_tokens.weight/moment1"]["dtype"] == "float32"
+    assert "optim/llama.norm.weight/beta2_pow_acc" in index["tensors"]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(checkpoint):
+        if not name.startswith("optimizer-"):
+            (broken / name).write_bytes(open(os.path.join(checkpoint, name), "rb").read())
+    with pytest.raises(CheckpointError, match=r"optimizer.safetensors.index.json names optimizer-00001-of-00001"
+                                              r".safetensors, which is missing"):
+        unified_checkpoint_index(str(broken))
+
+
+def test_a_named_directory_is_called_what_it_is_never_an_unfinished_save(tmp_path):
+    foreign = tmp_path / "checkpoint-5"
+    foreign.mkdir()
+    (foreign / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValueError, match=r"is not a paddletrainer checkpoint \(found: \['weights.bin'\]\)"):
+        resolve_resume_checkpoint(str(foreign), None)
+    unfinished = tmp_path / "checkpoint-6"  # PaddleNLP writes trainer_state.json last
+    unfinished.mkdir()
+    (unfinished / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {}}))
+    with pytest.raises(ValueError, match=r"is a PaddleNLP checkpoint whose save did not finish \(it has "
+                                         r"model.safetensors.index.json but no trainer_state.json"):
+        resolve_resume_checkpoint(str(unfinished), None)
+    (unfinished / "trainer_state.json").write_text("{}")
+    assert resolve_resume_checkpoint(str(unfinished), None) == str(unfinished)
+    ours = tmp_path / "checkpoint-7"  # ours, its marker not yet written
+    ours.mkdir()
+    (ours / "checkpoint_index.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"is incomplete \(no completion marker: its save did not finish\)"):
+        resolve_resume_checkpoint(str(ours), None)

@@ -11,6 +11,7 @@ import pytest
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError
 from paddletrainer.checkpoint.paddlenlp_unified import unified_checkpoint_index
+from paddletrainer.checkpoint.paddlenlp_unified_export import export_paddlenlp_unified
 from paddletrainer.trainer_utils import (get_last_checkpoint, is_paddlenlp_unified_checkpoint,
                                          resolve_resume_checkpoint)
 
@@ -66,17 +67,35 @@ def test_a_one_process_unified_checkpoint_resumes_on_paddlenlp_own_resumed_losse
     assert "model.safetensors.index.json" in names and "optimizer.safetensors.index.json" in names
     assert is_paddlenlp_unified_checkpoint(checkpoint)
     assert get_last_checkpoint(os.path.dirname(checkpoint)).endswith("checkpoint-6")
+    losses, ours = our_run(tmp_path / "ours", seed=7, resume=checkpoint)  # other weights: all from the checkpoint
+    assert ours.state.global_step == 6 and sorted(theirs) == sorted(losses) == [4, 5, 6]
+    np.testing.assert_allclose([losses[s] for s in (4, 5, 6)], [theirs[s] for s in (4, 5, 6)], rtol=0, atol=1e-5)
+    assert ours.lr_scheduler.last_epoch == 6  # the schedule came from scheduler.pdparams
+
+
+def our_run(output_dir, seed, resume=None, **options):
+    """Our Trainer on the same batches; its per-step losses and the trainer."""
     losses = {}
     log = type("LossLog", (TrainerCallback,), {"on_log": lambda self, args, state, control, logs=None, **kw:
                                               losses.update({state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
     with paddle.utils.unique_name.guard():
         ours = type("Ours", (Trainer,), {"_get_train_sampler": _sequential})(
-            tiny_llama(7), train_dataset=token_data(), callbacks=[log()],  # other weights: all come from the checkpoint
-            args=TrainingArguments(output_dir=str(tmp_path / "ours"), **COMMON))
-        ours.train(resume_from_checkpoint=checkpoint)
-    assert ours.state.global_step == 6 and sorted(theirs) == sorted(losses) == [4, 5, 6]
-    np.testing.assert_allclose([losses[s] for s in (4, 5, 6)], [theirs[s] for s in (4, 5, 6)], rtol=0, atol=1e-5)
-    assert ours.lr_scheduler.last_epoch == 6  # the schedule came from scheduler.pdparams
+            tiny_llama(seed), train_dataset=token_data(), callbacks=[log()],
+            args=TrainingArguments(output_dir=str(output_dir), **COMMON, **options))
+        ours.train(resume_from_checkpoint=resume)
+    return losses, ours
+
+
+def test_an_exported_checkpoint_of_ours_resumes_in_paddlenlp_on_our_losses(tmp_path):
+    ours, _ = our_run(tmp_path / "ours", seed=2024, save_steps=3)
+    exported = str(tmp_path / "nlp" / "checkpoint-3")
+    export_paddlenlp_unified(str(tmp_path / "ours" / "checkpoint-3"), exported)
+    assert is_paddlenlp_unified_checkpoint(exported)
+    theirs = paddlenlp_run(tmp_path / "nlp_resumed", resume=exported)
+    assert sorted(theirs) == [4, 5, 6]
+    np.testing.assert_allclose([theirs[s] for s in (4, 5, 6)], [ours[s] for s in (4, 5, 6)], rtol=0, atol=1e-5)
+    with pytest.raises(CheckpointError, match="is not empty"):
+        export_paddlenlp_unified(str(tmp_path / "ours" / "checkpoint-3"), exported)
 
 
 def test_unified_index_maps_paddlenlp_keys_onto_ours_and_names_a_missing_file(tmp_path, unified):
@@ -114,3 +133,18 @@ def test_a_named_directory_is_called_what_it_is_never_an_unfinished_save(tmp_pat
     (ours / "checkpoint_index.json").write_text("{}")
     with pytest.raises(ValueError, match=r"is incomplete \(no completion marker: its save did not finish\)"):
         resolve_resume_checkpoint(str(ours), None)
+
+
+def test_unified_checkpoint_says_what_it_changes_and_the_export_script_names_a_bad_directory(tmp_path, caplog):
+    import subprocess
+    import sys
+
+    with caplog.at_level("WARNING", logger="paddletrainer"):
+        TrainingArguments(output_dir=str(tmp_path / "o"), unified_checkpoint=True)
+    assert "does not write PaddleNLP's unified files" in caplog.text
+    assert "scripts/export_paddlenlp_unified.py" in caplog.text
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "export_paddlenlp_unified.py")
+    proc = subprocess.run([sys.executable, script, str(tmp_path / "missing"), str(tmp_path / "out")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "is not a complete checkpoint" in proc.stderr

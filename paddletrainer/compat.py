@@ -275,13 +275,13 @@ def parse_unified_checkpoint_options(args, sharding_stage: int) -> FrozenSet[str
     if args.unified_checkpoint and sharding_stage == 3:
         logger.warning("unified_checkpoint does not support sharding stage3: turning it off")
         args.unified_checkpoint = False
-    if args.unified_checkpoint:
-        logger.warning(UNIFIED_CHECKPOINT_WRITES)
     options = parse_parallel_config(
         args.unified_checkpoint_config if args.unified_checkpoint else "", UNIFIED_CHECKPOINT_OPTIONS,
         "unified_checkpoint_config")
     if {"skip_save_model_weight", "ignore_merge_optimizer"} <= options:
         raise ValueError("unified_checkpoint_config: skip_save_model_weight and ignore_merge_optimizer are exclusive")
+    if args.unified_checkpoint:
+        logger.warning(UNIFIED_CHECKPOINT_WRITES)
     return options
 
 

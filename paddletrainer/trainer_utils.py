@@ -174,6 +174,8 @@ def sorted_checkpoints(folder: str) -> List[str]:
 
 
 _TMP_INFIX = ".tmp-"  # checkpoint.layout.TMP_INFIX: a save in progress (this module imports no checkpoint code)
+# checkpoint.layout's shard names (model_state.tp00_pp00.safetensors, optimizer.tp00_pp00_shard00.safetensors)
+_OUR_SHARD = re.compile(r"^(model_state|optimizer)\.tp\d+_pp\d+.*\.safetensors$")
 # the index files of PaddleNLP's unified checkpoint (``--unified_checkpoint true``): safetensors, no pickles
 PADDLENLP_UNIFIED_INDEXES = ("model.safetensors.index.json", "optimizer.safetensors.index.json",
                              "master_weights.safetensors.index.json")
@@ -216,12 +218,13 @@ def _not_a_checkpoint(value: str, resume: str) -> str:
     if paddlenlp:  # PaddleNLP writes trainer_state.json after the weights and optimizer
         return (f"resume_from_checkpoint={value!r} is a PaddleNLP checkpoint whose save did not finish (it has "
                 f"{paddlenlp[0]} but no trainer_state.json, which PaddleNLP writes last)")
-    if "checkpoint_index.json" in names or _TMP_INFIX in os.path.basename(os.path.normpath(resume)):
+    ours = [n for n in names if n == "checkpoint_index.json" or _OUR_SHARD.match(n)]
+    if ours or not names or _TMP_INFIX in os.path.basename(os.path.normpath(resume)):  # empty: a save just begun
         found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
         return (f"resume_from_checkpoint={value!r} is incomplete (no completion marker: its save did not finish); "
                 f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}")
     shown = names[:8] + (["..."] if len(names) > 8 else [])
-    return (f"resume_from_checkpoint={value!r} is not a paddletrainer checkpoint (found: {shown or 'an empty directory'}); "
+    return (f"resume_from_checkpoint={value!r} is not a paddletrainer checkpoint (found: {shown}); "
             f"valid: a checkpoint-N directory paddletrainer wrote (with {CHECKPOINT_COMPLETE_MARKER}), or one "
             f"PaddleNLP's Trainer wrote (model_state*.pdparams or unified *.safetensors.index.json, with "
             f"trainer_state.json)")

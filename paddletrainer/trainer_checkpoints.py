@@ -127,7 +127,8 @@ class TrainerCheckpoints:
 
     def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
         """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
-        ``resume_from_checkpoint`` the interop loader (its pickles read by an allowlist unpickler). A directory
+        ``resume_from_checkpoint`` a PaddleNLP loader: unified (safetensors, any layout) or not (its pickles
+        read by an allowlist unpickler; scheduler and RNG pickles of both formats likewise). A directory
         found otherwise (``true``, ``auto``, rollback, the trainer state's ``best_model_checkpoint``) always
         goes to our loader, which refuses pickles."""
         if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_unified_checkpoint(checkpoint_dir):

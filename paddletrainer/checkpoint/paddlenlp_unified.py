@@ -82,6 +82,16 @@ class _Tensors:
     get_slice = get_tensor  # a numpy view slices like safe_open's slice object
 
 
+def _check_extent(tensors: _Tensors, name: str, entry: dict) -> None:
+    """The bytes of ``name`` are inside the file and as many as its shape and dtype need."""
+    lo, hi = entry.get("data_offsets", (0, -1))
+    need = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(_DTYPES[entry["dtype"]][1]).itemsize
+    if not 0 <= lo <= hi <= tensors._map.size - tensors.data_start or hi - lo != need:
+        raise L.CheckpointError(f"{tensors.path}: {name} spans bytes [{lo}, {hi}) of the data section, but its "
+                                f"shape {entry['shape']} {entry['dtype']} needs {need} bytes within "
+                                f"{tensors._map.size - tensors.data_start} (a truncated or damaged file)")
+
+
 def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
     path = os.path.join(ckpt_dir, index_name)
     if not os.path.isfile(path):
@@ -124,6 +134,7 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
                 raise L.CheckpointError(f"{ckpt_dir}/{file}: {name} has dtype {entry.get('dtype')}, which is not read "
                                         f"(valid: {', '.join(_DTYPES)})")
             shape = list(entry["shape"])
+            _check_extent(files[file], name, entry)
             tensors[_our_key(index_name, name)] = {
                 "shape": shape, "dtype": _DTYPES[entry["dtype"]][0],
                 "pieces": [{"file": file, "key": name, "offsets": [0] * len(shape), "shape": shape}]}

@@ -148,3 +148,12 @@ def test_unified_checkpoint_says_what_it_changes_and_the_export_script_names_a_b
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "is not a complete checkpoint" in proc.stderr
+
+
+def test_a_truncated_unified_file_is_named_not_read_past_its_end(tmp_path, unified):
+    checkpoint, _ = unified
+    for name in os.listdir(checkpoint):
+        data = open(os.path.join(checkpoint, name), "rb").read()
+        (tmp_path / name).write_bytes(data[:-64] if name.startswith("model-") else data)
+    with pytest.raises(CheckpointError, match=r"model-00001-of-00001.safetensors: .* spans bytes .* truncated"):
+        unified_checkpoint_index(str(tmp_path))

@@ -101,7 +101,8 @@ def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
             index = json.load(f)
         return dict(index["weight_map"])
     except (ValueError, KeyError, TypeError) as e:
-        raise L.CheckpointError(f"{path}: not a PaddleNLP unified checkpoint index (no readable weight_map: {e})") from e
+        raise L.CheckpointError(f"{path}: not a PaddleNLP unified checkpoint index (no readable weight_map: "
+                                f"{e})") from e
 
 
 def _our_key(index_name: str, name: str) -> str:
@@ -157,8 +158,9 @@ def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: L
     problems = L.compare_to_index(index, expected, complete_model=False, prefix=L.OPTIM_PREFIX)
     unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), optims)
     if unplaced:
+        shown = ", ".join(unplaced[:8]) + (" ..." if len(unplaced) > 8 else "")
         warnings.append(f"{len(unplaced)} optimizer state(s) of the PaddleNLP checkpoint have no tensor to go to on "
-                        f"this rank and are not restored: {', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''}")
+                        f"this rank and are not restored: {shown}")
     return {k: lt for k, lt in optims.items() if k in expected}, problems
 
 

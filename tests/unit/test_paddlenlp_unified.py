@@ -21,10 +21,9 @@ COMMON = dict(max_steps=6, logging_steps=1, learning_rate=1e-2, per_device_train
 
 
 def tiny_llama(seed):
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-
+    transformers = pytest.importorskip("paddlenlp.transformers")
     paddle.seed(seed)
-    return LlamaForCausalLM(LlamaConfig(
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=4, max_position_embeddings=SEQ, seq_length=SEQ, rms_norm_eps=1e-6,
         use_flash_attention=False, use_fused_rms_norm=False, tie_word_embeddings=False, dtype="float32"))
@@ -35,6 +34,14 @@ def token_data(n=32):
     return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
 
 
+def loss_log(base, losses):
+    """A callback class (of ``base``, either Trainer's) keeping ``{step: loss}``."""
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "loss" in logs:
+            losses[state.global_step] = logs["loss"]
+    return type("LossLog", (base,), {"on_log": on_log})
+
+
 def _sequential(self):
     return paddle.io.BatchSampler(self.train_dataset, batch_size=self.args.per_device_train_batch_size, shuffle=False)
 
@@ -43,8 +50,7 @@ def paddlenlp_run(output_dir, resume=None):
     """PaddleNLP's Trainer writing unified checkpoints at step 3 and 6; its per-step losses."""
     nlp = pytest.importorskip("paddlenlp.trainer")
     losses = {}
-    log = type("LossLog", (nlp.TrainerCallback,), {"on_log": lambda self, args, state, control, logs=None, **kw:
-                                                  losses.update({state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
+    log = loss_log(nlp.TrainerCallback, losses)
     with paddle.utils.unique_name.guard():  # as in its own process: optimizer states are keyed by generated names
         trainer = type("NLPTrainer", (nlp.Trainer,), {"_get_train_sampler": _sequential})(
             model=tiny_llama(2024), train_dataset=token_data(), callbacks=[log()],
@@ -76,8 +82,7 @@ def test_a_one_process_unified_checkpoint_resumes_on_paddlenlp_own_resumed_losse
 def our_run(output_dir, seed, resume=None, **options):
     """Our Trainer on the same batches; its per-step losses and the trainer."""
     losses = {}
-    log = type("LossLog", (TrainerCallback,), {"on_log": lambda self, args, state, control, logs=None, **kw:
-                                              losses.update({state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
+    log = loss_log(TrainerCallback, losses)
     with paddle.utils.unique_name.guard():
         ours = type("Ours", (Trainer,), {"_get_train_sampler": _sequential})(
             tiny_llama(seed), train_dataset=token_data(), callbacks=[log()],

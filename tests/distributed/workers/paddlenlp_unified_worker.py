@@ -38,8 +38,11 @@ def build_model(tp_degree: int, tp_rank: int, seed: int):
 
 
 def loss_logger(base, losses):
-    return type("LossLog", (base,), {"on_log": lambda self, args, state, control, logs=None, **kw: losses.update(
-        {state.global_step: logs["loss"]} if logs and "loss" in logs else {})})
+    """A callback class (of ``base``, either Trainer's) keeping ``{step: loss}``."""
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "loss" in logs:
+            losses[state.global_step] = logs["loss"]
+    return type("LossLog", (base,), {"on_log": on_log})
 
 
 def theirs(options, losses):
@@ -86,7 +89,8 @@ def main(which, output_dir, result_dir, resume, *rest):
     trainer = (theirs if which == "theirs" else ours)(options, losses)
     trainer.train(resume_from_checkpoint=None if resume == "-" else resume)
     rank = paddle.distributed.get_rank()
-    write_json(os.path.join(result_dir, f"rank{rank}.json"), {"losses": losses, "global_step": trainer.state.global_step})
+    write_json(os.path.join(result_dir, f"rank{rank}.json"),
+               {"losses": losses, "global_step": trainer.state.global_step})
     if which == "ours":
         exit_cleanly(trainer.topology)
 

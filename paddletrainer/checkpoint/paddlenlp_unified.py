@@ -152,16 +152,21 @@ def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: L
         return {}, []
     ensure_accumulators(optimizer)
     optims = optimizer_tensors(optimizer, by_param)
-    # the fp32 master weights of a multi-precision run are loaded when this run keeps them too
-    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()
-                if k in index["tensors"] or not k.endswith("/" + MASTER_WEIGHT)}
+    # This run keeps fp32 master weights (fp16/bf16 O2) that the checkpoint lacks (an fp32 run): they start from
+    # the loaded weights, as a fresh multi-precision optimizer starts from the model, never from the weights the
+    # model had before the load (ensure_accumulators made them from those).
+    for key in [k for k in optims if k.endswith("/" + MASTER_WEIGHT) and k not in index["tensors"]]:
+        weight = L.model_key(L.split_optim_key(key)[0])
+        if weight in index["tensors"]:
+            index["tensors"][key] = index["tensors"][weight]
+    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()}
     problems = L.compare_to_index(index, expected, complete_model=False, prefix=L.OPTIM_PREFIX)
     unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), optims)
     if unplaced:
         shown = ", ".join(unplaced[:8]) + (" ..." if len(unplaced) > 8 else "")
         warnings.append(f"{len(unplaced)} optimizer state(s) of the PaddleNLP checkpoint have no tensor to go to on "
                         f"this rank and are not restored: {shown}")
-    return {k: lt for k, lt in optims.items() if k in expected}, problems
+    return optims, problems
 
 
 def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,

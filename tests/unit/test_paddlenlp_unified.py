@@ -162,3 +162,23 @@ def test_a_truncated_unified_file_is_named_not_read_past_its_end(tmp_path, unifi
         (tmp_path / name).write_bytes(data[:-64] if name.startswith("model-") else data)
     with pytest.raises(CheckpointError, match=r"model-00001-of-00001.safetensors: .* spans bytes .* truncated"):
         unified_checkpoint_index(str(tmp_path))
+
+
+def test_master_weights_this_run_keeps_start_from_the_loaded_fp32_weights(unified):
+    from safetensors.numpy import load_file
+
+    from paddletrainer.checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
+
+    checkpoint, _ = unified
+    with paddle.utils.unique_name.guard():
+        model = tiny_llama(7)
+        model.to(dtype="bfloat16")  # pure bf16 weights: the optimizer keeps fp32 master weights
+        optimizer = paddle.optimizer.AdamW(parameters=model.parameters(), multi_precision=True)
+        loaded = load_paddlenlp_unified_checkpoint(checkpoint, model=model, optimizer=optimizer)
+    assert loaded.optimizer_restored
+    saved = load_file(os.path.join(checkpoint, "model-00001-of-00001.safetensors"))
+    masters = optimizer._master_weights
+    names = {p.name: n for n, p in model.state_dict().items()}
+    assert masters and all(names[p] in saved for p in masters)
+    for pname, master in masters.items():  # fp32 values, not the bf16-rounded model weights nor the initial ones
+        np.testing.assert_array_equal(master.numpy(), saved[names[pname]])

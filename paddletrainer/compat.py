@@ -30,8 +30,10 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   its own share (the global order is layout-free and the token files are memory-mapped), so
   ``should_load_dataset`` is true on every rank and scripts that build datasets only where it is true work.
 * Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
-  their own: the ``unified_checkpoint*``/``save_sharded_model``/``load_sharded_model``/``force_reshard_pp``
-  family (every checkpoint is sharded and loads into any layout), ``release_grads``, ``ordered_save_group_size``,
+  their own: ``unified_checkpoint`` (a warning says so: our format is written, PaddleNLP's unified one is read
+  whatever it says, ``scripts/export_paddlenlp_unified.py`` converts ours), the ``unified_checkpoint_config``/
+  ``save_sharded_model``/``load_sharded_model``/``force_reshard_pp`` family (every checkpoint is sharded and
+  loads into any layout), ``release_grads``, ``ordered_save_group_size``,
   ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``output_signal_dir``,
   ``pdc_download_*``, ``wandb_*``, ``data_parallel_config``, ``sequence_parallel_config``,
   ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
@@ -259,9 +261,17 @@ def refuse_unproven_parallel_options(degrees, pipeline: FrozenSet[str], sharding
                              f"{REFUSED_PARALLEL_OPTIONS[config][option]}")
 
 
+UNIFIED_CHECKPOINT_WRITES = (
+    "unified_checkpoint=True: paddletrainer writes its own checkpoint format, which already loads into any layout; "
+    "it does not write PaddleNLP's unified files, so PaddleNLP's Trainer cannot resume these checkpoints as they "
+    "are: convert one with `python scripts/export_paddlenlp_unified.py <checkpoint-N> <new dir>`. A PaddleNLP "
+    "unified checkpoint named as resume_from_checkpoint is read whatever this option says")
+
+
 def parse_unified_checkpoint_options(args, sharding_stage: int) -> FrozenSet[str]:
     """``unified_checkpoint_config`` (accepted without effect: every checkpoint is sharded) as a checked set;
-    ``unified_checkpoint`` is turned off under sharding stage3, as PaddleNLP does."""
+    ``unified_checkpoint`` is turned off under sharding stage3, as PaddleNLP does. ``unified_checkpoint`` changes
+    nothing we write or read: a warning says so and how to get a PaddleNLP-resumable directory."""
     if args.unified_checkpoint and sharding_stage == 3:
         logger.warning("unified_checkpoint does not support sharding stage3: turning it off")
         args.unified_checkpoint = False
@@ -270,6 +280,8 @@ def parse_unified_checkpoint_options(args, sharding_stage: int) -> FrozenSet[str
         "unified_checkpoint_config")
     if {"skip_save_model_weight", "ignore_merge_optimizer"} <= options:
         raise ValueError("unified_checkpoint_config: skip_save_model_weight and ignore_merge_optimizer are exclusive")
+    if args.unified_checkpoint:
+        logger.warning(UNIFIED_CHECKPOINT_WRITES)
     return options
 
 

@@ -19,13 +19,14 @@ from .checkpoint.files import read_index, read_json
 from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.layout import TRAINER_STATE_NAME
+from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import validate_trainer_state
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
 from .output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
-from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint, requested_resume,
-                            resolve_resume_checkpoint)
+from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
+                            is_paddlenlp_unified_checkpoint, requested_resume, resolve_resume_checkpoint)
 
 __all__ = ["TrainerCheckpoints"]
 
@@ -156,9 +157,15 @@ class TrainerCheckpoints:
 
     def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
         """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
-        ``resume_from_checkpoint`` the interop loader (its pickles read by an allowlist unpickler). A directory
+        ``resume_from_checkpoint`` a PaddleNLP loader: unified (safetensors, any layout) or not (its pickles
+        read by an allowlist unpickler; scheduler and RNG pickles of both formats likewise). A directory
         found otherwise (``true``, ``auto``, rollback, the trainer state's ``best_model_checkpoint``) always
         goes to our loader, which refuses pickles."""
+        if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_unified_checkpoint(checkpoint_dir):
+            logger.info("%s is a PaddleNLP unified checkpoint: its safetensors are loaded into this layout; "
+                        "scheduler.pdparams and rng_state*.pth are pickles, read with an allowlist unpickler",
+                        checkpoint_dir)
+            return load_paddlenlp_unified_checkpoint
         if self._is_named_checkpoint(checkpoint_dir) and is_paddlenlp_checkpoint(checkpoint_dir):
             logger.info("%s is a PaddleNLP checkpoint: its .pdparams/.pdopt pickles are read with an allowlist "
                         "unpickler (arrays, tensors, numbers, strings, containers only)", checkpoint_dir)

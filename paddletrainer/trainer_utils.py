@@ -41,6 +41,7 @@ __all__ = [
     "is_paddlenlp_checkpoint",
     "is_our_checkpoint",
     "foreign_checkpoint_entries",
+    "is_paddlenlp_unified_checkpoint",
 ]
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -176,17 +177,61 @@ def sorted_checkpoints(folder: str) -> List[str]:
     return [path for _, path in sorted(found)]
 
 
+_TMP_INFIX = ".tmp-"  # checkpoint.layout.TMP_INFIX: a save in progress (this module imports no checkpoint code)
+# checkpoint.layout's shard names (model_state.tp00_pp00.safetensors, optimizer.tp00_pp00_shard00.safetensors)
+_OUR_SHARD = re.compile(r"^(model_state|optimizer)\.tp\d+_pp\d+.*\.safetensors$")
+# the index files of PaddleNLP's unified checkpoint (``--unified_checkpoint true``): safetensors, no pickles
+PADDLENLP_UNIFIED_INDEXES = ("model.safetensors.index.json", "optimizer.safetensors.index.json",
+                             "master_weights.safetensors.index.json")
+
+
+def _foreign_names(path: str) -> Optional[list]:
+    """The file names of ``path`` when it is a directory carrying neither our index nor our marker, else None."""
+    if not os.path.isdir(path):
+        return None
+    names = os.listdir(path)
+    return None if "checkpoint_index.json" in names or CHECKPOINT_COMPLETE_MARKER in names else names
+
+
+def is_paddlenlp_unified_checkpoint(path: str) -> bool:
+    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote with ``unified_checkpoint``: its
+    ``optimizer.safetensors.index.json`` or ``model.safetensors.index.json`` and its ``trainer_state.json``
+    (written last), and neither our ``checkpoint_index.json`` nor our completion marker (ours write a
+    ``model.safetensors.index.json`` too, for ``from_pretrained``)."""
+    names = _foreign_names(path)
+    return names is not None and "trainer_state.json" in names and any(n in names for n in PADDLENLP_UNIFIED_INDEXES)
+
+
 def is_paddlenlp_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote (non-unified format): a ``model_state*.pdparams``
-    and its ``trainer_state.json`` (written after the weights), and neither our ``checkpoint_index.json`` nor our
+    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote, in its non-unified format (a
+    ``model_state*.pdparams``) or its unified one (:func:`is_paddlenlp_unified_checkpoint`), with its
+    ``trainer_state.json`` (written after the weights), and neither our ``checkpoint_index.json`` nor our
     completion marker. A directory carrying our marker is always read as ours (whose loader refuses pickles), so
     planting ``.pdparams`` files in one of our checkpoints never routes it to the pickle-reading interop loader."""
-    if not os.path.isdir(path):
-        return False
-    names = os.listdir(path)
-    return ("trainer_state.json" in names and "checkpoint_index.json" not in names
-            and CHECKPOINT_COMPLETE_MARKER not in names
-            and any(n.startswith("model_state") and n.endswith(".pdparams") for n in names))
+    names = _foreign_names(path)
+    return names is not None and "trainer_state.json" in names and (
+        any(n.startswith("model_state") and n.endswith(".pdparams") for n in names)
+        or any(n in names for n in PADDLENLP_UNIFIED_INDEXES))
+
+
+def _not_a_checkpoint(value: str, resume: str) -> str:
+    """Why the directory ``resume`` named by ``resume_from_checkpoint`` cannot be resumed (it has no marker)."""
+    names = sorted(os.listdir(resume))
+    paddlenlp = [n for n in names if n in PADDLENLP_UNIFIED_INDEXES
+                 or (n.startswith("model_state") and n.endswith(".pdparams"))]
+    if paddlenlp:  # PaddleNLP writes trainer_state.json after the weights and optimizer
+        return (f"resume_from_checkpoint={value!r} is a PaddleNLP checkpoint whose save did not finish (it has "
+                f"{paddlenlp[0]} but no trainer_state.json, which PaddleNLP writes last)")
+    ours = [n for n in names if n == "checkpoint_index.json" or _OUR_SHARD.match(n)]
+    if ours or not names or _TMP_INFIX in os.path.basename(os.path.normpath(resume)):  # empty: a save just begun
+        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
+        return (f"resume_from_checkpoint={value!r} is incomplete (no completion marker: its save did not finish); "
+                f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}")
+    shown = names[:8] + (["..."] if len(names) > 8 else [])
+    return (f"resume_from_checkpoint={value!r} is not a paddletrainer checkpoint (found: {shown}); "
+            f"valid: a checkpoint-N directory paddletrainer wrote (with {CHECKPOINT_COMPLETE_MARKER}), or one "
+            f"PaddleNLP's Trainer wrote (model_state*.pdparams or unified *.safetensors.index.json, with "
+            f"trainer_state.json)")
 
 
 def is_our_checkpoint(path: str) -> bool:
@@ -285,11 +330,7 @@ def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional
         raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "
                          f"(the newest in output_dir) or auto (the newest if any)")
     if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
-        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
-        raise ValueError(
-            f"resume_from_checkpoint={resume!r} is incomplete (no completion marker: its save did not finish); "
-            f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}"
-        )
+        raise ValueError(_not_a_checkpoint(value, resume))
     return resume
 
 

@@ -287,7 +287,9 @@ class TrainingArguments:
     distributed_dataloader: Optional[bool] = field(default=False, metadata=_help(
         "Only tensor/pipeline rank 0 reads data and broadcasts it (forced off without tp or pp)."))
     unified_checkpoint: Optional[bool] = field(default=False, metadata=_help(
-        "Save checkpoints in the unified, parallel-layout-independent format."))
+        "PaddleNLP's unified checkpoint. Ours are always layout-independent; PaddleNLP's unified files are not "
+        "written (a warning says so; scripts/export_paddlenlp_unified.py converts a checkpoint) and are read "
+        "whatever this option says."))
     to_static: Optional[bool] = field(default=False, metadata=_help(
         "Train in static-graph mode. Not supported by paddletrainer: must stay False."))
     unified_checkpoint_config: Optional[str] = field(default="", metadata=_help(

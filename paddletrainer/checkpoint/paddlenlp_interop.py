@@ -18,14 +18,15 @@ What is read (this rank's files for the current layout, PaddleNLP's naming):
 ``<suffix>`` is PaddleNLP's: ``tpXX`` when tensor parallel, ``ppXX`` when pipeline parallel, joined by ``_``,
 plus ``shardXX`` for the optimizer under sharding (e.g. ``model_state.tp01_pp00.pdparams``,
 ``optimizer.tp01_pp00_shard00.pdopt``). A PaddleNLP checkpoint therefore resumes under the layout that wrote
-it; resharding it is not supported (``unified_checkpoint`` directories are not read either).
+it; resharding it is not supported. ``unified_checkpoint`` directories (safetensors) are read by
+:mod:`.paddlenlp_unified`, in any layout.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-from typing import List, Optional
+from typing import List, Tuple
 
 import numpy as np
 import paddle
@@ -35,7 +36,7 @@ from .layout import CheckpointError
 from .load import LoadedCheckpoint
 from .restricted_pickle import load_pickle
 
-__all__ = ["load_paddlenlp_checkpoint", "paddlenlp_name_suffix"]
+__all__ = ["load_paddlenlp_checkpoint", "load_paddlenlp_extras", "paddlenlp_name_suffix"]
 
 
 def paddlenlp_name_suffix(topology, optimizer: bool = False) -> str:
@@ -83,6 +84,24 @@ def _restore_rng(ckpt_dir: str, topology) -> bool:
     return True
 
 
+def load_paddlenlp_extras(ckpt_dir: str, *, lr_scheduler=None, scaler=None, topology=None,
+                          load_rng: bool = True) -> Tuple[dict, bool]:
+    """What both PaddleNLP formats (unified or not) store alike: ``scheduler.pdparams`` into ``lr_scheduler``,
+    ``scaler.pdparams`` into ``scaler`` (pickles, read with the allowlist unpickler), the RNG of this rank from
+    ``rng_state[_<world>].pth`` when the world size is the one that saved it. Returns the ``trainer_state.json``
+    dict (``{}`` without one) and whether the RNG was restored."""
+    if lr_scheduler is not None and os.path.isfile(os.path.join(ckpt_dir, "scheduler.pdparams")):
+        lr_scheduler.set_state_dict(load_pickle(os.path.join(ckpt_dir, "scheduler.pdparams")))
+    if scaler is not None and os.path.isfile(os.path.join(ckpt_dir, "scaler.pdparams")):
+        scaler.load_state_dict(load_pickle(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
+    trainer_state = {}
+    if os.path.isfile(os.path.join(ckpt_dir, "trainer_state.json")):
+        with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
+            trainer_state = json.load(f)
+    rng = _restore_rng(ckpt_dir, topology) if load_rng else False
+    return trainer_state, rng
+
+
 def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,
                               topology=None, load_rng: bool = True) -> LoadedCheckpoint:
     """Load a PaddleNLP 3.0.0b4 checkpoint into ``model`` (and ``optimizer``, ``lr_scheduler``, the fp16 loss
@@ -111,14 +130,7 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
                                   "model must be built as in the PaddleNLP run that saved it)")
         optimizer.set_state_dict(state)
         optimizer_restored = True
-    if lr_scheduler is not None and os.path.isfile(os.path.join(ckpt_dir, "scheduler.pdparams")):
-        lr_scheduler.set_state_dict(load_pickle(os.path.join(ckpt_dir, "scheduler.pdparams")))
-    if scaler is not None and os.path.isfile(os.path.join(ckpt_dir, "scaler.pdparams")):
-        scaler.load_state_dict(load_pickle(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
-    trainer_state = {}
-    if os.path.isfile(os.path.join(ckpt_dir, "trainer_state.json")):
-        with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
-            trainer_state = json.load(f)
-    rng = _restore_rng(ckpt_dir, topology) if load_rng else False
+    trainer_state, rng = load_paddlenlp_extras(ckpt_dir, lr_scheduler=lr_scheduler, scaler=scaler,
+                                               topology=topology, load_rng=load_rng)
     return LoadedCheckpoint(trainer_state=trainer_state, data_state=None, rng_restored=rng,
                             optimizer_restored=optimizer_restored, warnings=warnings)

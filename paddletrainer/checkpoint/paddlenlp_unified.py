@@ -1,0 +1,201 @@
+"""Resume from a PaddleNLP 3.0.0b4 *unified* checkpoint (``--unified_checkpoint true``), in any layout.
+
+PaddleNLP's unified format stores every tensor whole (tensor-parallel slices merged) in safetensors files named
+by an index, whatever layout wrote it:
+
+* ``model.safetensors.index.json`` → ``model-0000x-of-0000y.safetensors``: the model's ``state_dict`` under its
+  structured names;
+* ``optimizer.safetensors.index.json`` → ``optimizer-...safetensors``: keys ``<structured name>/<state>_<n>``
+  (``moment1_0``, ``beta1_pow_acc_0``, ...); its ``"master_weights": true`` says that
+  ``master_weights.safetensors.index.json`` → ``master_weights-...safetensors`` holds the fp32 master weights
+  under the structured names;
+* ``trainer_state.json``, ``scheduler.pdparams`` and ``rng_state[_<world>].pth`` as in the non-unified format
+  (:mod:`.paddlenlp_interop` reads those; the two ``.pdparams``/``.pth`` are pickles, read only by the allowlist
+  unpickler and only for the directory the user named).
+
+The safetensors are described here as a checkpoint index of our own format, each tensor one whole piece, so the
+resharding reader (:mod:`.reshard`) gives every rank its slices: a unified checkpoint loads into any layout (one
+process, data parallel, tensor parallel, sharding). The tensors' bytes are read straight from the files' data
+sections (no pickles; bfloat16 as its bit pattern, as our own files).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import layout as L
+from .load import LoadedCheckpoint
+from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_tensors, optimizer_tensors,
+                          stepped_parameter_names, topology_info)
+from .paddlenlp_interop import load_paddlenlp_extras
+from .reshard import read_placement
+
+__all__ = ["load_paddlenlp_unified_checkpoint", "unified_checkpoint_index", "UNIFIED_INDEX_NAMES"]
+
+MODEL_INDEX = "model.safetensors.index.json"
+OPTIMIZER_INDEX = "optimizer.safetensors.index.json"
+MASTER_INDEX = "master_weights.safetensors.index.json"
+UNIFIED_INDEX_NAMES = (MODEL_INDEX, OPTIMIZER_INDEX, MASTER_INDEX)
+
+# safetensors dtype tags -> (our dtype name, the numpy dtype its bytes are read as)
+_DTYPES = {"F64": ("float64", "<f8"), "F32": ("float32", "<f4"), "F16": ("float16", "<f2"),
+           "BF16": ("bfloat16", "<u2"), "I64": ("int64", "<i8"), "I32": ("int32", "<i4"), "I16": ("int16", "<i2"),
+           "I8": ("int8", "i1"), "U8": ("uint8", "u1"), "BOOL": ("bool", "?")}
+_STATE_NUMBER = re.compile(r"_\d+$")  # PaddleNLP's "moment1_0": the accumulator's generated-name counter
+
+
+def _read_header(path: str) -> Tuple[dict, int]:
+    """A safetensors file's header and the offset of its data section."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise L.CheckpointError(f"{path}: not a safetensors file (shorter than its header length)")
+        (size,) = struct.unpack("<Q", raw)
+        if size > os.path.getsize(path) - 8:
+            raise L.CheckpointError(f"{path}: not a safetensors file (header length {size} past the end)")
+        try:
+            header = json.loads(f.read(size))
+        except ValueError as e:
+            raise L.CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
+    header.pop("__metadata__", None)
+    return header, 8 + size
+
+
+class _Tensors:
+    """Read-only views of the tensors of one safetensors file (``get_tensor``/``get_slice``, as ``safe_open``)."""
+
+    def __init__(self, path: str, header: dict, data_start: int):
+        self.path, self.header, self.data_start = path, header, data_start
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        entry = self.header[key]
+        lo, hi = entry["data_offsets"]
+        raw = self._map[self.data_start + lo: self.data_start + hi]
+        return raw.view(np.dtype(_DTYPES[entry["dtype"]][1])).reshape(entry["shape"])
+
+    get_slice = get_tensor  # a numpy view slices like safe_open's slice object
+
+
+def _check_extent(tensors: _Tensors, name: str, entry: dict) -> None:
+    """The bytes of ``name`` are inside the file and as many as its shape and dtype need."""
+    lo, hi = entry.get("data_offsets", (0, -1))
+    need = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(_DTYPES[entry["dtype"]][1]).itemsize
+    if not 0 <= lo <= hi <= tensors._map.size - tensors.data_start or hi - lo != need:
+        raise L.CheckpointError(f"{tensors.path}: {name} spans bytes [{lo}, {hi}) of the data section, but its "
+                                f"shape {entry['shape']} {entry['dtype']} needs {need} bytes within "
+                                f"{tensors._map.size - tensors.data_start} (a truncated or damaged file)")
+
+
+def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
+    path = os.path.join(ckpt_dir, index_name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            index = json.load(f)
+        return dict(index["weight_map"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise L.CheckpointError(f"{path}: not a PaddleNLP unified checkpoint index (no readable weight_map: "
+                                f"{e})") from e
+
+
+def _our_key(index_name: str, name: str) -> str:
+    if index_name == MODEL_INDEX:
+        return L.model_key(name)
+    if index_name == MASTER_INDEX:
+        return L.optim_key(name, MASTER_WEIGHT)
+    param, sep, state = name.rpartition("/")
+    if not sep:
+        raise L.CheckpointError(f"{OPTIMIZER_INDEX}: optimizer key {name!r} is not '<parameter>/<state>'")
+    return L.optim_key(param, _STATE_NUMBER.sub("", state))
+
+
+def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
+    """Our checkpoint index (``{"tensors": {key: {shape, dtype, pieces}}}``) for a PaddleNLP unified checkpoint,
+    every tensor one whole piece of the file its index names, and the opened files."""
+    tensors: Dict[str, dict] = {}
+    files: Dict[str, _Tensors] = {}
+    for index_name in UNIFIED_INDEX_NAMES:
+        for name, file in sorted((_weight_map(ckpt_dir, index_name) or {}).items()):
+            if file not in files:
+                path = os.path.join(ckpt_dir, file)
+                if not os.path.isfile(path):
+                    raise L.CheckpointError(f"{ckpt_dir}: {index_name} names {file}, which is missing")
+                files[file] = _Tensors(path, *_read_header(path))
+            entry = files[file].header.get(name)
+            if entry is None:
+                raise L.CheckpointError(f"{ckpt_dir}: {index_name} puts {name} in {file}, which does not hold it")
+            if entry.get("dtype") not in _DTYPES:
+                raise L.CheckpointError(f"{ckpt_dir}/{file}: {name} has dtype {entry.get('dtype')}, which is not read "
+                                        f"(valid: {', '.join(_DTYPES)})")
+            shape = list(entry["shape"])
+            _check_extent(files[file], name, entry)
+            tensors[_our_key(index_name, name)] = {
+                "shape": shape, "dtype": _DTYPES[entry["dtype"]][0],
+                "pieces": [{"file": file, "key": name, "offsets": [0] * len(shape), "shape": shape}]}
+    if not any(k.startswith(L.MODEL_PREFIX) for k in tensors):
+        raise L.CheckpointError(f"{ckpt_dir} is a PaddleNLP unified checkpoint without model weights ({MODEL_INDEX} "
+                                "missing or empty: saved with skip_save_model_weight?); it cannot be resumed")
+    return {"tensors": tensors}, files
+
+
+def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: List[str]):
+    """This rank's optimizer tensors to fill, and the mismatches against the checkpoint."""
+    if not any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
+        warnings.append(f"{ckpt_dir} holds no optimizer state ({OPTIMIZER_INDEX} missing)")
+        return {}, []
+    ensure_accumulators(optimizer)
+    optims = optimizer_tensors(optimizer, by_param)
+    # This run keeps fp32 master weights (fp16/bf16 O2) that the checkpoint lacks (an fp32 run): they start from
+    # the loaded weights, as a fresh multi-precision optimizer starts from the model, never from the weights the
+    # model had before the load (ensure_accumulators made them from those).
+    for key in [k for k in optims if k.endswith("/" + MASTER_WEIGHT) and k not in index["tensors"]]:
+        weight = L.model_key(L.split_optim_key(key)[0])
+        if weight in index["tensors"]:
+            index["tensors"][key] = index["tensors"][weight]
+    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()}
+    problems = L.compare_to_index(index, expected, complete_model=False, prefix=L.OPTIM_PREFIX)
+    unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), optims)
+    if unplaced:
+        shown = ", ".join(unplaced[:8]) + (" ..." if len(unplaced) > 8 else "")
+        warnings.append(f"{len(unplaced)} optimizer state(s) of the PaddleNLP checkpoint have no tensor to go to on "
+                        f"this rank and are not restored: {shown}")
+    return optims, problems
+
+
+def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,
+                                      topology=None, load_rng: bool = True) -> LoadedCheckpoint:
+    """Load a PaddleNLP unified checkpoint into this rank's slices of ``model`` (and ``optimizer``, then
+    ``lr_scheduler``, ``scaler``, trainer state, RNG as :func:`.paddlenlp_interop.load_paddlenlp_checkpoint`);
+    the same keywords and result as :func:`paddletrainer.checkpoint.load_checkpoint`, in any layout.
+
+    Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that does not fit the model.
+    """
+    topo = topology_info(topology)
+    index, files = unified_checkpoint_index(ckpt_dir)
+    warnings: List[str] = []
+    models, by_param = model_tensors(model, topo)
+    targets = dict(models)
+    problems = L.compare_to_index(
+        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
+        complete_model=topo.pp_degree == 1)
+    optimizer_restored = False
+    if optimizer is not None:
+        optims, optim_problems = _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings)
+        problems += optim_problems
+        targets.update(optims)
+        optimizer_restored = bool(optims)
+    if problems:
+        raise L.CheckpointMismatchError([f"{ckpt_dir} (PaddleNLP unified): {p}" for p in problems])
+    for key, lt in targets.items():
+        lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])
+    trainer_state, rng_restored = load_paddlenlp_extras(ckpt_dir, lr_scheduler=lr_scheduler, scaler=scaler,
+                                                        topology=topology, load_rng=load_rng)
+    return LoadedCheckpoint(trainer_state=trainer_state, data_state=None, rng_restored=rng_restored,
+                            optimizer_restored=optimizer_restored, warnings=warnings)

@@ -48,6 +48,7 @@ from .data import (
     GlobalBatchSampler,
     IterableDatasetShard,
     SubclassBatchSampler,
+    close_batches,
     default_data_collator,
     forward_argument_names,
     remove_unused_columns,
@@ -425,6 +426,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         start_time = time.time()
         self._memory.start("train")
         self._stop.listening = True
+        batches = None  # the epoch's batch iterator, closed when the loop leaves it
         try:
             self.callback_handler.train_dataloader = train_dataloader
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -439,11 +441,12 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                 elif epoch == 0 and consumed:
                     train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-                batches = iter(train_dataloader)
+                batches, epoch_steps = iter(train_dataloader), 0
                 while True:
                     micro_batches = self._read_step(batches, ga)
                     if micro_batches is None:
                         break  # end of the epoch (the sampler yields whole steps)
+                    epoch_steps += 1
                     if args.count_trained_tokens:
                         self._token_counter.update(micro_batches)
                     with self.timers("forward_backward"):
@@ -476,6 +479,11 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                     self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
                         break
+                close_batches(batches)  # a loop left before the end leaves no reader thread blocked
+                if epoch_steps == 0:  # a finite stream ran out; every data rank reads the same stream: same step
+                    logger.warning("the epoch yielded no batch: training stops at step %d of max_steps=%d (a finite "
+                                   "stream has fewer steps than max_steps)", self.state.global_step, max_steps)
+                    self.control.should_training_stop = True
                 consumed = self.state.consumed_samples
                 self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
                 self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
@@ -483,6 +491,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                     break
             self._nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
         except BaseException as err:
+            close_batches(batches)
             self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
             self._checkpointer.finish_after_error(same_on_every_rank=isinstance(err, NonFiniteLossError))

@@ -328,7 +328,8 @@ class TrainingArguments:
     virtual_pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "Interleaved pipeline: model chunks per pipeline stage (PaddleFormers' name; the ...Pipe model splits the "
         "layers into pipeline_parallel_degree x this chunks). PaddleNLP's llm scripts take it as the *model* "
-        "argument virtual_pp_degree instead and copy it to the model config; the Trainer then reads the chunk "
+        "argument virtual_pp_degree (or, decorated by llmmetaclass, a field of their TrainingArguments subclass) and "
+        "copy it to the model config; the Trainer then reads the chunk "
         "count from the model. None/1: off."))
     sharding_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "PaddleFormers' name for sharding_parallel_degree."))
@@ -529,14 +530,6 @@ class TrainingArguments:
         else:
             logger.info("sharding='%s' ignored in a single-process run", requested)
         self.sharding = []
-
-    @property
-    def virtual_pp_degree(self) -> int:
-        """Model chunks per pipeline stage asked for here (``virtual_pipeline_model_parallel_size``; 1 = off).
-
-        A property, not a field: PaddleNLP's llm scripts declare ``virtual_pp_degree`` in their own
-        ModelArguments, and a second option of that name would make their parser fail."""
-        return self.virtual_pipeline_model_parallel_size or 1
 
     def _normalize_checkpoint_and_misc(self) -> None:
         self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)

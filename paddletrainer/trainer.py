@@ -118,6 +118,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
+        self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
+        self._memory.start("init")  # reported with the first train/evaluate/predict (PaddleNLP's init_mem_* keys)
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
@@ -166,10 +168,10 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         )
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.timers = PhaseTimers(enabled=args.log_phase_timers)
-        self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+        self._memory.stop("init")
 
     # ----------------------------------------------------------------------------------- callbacks
     def add_callback(self, callback):

@@ -125,7 +125,10 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if model is not None:
             checks.check_model_for_layout(model, args.parallel_degrees)
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
+        if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there
+            paddle.set_device("cpu")
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
+        logging.getLogger("paddletrainer").setLevel(args.get_process_log_level())  # HF's log_level(_replica)
         set_seed(args.seed)
         if model is None:
             if model_init is None:
@@ -211,7 +214,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
             return None
         args, topo = self.args, self.topology
         return GlobalBatchSampler(len(self.train_dataset), args.per_device_train_batch_size, topo.data_rank,
-                                  topo.data_world_size, seed=args.seed, shuffle=True,
+                                  topo.data_world_size, seed=args.seed if args.data_seed is None else args.data_seed,
+                                  shuffle=True,
                                   drop_last=args.dataloader_drop_last, step_span=args.global_batch_size)
 
     def get_train_dataloader(self) -> paddle.io.DataLoader:
@@ -284,10 +288,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                 learning_rate=args.learning_rate,
                 num_warmup_steps=args.get_warmup_steps(num_training_steps),
                 num_training_steps=decay_steps,
-                num_cycles=args.num_cycles,
-                lr_end=args.lr_end,
-                power=args.power,
-                min_learning_rate=args.min_learning_rate,
+                **args.scheduler_arguments(),  # num_cycles, lr_end, power, min_learning_rate (+ lr_scheduler_kwargs)
             )
         return self.lr_scheduler
 
@@ -465,6 +466,9 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                         rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
                         continue
                     self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
+                    if args.logging_nan_inf_filter:  # HF: a nan/inf step counts as the mean since the last log
+                        mean = (self._tr_loss / max(self._loss_steps, 1)).astype(step_loss.dtype)
+                        step_loss = paddle.where(paddle.isfinite(step_loss), step_loss, mean)
                     self._tr_loss += step_loss  # summed on the device, read at the next logging step
                     self._loss_steps += 1
                     meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)

@@ -31,6 +31,7 @@ from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDI
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
 from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
                       rollback_config_of)
+from .hf_options import HFOptions
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
@@ -90,7 +91,7 @@ def _help(text: str, **extra) -> Dict[str, Any]:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingArguments(HFOptions):
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
@@ -372,6 +373,7 @@ class TrainingArguments:
     def __post_init__(self):
         self._world_size = launch_world_size()
         self._normalize_paths()
+        self._apply_hf_options()  # hf_options: refusals and the name-level translations (use_cpu, save_only_model)
         self._normalize_schedule_and_strategies()
         self._check_sizes()
         self._check_best_model()

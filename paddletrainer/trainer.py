@@ -128,7 +128,9 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there
             paddle.set_device("cpu")
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
-        logging.getLogger("paddletrainer").setLevel(args.get_process_log_level())  # HF's log_level(_replica)
+        package_logger, level = logging.getLogger("paddletrainer"), args.get_process_log_level()  # HF's log_level
+        if level != package_logger.getEffectiveLevel():  # "passive" (the main process's default) changes nothing
+            package_logger.setLevel(level)
         set_seed(args.seed)
         if model is None:
             if model_init is None:

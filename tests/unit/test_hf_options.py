@@ -42,6 +42,9 @@ def test_log_level_sets_the_package_logger_on_the_main_process_and_passive_leave
         package.setLevel(logging.INFO)
         Trainer(RegressionModel(), args=make_args(tmp_path), train_dataset=regression_data(8))  # passive
         assert package.level == logging.INFO
+        package.setLevel(logging.NOTSET)  # inherits from the root logger, and keeps doing so
+        Trainer(RegressionModel(), args=make_args(tmp_path), train_dataset=regression_data(8))
+        assert package.level == logging.NOTSET
     finally:
         package.setLevel(before)
 

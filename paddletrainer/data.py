@@ -164,7 +164,8 @@ class IterableDatasetShard(paddle.io.IterableDataset):
 
     Every data rank must iterate the same stream (this class splits it): then every rank's pass ends at the same
     block, and the Trainer's "an epoch without a batch ends training" stop happens at the same step everywhere
-    with no collective. A dataset that gives each rank its own stream of unequal length breaks that contract:
+    with no collective (``tests/distributed/test_finite_stream_dp2.py``). A dataset that gives each rank its own
+    stream of unequal length breaks that contract:
     a rank left without data would wait for the others' gradient all-reduce (the collective watchdog then ends
     the job, exit 86)."""
 

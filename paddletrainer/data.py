@@ -165,9 +165,9 @@ class IterableDatasetShard(paddle.io.IterableDataset):
     Every data rank must iterate the same stream (this class splits it): then every rank's pass ends at the same
     block, and the Trainer's "an epoch without a batch ends training" stop happens at the same step everywhere
     with no collective (``tests/distributed/test_finite_stream_dp2.py``). A dataset that gives each rank its own
-    stream of unequal length breaks that contract:
-    a rank left without data would wait for the others' gradient all-reduce (the collective watchdog then ends
-    the job, exit 86)."""
+    stream of unequal length breaks that contract (not detected: it would take a collective every step): a rank
+    left without data stops while the others enter their next step's collectives, which it then never joins
+    or joins with another collective (a hang, bounded by ``collective_timeout_seconds``, or an error)."""
 
     def __init__(self, dataset, batch_size: int, data_rank: int = 0, data_world_size: int = 1, skip_items: int = 0,
                  keep_last: bool = False):

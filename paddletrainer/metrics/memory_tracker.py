@@ -66,8 +66,12 @@ class MemoryTracker:
             paddle.device.cuda.reset_max_memory_allocated()
             self._gpu_begin = int(paddle.device.cuda.memory_allocated())
         self._done.clear()
-        self._sampler = threading.Thread(target=self._sample, name="paddletrainer-memory", daemon=True)
-        self._sampler.start()
+        # No sampler thread for init: a Trainer whose construction fails never stops the stage, and would leave
+        # the thread polling; the init stage's peak is then the larger of its two ends.
+        self._sampler = None if stage == "init" else threading.Thread(
+            target=self._sample, name="paddletrainer-memory", daemon=True)
+        if self._sampler is not None:
+            self._sampler.start()
 
     def stop(self, stage: str) -> Dict[str, int]:
         """End ``stage`` and return its metrics, with the ``init`` stage's the first time ({} when disabled or when
@@ -75,7 +79,8 @@ class MemoryTracker:
         if not self.enabled or self._stage != stage:
             return {}
         self._done.set()
-        self._sampler.join()
+        if self._sampler is not None:
+            self._sampler.join()
         end = current_rss_bytes()
         self._peak = max(self._peak, end)
         metrics = {f"{stage}_mem_cpu_alloc_delta": end - self._begin,

@@ -18,6 +18,7 @@ _EXPORTS = {
     "PdArgumentParser": "argparser",
     "strtobool": "argparser",
     "TrainingArguments": "training_args",
+    "AutoTrainingArguments": "auto_training_args",
     "Trainer": "trainer",
     "CallbackHandler": "callbacks",
     "DefaultFlowCallback": "callbacks",

@@ -78,6 +78,7 @@ __all__ = [
     "ProgressCallback",
     "PrinterCallback",
     "EarlyStoppingCallback",
+    "EarlyStoppingArgumentsError",
 ]
 
 
@@ -526,6 +527,12 @@ class PrinterCallback(TrainerCallback):
             print(_format_logs(logs), file=sys.stdout, flush=True)
 
 
+class EarlyStoppingArgumentsError(ValueError, AssertionError):
+    """The arguments cannot drive early stopping. A ``ValueError`` (it survives ``python -O``, unlike an
+    assert) that is also an ``AssertionError``: PaddleNLP's callback asserts, and code written for it (its own
+    tests included) catches ``AssertionError``."""
+
+
 class EarlyStoppingCallback(TrainerCallback):
     """Stops training when ``metric_for_best_model`` has not improved for ``early_stopping_patience`` evaluations.
 
@@ -557,13 +564,12 @@ class EarlyStoppingCallback(TrainerCallback):
             self.early_stopping_patience_counter += 1
 
     def on_train_begin(self, args, state, control, **kwargs):
-        # ValueError rather than PaddleNLP's assert: asserts vanish under `python -O`.
         if not args.load_best_model_at_end:
-            raise ValueError("EarlyStoppingCallback requires load_best_model_at_end=True")
+            raise EarlyStoppingArgumentsError("EarlyStoppingCallback requires load_best_model_at_end=True")
         if args.metric_for_best_model is None:
-            raise ValueError("EarlyStoppingCallback requires metric_for_best_model to be set")
+            raise EarlyStoppingArgumentsError("EarlyStoppingCallback requires metric_for_best_model to be set")
         if _strategy(args.evaluation_strategy) == "no":
-            raise ValueError("EarlyStoppingCallback requires evaluation_strategy 'steps' or 'epoch'")
+            raise EarlyStoppingArgumentsError("EarlyStoppingCallback requires evaluation_strategy 'steps' or 'epoch'")
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
         name = args.metric_for_best_model

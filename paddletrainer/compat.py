@@ -241,6 +241,8 @@ def refuse_unsupported_parallel(args, axis_options) -> None:
         if getattr(args, option) > 1:
             raise ValueError(f"{option}={getattr(args, option)} is not supported by paddletrainer: use -1 or 1")
     for option in ("enable_auto_parallel", "use_expert_parallel", "to_static"):
+        if option == "enable_auto_parallel" and getattr(type(args), "auto_parallel_on_our_layout", False):
+            continue  # auto_training_args.AutoTrainingArguments: the degrees build our layout
         if getattr(args, option):
             raise ValueError(f"{option}=True is not supported by paddletrainer: use False")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
@@ -159,7 +160,14 @@ class IterableDatasetShard(paddle.io.IterableDataset):
     as a batch of its own, so that, as with :class:`EvalBatchSampler`, every rank runs the same number of
     forward passes (sharding stage 3 gathers parameters in each one). ``num_real_batches`` — None until the
     stream has ended, then this pass's batch count without the padding one — tells the evaluation loop what
-    to count. The number of items already consumed is skipped on resume."""
+    to count. The number of items already consumed is skipped on resume.
+
+    Every data rank must iterate the same stream (this class splits it): then every rank's pass ends at the same
+    block, and the Trainer's "an epoch without a batch ends training" stop happens at the same step everywhere
+    with no collective (``tests/distributed/test_finite_stream_dp2.py``). A dataset that gives each rank its own
+    stream of unequal length breaks that contract (not detected: it would take a collective every step): a rank
+    left without data stops while the others enter their next step's collectives, which it then never joins
+    or joins with another collective (a hang, bounded by ``collective_timeout_seconds``, or an error)."""
 
     def __init__(self, dataset, batch_size: int, data_rank: int = 0, data_world_size: int = 1, skip_items: int = 0,
                  keep_last: bool = False):
@@ -418,8 +426,8 @@ class DataLoader(paddle.io.DataLoader):
     def __iter__(self):
         batches = super().__iter__()
         if self.carrier is None:
-            return worker_error_printed_first(batches)
-        return self._checked(batches)
+            return _closing(worker_error_printed_first(batches), batches)
+        return _closing(self._checked(batches), batches)
 
     def _checked(self, batches):
         for batch in batches:
@@ -427,6 +435,37 @@ class DataLoader(paddle.io.DataLoader):
                 error, self.carrier.error = self.carrier.error, None
                 raise error
             yield batch
+
+
+def _closing(batches, loader_iterator):
+    """``batches``, and Paddle's ``loader_iterator`` shut down (:func:`close_batches`) when the generator is
+    closed or exhausted."""
+    try:
+        yield from batches
+    finally:
+        close_batches(loader_iterator)
+
+
+def close_batches(batches, timeout: float = 30.0) -> None:
+    """Stop the reader of a DataLoader iterator that will not be read to its end (ours or Paddle's).
+
+    Paddle 3.3.1's iterator stops its reader thread (and worker processes) only at its end or in ``__del__``;
+    abandoned with a full prefetch queue, its thread stays blocked in ``push``. Closing the queue releases the
+    push. Paddle's own ``_try_shutdown_all`` then polls the single-process reader once a second, so the reader
+    is told to stop and joined here first (milliseconds). Idempotent: an exhausted iterator is left as it is."""
+    close = getattr(batches, "close", None)  # our generator: its ``finally`` comes back here with Paddle's iterator
+    if close is not None:
+        close()
+        return
+    if getattr(batches, "_shutdown", True):
+        return
+    if getattr(batches, "_workers", None) is None:  # single process: the reader is a thread of this process
+        batches._thread_done_event.set()
+        if batches._blocking_queue is not None:
+            batches._blocking_queue.close()
+        if batches._thread is not None and batches._thread is not threading.current_thread():
+            batches._thread.join(timeout)
+    batches._try_shutdown_all()
 
 
 # --------------------------------------------------------------------------------------- gathering

@@ -50,6 +50,7 @@ from .data import (
     GlobalBatchSampler,
     IterableDatasetShard,
     SubclassBatchSampler,
+    close_batches,
     default_data_collator,
     forward_argument_names,
     remove_unused_columns,
@@ -122,6 +123,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
         args.device = resolve_device(args.device)  # gpu on a CPU-only build: cpu, with one warning
+        self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
+        self._memory.start("init")  # reported with the first train/evaluate/predict (PaddleNLP's init_mem_* keys)
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         if model is not None:
@@ -130,7 +133,12 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
         if optimizers[0] is not None:
             checks.check_optimizer_for_layout(optimizers[0], args.parallel_config)
+        if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there
+            paddle.set_device("cpu")
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
+        package_logger, level = logging.getLogger("paddletrainer"), args.get_process_log_level()  # HF's log_level
+        if level != package_logger.getEffectiveLevel():  # "passive" (the main process's default) changes nothing
+            package_logger.setLevel(level)
         set_seed(args.seed)
         if model is None:
             if model_init is None:
@@ -176,10 +184,10 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         )
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.timers = PhaseTimers(enabled=args.log_phase_timers)
-        self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
+        self._memory.stop("init")
 
     # ----------------------------------------------------------------------------------- callbacks
     def add_callback(self, callback):
@@ -219,7 +227,8 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
             return None
         args, topo = self.args, self.topology
         return GlobalBatchSampler(len(self.train_dataset), args.per_device_train_batch_size, topo.data_rank,
-                                  topo.data_world_size, seed=args.seed, shuffle=True,
+                                  topo.data_world_size, seed=args.seed if args.data_seed is None else args.data_seed,
+                                  shuffle=True,
                                   drop_last=args.dataloader_drop_last, step_span=args.global_batch_size)
 
     def get_train_dataloader(self) -> paddle.io.DataLoader:
@@ -293,10 +302,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                 learning_rate=args.learning_rate,
                 num_warmup_steps=args.get_warmup_steps(num_training_steps),
                 num_training_steps=decay_steps,
-                num_cycles=args.num_cycles,
-                lr_end=args.lr_end,
-                power=args.power,
-                min_learning_rate=args.min_learning_rate,
+                **args.scheduler_arguments(),  # num_cycles, lr_end, power, min_learning_rate (+ lr_scheduler_kwargs)
             )
         return self.lr_scheduler
 
@@ -465,6 +471,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
         start_time = time.time()
         self._memory.start("train")
         self._stop.listening = True
+        batches = None  # the epoch's batch iterator, closed when the loop leaves it
         try:
             self.callback_handler.train_dataloader = train_dataloader
             self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
@@ -479,11 +486,12 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                 elif epoch == 0 and consumed:
                     train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
                 self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-                batches = iter(train_dataloader)
+                batches, epoch_steps = iter(train_dataloader), 0
                 while True:
                     micro_batches = self._read_step(batches, ga)
                     if micro_batches is None:
                         break  # end of the epoch (the sampler yields whole steps)
+                    epoch_steps += 1
                     if args.count_trained_tokens:
                         self._token_counter.update(micro_batches)
                     with self.timers("forward_backward"):
@@ -500,6 +508,9 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                         rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
                         continue
                     self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
+                    if args.logging_nan_inf_filter:  # HF: a nan/inf step counts as the mean since the last log
+                        mean = (self._tr_loss / max(self._loss_steps, 1)).astype(step_loss.dtype)
+                        step_loss = paddle.where(paddle.isfinite(step_loss), step_loss, mean)
                     self._tr_loss += step_loss  # summed on the device, read at the next logging step
                     self._loss_steps += 1
                     meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
@@ -525,6 +536,11 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                     self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
                         break
+                close_batches(batches)  # a loop left before the end leaves no reader thread blocked
+                if epoch_steps == 0:  # a finite stream ran out; every data rank reads the same stream: same step
+                    logger.warning("the epoch yielded no batch: training stops at step %d of max_steps=%d (a finite "
+                                   "stream has fewer steps than max_steps)", self.state.global_step, max_steps)
+                    self.control.should_training_stop = True
                 consumed = self.state.consumed_samples
                 self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
                 self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
@@ -532,6 +548,7 @@ class Trainer(TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
                     break
             self._nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
         except BaseException as err:
+            close_batches(batches)
             self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
             self._checkpointer.finish_after_error(

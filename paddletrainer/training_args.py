@@ -31,6 +31,7 @@ from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDI
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
 from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
                       replica_check_config_of, rollback_config_of)
+from .hf_options import HFOptions
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
@@ -90,7 +91,7 @@ def _help(text: str, **extra) -> Dict[str, Any]:
 
 
 @dataclass
-class TrainingArguments:
+class TrainingArguments(HFOptions):
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
@@ -331,7 +332,8 @@ class TrainingArguments:
     virtual_pipeline_model_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "Interleaved pipeline: model chunks per pipeline stage (PaddleFormers' name; the ...Pipe model splits the "
         "layers into pipeline_parallel_degree x this chunks). PaddleNLP's llm scripts take it as the *model* "
-        "argument virtual_pp_degree instead and copy it to the model config; the Trainer then reads the chunk "
+        "argument virtual_pp_degree (or, decorated by llmmetaclass, a field of their TrainingArguments subclass) and "
+        "copy it to the model config; the Trainer then reads the chunk "
         "count from the model. None/1: off."))
     sharding_parallel_size: Optional[int] = field(default=None, metadata=_help(
         "PaddleFormers' name for sharding_parallel_degree."))
@@ -377,6 +379,7 @@ class TrainingArguments:
         self._world_size = launch_world_size()
         arg_checks.check_option_values(self)  # NaN/inf, int64 and the RANGES table, for every field
         self._normalize_paths()
+        self._apply_hf_options()  # hf_options: refusals and the name-level translations (use_cpu, save_only_model)
         self._normalize_schedule_and_strategies()
         self._check_sizes()
         self._check_best_model()
@@ -532,14 +535,6 @@ class TrainingArguments:
         else:
             logger.info("sharding='%s' ignored in a single-process run", requested)
         self.sharding = []
-
-    @property
-    def virtual_pp_degree(self) -> int:
-        """Model chunks per pipeline stage asked for here (``virtual_pipeline_model_parallel_size``; 1 = off).
-
-        A property, not a field: PaddleNLP's llm scripts declare ``virtual_pp_degree`` in their own
-        ModelArguments, and a second option of that name would make their parser fail."""
-        return self.virtual_pipeline_model_parallel_size or 1
 
     def _normalize_checkpoint_and_misc(self) -> None:
         self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)

@@ -6,6 +6,7 @@ place of a JSON file (:class:`UnsafeCheckpointFileError`) instead of handing it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -260,15 +261,22 @@ def newest_sound_checkpoint(folder: str) -> Tuple[Optional[str], List[Tuple[str,
 
 
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:
-    """Delete the oldest complete checkpoints beyond the limit; never the best nor the newest. Rank 0 only.
+    """Delete the oldest checkpoints beyond the limit; never the best nor the newest. Rank 0 only.
 
-    Only checkpoints of ours count and go (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and
-    index); a PaddleNLP checkpoint or a user's ``checkpoint-*`` entry is neither counted nor touched."""
+    The checkpoints are ours (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and index) and the
+    *empty* ``checkpoint-N`` directories (PaddleNLP/HF count every directory of that name; an empty one holds
+    nothing that is not ours, and ``os.rmdir`` removes it only while it is still empty). A PaddleNLP checkpoint or
+    a user's non-empty ``checkpoint-*`` entry is neither counted nor touched."""
     ckpts = [p for p in list_complete_checkpoints(output_dir) if is_our_checkpoint(p)]
-    steps = {L.parse_checkpoint_step(os.path.basename(p)): p for p in ckpts}
+    empty = _empty_checkpoint_dirs(output_dir)
+    steps = {L.parse_checkpoint_step(os.path.basename(p)): p for p in ckpts + empty}
     best = L.parse_checkpoint_step(os.path.basename(os.path.normpath(best_checkpoint))) if best_checkpoint else None
     doomed = [steps[s] for s in L.select_checkpoints_to_delete(list(steps), save_total_limit, best)]
     for path in doomed:
+        if path in empty:
+            with contextlib.suppress(OSError):  # gone, or no longer empty: then it is not ours to delete
+                os.rmdir(path)
+            continue
         # rename to a tmp name first (atomic): a kill mid-delete leaves a tmp dir, which no reader takes for a
         # checkpoint and the next save or train() start removes, never a half-deleted ``checkpoint-N``
         trash = path + L.TMP_INFIX + "deleted-" + uuid.uuid4().hex[:8]
@@ -278,6 +286,13 @@ def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_ch
             continue
         shutil.rmtree(trash, ignore_errors=True)
     return doomed
+
+
+def _empty_checkpoint_dirs(output_dir: str) -> List[str]:
+    if not os.path.isdir(output_dir):
+        return []
+    paths = (os.path.join(output_dir, n) for n in os.listdir(output_dir) if L.parse_checkpoint_step(n) is not None)
+    return [p for p in paths if os.path.isdir(p) and not os.listdir(p)]
 
 
 def read_index(ckpt_dir: str) -> dict:

@@ -10,7 +10,8 @@ Keys, in bytes, as PaddleNLP/HF name them (``stage`` is ``train``, ``eval`` or `
   ``gpu_mem_max_memory_allocated`` / ``gpu_mem_max_memory_reserved``.
 
 A stage started while another runs (an evaluation inside training) is not measured separately: it is part of
-the outer stage.
+the outer stage. The ``init`` stage (the Trainer's construction) has no result of its own to go to: its keys
+(``init_mem_cpu_alloc_delta`` ...) come with the first later stage's, as in PaddleNLP/HF.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class MemoryTracker:
         self._gpu_begin = 0
         self._done = threading.Event()
         self._sampler: Optional[threading.Thread] = None
+        self._init_metrics: Dict[str, int] = {}  # the init stage's, until the next stage reports
 
     def _sample(self) -> None:
         while not self._done.wait(self.interval):
@@ -64,15 +66,21 @@ class MemoryTracker:
             paddle.device.cuda.reset_max_memory_allocated()
             self._gpu_begin = int(paddle.device.cuda.memory_allocated())
         self._done.clear()
-        self._sampler = threading.Thread(target=self._sample, name="paddletrainer-memory", daemon=True)
-        self._sampler.start()
+        # No sampler thread for init: a Trainer whose construction fails never stops the stage, and would leave
+        # the thread polling; the init stage's peak is then the larger of its two ends.
+        self._sampler = None if stage == "init" else threading.Thread(
+            target=self._sample, name="paddletrainer-memory", daemon=True)
+        if self._sampler is not None:
+            self._sampler.start()
 
     def stop(self, stage: str) -> Dict[str, int]:
-        """End ``stage`` and return its metrics ({} when disabled or when ``stage`` is not the one measured)."""
+        """End ``stage`` and return its metrics, with the ``init`` stage's the first time ({} when disabled or when
+        ``stage`` is not the one measured; {} for ``init`` itself)."""
         if not self.enabled or self._stage != stage:
             return {}
         self._done.set()
-        self._sampler.join()
+        if self._sampler is not None:
+            self._sampler.join()
         end = current_rss_bytes()
         self._peak = max(self._peak, end)
         metrics = {f"{stage}_mem_cpu_alloc_delta": end - self._begin,
@@ -84,4 +92,8 @@ class MemoryTracker:
                             "gpu_mem_max_memory_allocated": peak,
                             "gpu_mem_max_memory_reserved": int(paddle.device.cuda.max_memory_reserved())})
         self._stage = None
+        if stage == "init":
+            self._init_metrics = metrics
+            return {}
+        metrics, self._init_metrics = {**self._init_metrics, **metrics}, {}
         return metrics

@@ -415,7 +415,7 @@ def test_paddleformers_parallel_names_are_aliases_of_the_paddlenlp_degrees(tmp_p
     with pytest.raises(ValueError, match="data_parallel_size=4 does not match the layout.*data parallel 2"):
         TrainingArguments(output_dir=str(tmp_path), tensor_model_parallel_size=4, data_parallel_size=4)
     (args,) = PdArgumentParser(TrainingArguments).parse_dict({**config, "virtual_pipeline_model_parallel_size": 2})
-    assert args.virtual_pp_degree == 2
+    assert args.parallel_config.virtual_pp_degree == 2
     with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 needs pipeline_parallel_degree >= 2"):
         TrainingArguments(output_dir=str(tmp_path), virtual_pipeline_model_parallel_size=2)
     with pytest.raises(ValueError, match="context_parallel"):
@@ -481,4 +481,4 @@ def test_a_script_declaring_virtual_pp_degree_in_its_model_arguments_parses_as_u
 
     model_args, training_args = PdArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses(
         ["--output_dir", "out", "--virtual_pp_degree", "2"])
-    assert model_args.virtual_pp_degree == 2 and training_args.virtual_pp_degree == 1
+    assert model_args.virtual_pp_degree == 2 and training_args.parallel_config.virtual_pp_degree == 1

@@ -57,11 +57,12 @@ def build_model(work: TrainerWorkerArguments, args: TrainingArguments):
 
     # The PaddleNLP way: degrees and ranks from the training arguments, read before any Trainer exists.
     config = LlamaConfig.from_pretrained(work.weights)
-    check_virtual_pipeline_split(config.num_hidden_layers, args.pipeline_parallel_degree, args.virtual_pp_degree)
+    vpp = args.parallel_config.virtual_pp_degree  # virtual_pipeline_model_parallel_size, 1 when unset
+    check_virtual_pipeline_split(config.num_hidden_layers, args.pipeline_parallel_degree, vpp)
     config.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
     config.tensor_parallel_rank = args.tensor_parallel_rank
     config.tensor_parallel_output = False
-    config.virtual_pp_degree = args.virtual_pp_degree  # as PaddleNLP's llm scripts copy it to the config
+    config.virtual_pp_degree = vpp  # as PaddleNLP's llm scripts copy it to the config
     config.sequence_parallel = args.sequence_parallel  # likewise: the model builds the SP layers and ops
     # the fused layout loads the saved (unfused) weights through PaddleNLP's fuse conversion in from_pretrained
     config.fuse_attention_qkv, config.fuse_attention_ffn = work.fuse_attention_qkv, work.fuse_attention_ffn

@@ -1,0 +1,102 @@
+"""The Trainer's data loaders: the layout-free training order, evaluation in dataset order, streams, columns.
+
+A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
+Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
+points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
+``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``. The samplers themselves are in ``data``.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import paddle
+
+from . import checks
+from .data import (
+    ColumnFilter,
+    DataLoader,
+    EvalBatchSampler,
+    GlobalBatchSampler,
+    IterableDatasetShard,
+    SubclassBatchSampler,
+    forward_argument_names,
+    remove_unused_columns,
+)
+from .trainer_utils import has_length
+
+__all__ = ["TrainerData"]
+
+
+class TrainerData:
+    """The data loaders of the Trainer (see the module docstring)."""
+
+    def _collator_for(self, model) -> Callable:
+        """The data collator; with ``remove_unused_columns`` its *output* keeps only the model's forward arguments
+        and the labels. The collator itself gets the dataset's samples untouched (PaddleNLP's contract)."""
+        allowed = forward_argument_names(model) if self.args.remove_unused_columns else None
+        return self.data_collator if allowed is None else ColumnFilter(self.data_collator, allowed, self.label_names)
+
+    def _loader(self, dataset, batch_sampler=None, batch_size=None) -> paddle.io.DataLoader:
+        return DataLoader(dataset, batch_sampler=batch_sampler, batch_size=batch_size or 1, return_list=True,
+                          collate_fn=self._collator_for(self.model), num_workers=self.args.dataloader_num_workers)
+
+    def _remove_unused_columns(self, dataset, description: Optional[str] = None):
+        """PaddleNLP's hook: a Hugging Face ``datasets.Dataset`` without the columns the model's forward does not
+        take (with ``remove_unused_columns``); any other dataset unchanged."""
+        allowed = forward_argument_names(self.model) if self.args.remove_unused_columns else None
+        return remove_unused_columns(dataset, allowed, self.label_names, description or "training")
+
+    def _get_train_sampler(self) -> Optional[paddle.io.BatchSampler]:
+        """The training batch sampler: the layout-free global order (see ``paddletrainer.data``), this rank's share
+        of each micro-batch; None for a dataset without length. A subclass may return its own batch sampler
+        (PaddleNLP's hook); the loop then follows that sampler's order, cut to whole optimizer steps."""
+        if self.train_dataset is None or not has_length(self.train_dataset):
+            return None
+        args, topo = self.args, self.topology
+        return GlobalBatchSampler(len(self.train_dataset), args.per_device_train_batch_size, topo.data_rank,
+                                  topo.data_world_size, seed=args.seed if args.data_seed is None else args.data_seed,
+                                  shuffle=True,
+                                  drop_last=args.dataloader_drop_last, step_span=args.global_batch_size)
+
+    def get_train_dataloader(self) -> paddle.io.DataLoader:
+        """This rank's training batches, from ``_get_train_sampler`` (streams: consecutive blocks per data rank)."""
+        if self.train_dataset is None:
+            raise ValueError("Trainer.train needs a train_dataset")
+        checks.check_dataset(self.train_dataset, "train_dataset")
+        args, topo = self.args, self.topology
+        dataset = self._remove_unused_columns(self.train_dataset, "training")
+        if not has_length(dataset):
+            if args.max_steps <= 0:
+                raise ValueError("an IterableDataset has no length: set max_steps > 0")
+            shard = IterableDatasetShard(dataset, args.per_device_train_batch_size, topo.data_rank, topo.data_world_size)
+            return self._loader(shard, batch_size=args.per_device_train_batch_size)
+        sampler = self._get_train_sampler()
+        if not isinstance(sampler, GlobalBatchSampler):
+            sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
+                                           args.global_batch_size)
+        return self._loader(dataset, batch_sampler=sampler)
+
+    def _get_eval_sampler(self, eval_dataset) -> Optional[paddle.io.BatchSampler]:
+        """The evaluation/prediction batch sampler (PaddleNLP's hook): every sample once, gathered back in dataset
+        order. A subclass's own sampler is used as is (its gathered predictions follow its order)."""
+        return EvalBatchSampler(
+            len(eval_dataset), self.args.per_device_eval_batch_size, self.topology.data_rank,
+            self.topology.data_world_size)
+
+    def _eval_loader(self, dataset, description: str = "evaluation") -> paddle.io.DataLoader:
+        dataset = self._remove_unused_columns(dataset, description)
+        if not has_length(dataset):
+            shard = IterableDatasetShard(dataset, self.args.per_device_eval_batch_size, self.topology.data_rank,
+                                         self.topology.data_world_size, keep_last=True)
+            return self._loader(shard, batch_size=self.args.per_device_eval_batch_size)
+        return self._loader(dataset, batch_sampler=self._get_eval_sampler(dataset))
+
+    def get_eval_dataloader(self, eval_dataset=None) -> paddle.io.DataLoader:
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("Trainer.evaluate needs an eval_dataset")
+        checks.check_dataset(dataset, "eval_dataset")
+        return self._eval_loader(dataset)
+
+    def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
+        return self._eval_loader(test_dataset, "test")

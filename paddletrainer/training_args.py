@@ -8,30 +8,30 @@ check and is redone when a script changes a field it is built from; ``amp_config
 ``metrics_config``), built by :mod:`paddletrainer.configs`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
-``paddletrainer.parallel.topology.init_topology(self)``. That function-level import is the one place where the
-arguments reach into ``parallel.topology`` (which imports paddle; this module stays importable without it).
+``paddletrainer.parallel.topology.init_topology(self)``. That function-level import (in
+:mod:`paddletrainer.training_args_ranks`, the base class with the ranks and the serialization) is the one place
+where the arguments reach into ``parallel.topology`` (which imports paddle; they stay importable without it).
 
 PaddleNLP options refused, accepted without effect or translated (and where we differ on purpose): the tables and
 checks of :mod:`paddletrainer.compat`; the layout rules: :mod:`paddletrainer.parallel.config`.
 """
 
-import json
 import logging
 import math
 import os
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Literal, Optional
 
 from . import arg_checks, compat
-from .argparser import RAW_VALUE, PdArgumentParser
+from .argparser import RAW_VALUE
 # re-exported: these names have been importable from here
 from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
 from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
                       replica_check_config_of, rollback_config_of)
 from .hf_options import HFOptions
+from .training_args_ranks import ArgumentsRanksAndSerialization, view as _view
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
@@ -57,7 +57,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_SECRET_SUFFIXES = ("_token", "_api_key")
 
 
 def _enum(enum_cls, value, option: str):
@@ -81,17 +80,12 @@ def _positive(value, option: str, allow_none: bool = False) -> None:
         raise ValueError(f"{option}={value!r} is invalid: must be a positive number")
 
 
-def _view(getter, doc: str) -> property:
-    """A read-only derived attribute (PaddleNLP scripts read these names as attributes)."""
-    return property(getter, doc=doc)
-
-
 def _help(text: str, **extra) -> Dict[str, Any]:
     return {"help": text, **extra}
 
 
 @dataclass
-class TrainingArguments(HFOptions):
+class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
@@ -586,109 +580,6 @@ class TrainingArguments(HFOptions):
         if self.warmup_steps > 0:
             return self.warmup_steps
         return math.ceil(num_training_steps * self.warmup_ratio)
-
-    # ================================================================ ranks (need the process groups)
-    def _topology(self):
-        # Function-level import on purpose: parallel imports training_args, not the reverse (see module doc).
-        from paddletrainer.parallel.topology import init_topology
-
-        return init_topology(self)
-
-    def _rank(self, attribute: str) -> int:
-        if self._parallel_config().layout.world_size == 1:
-            return 0
-        return getattr(self._topology(), attribute)
-
-    process_index = _view(lambda self: self._rank("rank"), "Global rank of this process.")
-    local_process_index = _view(lambda self: self._rank("local_rank"), "Rank of this process on its node.")
-    tensor_parallel_rank = _view(lambda self: self._rank("tp_rank"), "Rank in the tensor-parallel group.")
-    pipeline_parallel_rank = _view(lambda self: self._rank("pp_rank"), "Pipeline stage of this process.")
-    sharding_parallel_rank = _view(lambda self: self._rank("sharding_rank"), "Rank in the sharding group.")
-    data_parallel_rank = _view(lambda self: self._rank("dp_rank"), "Rank in the data-parallel group.")
-    dataset_rank = _view(lambda self: self._rank("data_rank"),
-                         "Which data stream this process reads: dp_rank × sharding + sharding_rank.")
-
-    @property
-    def should_log(self) -> bool:
-        """Process 0 logs (or the first process of each node with ``log_on_each_node``)."""
-        return (self.local_process_index if self.log_on_each_node else self.process_index) == 0
-
-    @property
-    def should_save(self) -> bool:
-        """Process 0 writes shared files (or the first process of each node with ``save_on_each_node``)."""
-        return (self.local_process_index if self.save_on_each_node else self.process_index) == 0
-
-    @property
-    def should_load_dataset(self) -> bool:
-        """Whether this process reads data: every process does, also with ``distributed_dataloader`` (see the
-        module docstring: each rank reads its own share, nothing is broadcast)."""
-        return True
-
-    @contextmanager
-    def main_process_first(self, local: bool = True, desc: str = "work"):
-        """Run the block on the main process (of the node, with ``local``) first, then on the others.
-
-        Used around dataset preprocessing so that one process builds the cache and the others read it.
-        """
-        if self.world_size == 1:
-            yield
-            return
-        import paddle.distributed as dist
-
-        self._topology()  # the barrier needs the process group
-        is_main = (self.local_process_index if local else self.process_index) == 0
-        if not is_main:
-            logger.debug("process %d waits for the main process to finish %s", self.process_index, desc)
-            dist.barrier()
-        try:
-            yield
-        finally:
-            if is_main:
-                dist.barrier()
-
-    # ================================================================ serialization
-    def to_dict(self) -> Dict[str, Any]:
-        """All fields as plain values (enums → their strings); secrets (``*_token``, ``*_api_key``) masked."""
-        result = {}
-        for key, value in asdict(self).items():
-            if isinstance(value, Enum):
-                value = value.value
-            elif isinstance(value, list):
-                value = [v.value if isinstance(v, Enum) else v for v in value]
-            if key.endswith(_SECRET_SUFFIXES) and value is not None:
-                value = f"<{key.upper()}>"
-            result[key] = value
-        return result
-
-    def to_json_string(self) -> str:
-        """``to_dict()`` as indented JSON (what a checkpoint stores as ``training_args.json``)."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
-    def to_sanitized_dict(self) -> Dict[str, Any]:
-        """``to_dict()`` plus the batch sizes, with every value a bool/int/float/str (for metric loggers)."""
-        d = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
-        return {k: v if type(v) in (bool, int, float, str) else str(v) for k, v in d.items()}
-
-    @classmethod
-    def from_json_file(cls, json_file: str) -> "TrainingArguments":
-        """Load arguments written by ``to_json_string`` (or any PaddleNLP-style JSON config).
-
-        Masked secrets come back unset. The result is re-validated against the current launch environment.
-        """
-        with open(json_file) as f:
-            data = json.load(f)
-        data = {k: v for k, v in data.items() if not (k.endswith(_SECRET_SUFFIXES) and v == f"<{k.upper()}>")}
-        return PdArgumentParser(cls).parse_dict(data)[0]
-
-    def print_config(self, args: Any = None, key: str = "") -> None:
-        """Log every field of ``args`` (default: these training arguments) under a "<key> Configuration" title;
-        PaddleNLP scripts call it for their model and data arguments too."""
-        if args is None:
-            args, key = self, "Training"
-        values = args.to_dict() if hasattr(args, "to_dict") else vars(args)
-        lines = [f"{'=' * 60}", f"{key + ' Configuration Arguments':^60}"]
-        lines += [f"{name:40}: {value}" for name, value in sorted(values.items())]
-        logger.info("\n".join(lines))
 
     def __str__(self) -> str:
         lines = [f"  parallel_degrees={self._parallel_config().layout}"]

@@ -27,6 +27,7 @@ import os
 from typing import Dict, Optional
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from ..parallel.wrappers import unwrap_model
@@ -174,8 +175,6 @@ def export_adapters(ckpt_dir: str, out_dir: str) -> str:
     single-card layout, ``"type": "lora"``). bfloat16 adapters are stored as their uint16 bits, as PaddleNLP's
     numpy safetensors are.
     """
-    from safetensors.numpy import save_file
-
     index = read_index(ckpt_dir)
     peft = index.get(INDEX_KEY)
     if not peft:
@@ -229,7 +228,6 @@ def read_base_weights(base_dir: str) -> Dict[str, np.ndarray]:
     """The weights of a ``from_pretrained`` directory: ``model.safetensors``, a sharded
     ``model.safetensors.index.json``, or ``model_state.pdparams`` (PaddleNLP's default; a pickle, read only
     because the user named this directory, through the allowlist unpickler of :mod:`.restricted_pickle`)."""
-    from safetensors.numpy import load_file
 
     single, sharded = os.path.join(base_dir, "model.safetensors"), os.path.join(base_dir, L.HF_WEIGHTS_INDEX_NAME)
     pickled = os.path.join(base_dir, PADDLE_WEIGHTS_NAME)
@@ -253,7 +251,6 @@ def export_merged_lora(ckpt_dir: str, out_dir: str, base_dir: str, config_from: 
     """A LoRA checkpoint + its base model directory → a plain ``from_pretrained`` directory with LoRA merged
     (``model.safetensors`` and ``config.json``: from ``config_from``, else the base's, else the checkpoint's).
     Returns the weights path. bfloat16 weights are refused (numpy cannot compute in bfloat16)."""
-    from safetensors.numpy import save_file
 
     index = read_index(ckpt_dir)
     peft = index.get(INDEX_KEY)

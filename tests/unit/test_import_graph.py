@@ -8,7 +8,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "paddletrainer"
 # (importer, imported): the function-level imports of package modules, each with its reason.
 LAZY_ALLOWED = {
     # rank properties build the process groups on first use; topology imports paddle, the arguments must not
-    ("paddletrainer.training_args", "paddletrainer.parallel.topology"),
+    ("paddletrainer.training_args_ranks", "paddletrainer.parallel.topology"),
     # PEP 562 alias at PaddleNLP's module path: set_seed needs paddle, trainer_utils must import without it
     ("paddletrainer.trainer_utils", "paddletrainer.seeding"),
 }

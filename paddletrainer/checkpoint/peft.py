@@ -251,7 +251,6 @@ def export_merged_lora(ckpt_dir: str, out_dir: str, base_dir: str, config_from: 
     """A LoRA checkpoint + its base model directory → a plain ``from_pretrained`` directory with LoRA merged
     (``model.safetensors`` and ``config.json``: from ``config_from``, else the base's, else the checkpoint's).
     Returns the weights path. bfloat16 weights are refused (numpy cannot compute in bfloat16)."""
-
     index = read_index(ckpt_dir)
     peft = index.get(INDEX_KEY)
     if not peft or peft.get("type") != "lora":

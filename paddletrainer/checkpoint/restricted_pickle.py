@@ -239,7 +239,8 @@ class _RestrictedUnpickler(pickle._Unpickler):  # the Python unpickler: its opco
     def _load_newobj(self):
         args, cls = self.stack.pop(), self.stack.pop()
         if cls is not _GENERATOR_STATE or type(args) is not tuple or args:
-            raise _Refused(f"{_short(cls)}.__new__{_short(args)} (only paddle's GeneratorState.__new__())")
+            name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else _short(cls)
+            raise _Refused(f"NEWOBJ of {name}{_short(args)} (only of paddle's GeneratorState, with no arguments)")
         state = paddle.framework.core.GeneratorState.__new__(paddle.framework.core.GeneratorState)
         self._unbuilt[id(state)] = state
         self.append(state)

@@ -170,8 +170,9 @@ def _check_array_state(state) -> None:
 
 
 def _check_generator_state(state) -> None:
+    text = state[3] if type(state) is tuple and len(state) == 4 else []  # the engine's state as characters
     if not (type(state) is tuple and len(state) in (3, 4) and all(type(n) is int for n in state[:3])
-            and (len(state) == 3 or type(state[3]) is list and all(type(c) is int and 0 <= c < 256 for c in state[3]))):
+            and type(text) is list and all(type(c) is int and 0 <= c < 256 for c in text)):
         raise _Refused(f"the GeneratorState state (BUILD) {_short(state)} (only Paddle's (device, seed, offset, "
                        "[engine text]))")
 

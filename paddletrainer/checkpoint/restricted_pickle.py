@@ -10,12 +10,20 @@ PaddleNLP's Trainer writes, but its unpickler resolves only these names, and any
   them without any name), ``collections.OrderedDict``; ``builtins.tuple`` is also how ``paddle.save`` pickles a
   ``paddle.Tensor`` (``tuple(((name, ndarray),))``);
 * numpy arrays, dtypes and scalars (``_reconstruct``, ``ndarray``, ``dtype``, ``scalar`` under
-  ``numpy.core.multiarray`` or numpy 2's ``numpy._core.multiarray``); only a plain ``ndarray`` is rebuilt
-  (no subclass) and object dtypes are refused;
+  ``numpy.core.multiarray`` or numpy 2's ``numpy._core.multiarray``) of bool, integer, float and complex
+  dtypes only (no objects, records or subclasses);
 * ``paddle.base.libpaddle.GeneratorState`` (the RNG states in ``rng_state.pth``);
 * two callables ``paddle.save`` and protocol 2 use, each replaced by a function that accepts only that use:
   ``builtins.eval`` (a ``DenseTensor`` pickles as ``eval('data', {'data': ndarray})``: the array is returned,
   nothing is evaluated) and ``_codecs.encode`` (protocol 2's bytes: ``encode(str, 'latin1')``).
+
+The names are not enough: a pickle's ``BUILD`` hands a state to an object's ``__setstate__``, and numpy's
+takes anything (a dtype's state can set its "holds objects" flag, and that dtype's arrays would read the file's
+bytes as pointers). So the unpickler is Python's own (``pickle._Unpickler``: the C one's opcodes cannot be
+overridden) and each ``BUILD`` is checked before ``__setstate__`` runs: a dtype takes only the state numpy pickles
+for it (either byte order), an array from ``_reconstruct`` one state ``(1, shape, numeric dtype, is_fortran,
+bytes)`` with exactly the bytes the shape needs, a ``GeneratorState`` from ``NEWOBJ`` one ``(device, seed,
+offset, [engine text])``; anything else — and ``INST``/``OBJ``/``NEWOBJ_EX``/``EXT`` — is refused.
 
 After unpickling, the arrays become tensors as ``paddle.load`` makes them (3.3.1, ``framework/io.py``): a
 dict carrying ``paddle.save``'s name table (``StructuredToParameterName@@``) gets its top-level arrays as
@@ -25,9 +33,12 @@ there is none, every array a tensor. ``return_numpy=True`` keeps arrays. Big arr
 """
 from __future__ import annotations
 
-import collections
 import codecs
+import collections
+import math
+import os
 import pickle
+import reprlib
 from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
@@ -51,31 +62,50 @@ class _Refused(Exception):
     """A name or a use outside the allowlist; :func:`load_pickle` adds the file's name."""
 
 
-# What the name ``numpy.ndarray`` resolves to: only :func:`_reconstruct` accepts it, so the real class is never
-# handed to the pickle's own calls (``REDUCE``/``NEWOBJ`` of this sentinel fail: it is neither callable nor a type).
-_NDARRAY = object()
+class _Name:
+    """What a name resolves to when only our own code may use it (the pickle's ``REDUCE``/``NEWOBJ`` of it fail)."""
+
+    def __init__(self, qualname: str):
+        self.qualname = qualname
+
+    def __repr__(self):
+        return self.qualname
+
+
+_NDARRAY = _Name("numpy.ndarray")  # only :meth:`_RestrictedUnpickler._reconstruct` accepts it
+_RECONSTRUCT = _Name("numpy's _reconstruct")  # find_class hands out the unpickler's own, which records the array
+_GENERATOR_STATE = _Name("paddle.base.libpaddle.GeneratorState")  # only NEWOBJ() of it, then one BUILD
+_NUMBER_KINDS = "biufc"  # bool, int, uint, float, complex: every dtype a paddle tensor becomes (bf16 as uint16)
+
+
+_REPR = reprlib.Repr()  # a refusal quotes what the file holds, cut short (a state can be any size)
+_REPR.maxtuple, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 10, 8, 60, 60
+
+
+def _short(obj) -> str:
+    return _REPR.repr(obj)
 
 
 def _plain_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype.hasobject:
-        raise _Refused(f"a numpy array of dtype {dtype} (objects)")
+    if not isinstance(dtype, np.dtype):
+        raise _Refused(f"{_short(dtype)} as a numpy dtype")
+    if dtype.hasobject or dtype.kind not in _NUMBER_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise _Refused(f"a numpy array of dtype {dtype} (only bool, integer, float and complex numbers)")
     return dtype
 
 
-def _reconstruct(subtype, shape, typecode):
-    if subtype is not _NDARRAY:
-        raise _Refused(f"numpy's _reconstruct of {subtype!r} (only a plain numpy.ndarray is rebuilt)")
-    return _multiarray._reconstruct(np.ndarray, shape, typecode)
-
-
-def _dtype(spec, align=False, copy=False):
-    return _plain_dtype(np.dtype(spec, align, copy))
+def _dtype(spec, align=False, copy=True):
+    """numpy's ``dtype(str, False, True)``; always a copy, so a ``BUILD`` could never reach numpy's own dtypes."""
+    if type(spec) is not str or type(align) not in (bool, int) or align:
+        raise _Refused(f"numpy.dtype({_short(spec)}, {_short(align)}) (only a type string, as numpy pickles one)")
+    return _plain_dtype(np.dtype(spec, False, True))
 
 
 def _scalar(dtype, data=None):
-    _plain_dtype(dtype)
-    return _multiarray.scalar(dtype) if data is None else _multiarray.scalar(dtype, data)
+    dtype = _plain_dtype(dtype)
+    if type(data) is not bytes or len(data) != dtype.itemsize:
+        raise _Refused(f"a numpy {dtype} scalar from {_short(data)} (only its {dtype.itemsize} bytes)")
+    return _multiarray.scalar(dtype, data)
 
 
 def _dense_tensor_data(expression, namespace=None, *rest):
@@ -98,12 +128,12 @@ def _allowlist() -> Dict[Tuple[str, str], Any]:
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("builtins", "eval"): _dense_tensor_data, ("_codecs", "encode"): _latin1_bytes,
         ("numpy", "ndarray"): _NDARRAY, ("numpy", "dtype"): _dtype,
-        ("paddle.base.libpaddle", "GeneratorState"): paddle.framework.core.GeneratorState,
+        ("paddle.base.libpaddle", "GeneratorState"): _GENERATOR_STATE,
     }
     # protocols 0-2 write Python 2's module names (pickle's fix_imports)
     names.update({("__builtin__", name): obj for (module, name), obj in list(names.items()) if module == "builtins"})
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):
-        names[(module, "_reconstruct")] = _reconstruct
+        names[(module, "_reconstruct")] = _RECONSTRUCT
         names[(module, "scalar")] = _scalar
     return names
 
@@ -111,15 +141,134 @@ def _allowlist() -> Dict[Tuple[str, str], Any]:
 _ALLOWED = _allowlist()
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+def _equal_tuple(state, expected) -> bool:
+    """``state == expected`` compared by type first, so nothing of the pickle's own is asked to compare itself."""
+    return (type(state) is tuple and len(state) == len(expected)
+            and all(type(a) is type(b) and a == b for a, b in zip(state, expected)))
+
+
+def _check_dtype_state(dtype: np.dtype, state) -> None:
+    """numpy's ``dtype.__setstate__`` sets whatever the state says, flags included ("holds objects": its arrays'
+    bytes are then read as pointers). Only the state numpy itself pickles for that dtype, in either byte order."""
+    if not any(_equal_tuple(state, d.__reduce__()[2]) for d in (dtype, dtype.newbyteorder())):
+        raise _Refused(f"the numpy dtype state (BUILD) {_short(state)} for {dtype} (only numpy's own state of "
+                       f"that dtype, {dtype.__reduce__()[2]})")
+
+
+def _check_array_state(state) -> None:
+    """numpy's own array state ``(1, shape, dtype, is_fortran, bytes)``: a dtype of numbers and exactly the bytes
+    the shape needs (so a huge shape over short data is refused before numpy allocates anything)."""
+    if not (type(state) is tuple and len(state) == 5 and type(state[0]) is int and state[0] == 1
+            and type(state[1]) is tuple and all(type(n) is int and n >= 0 for n in state[1])
+            and type(state[3]) is bool and type(state[4]) is bytes):
+        raise _Refused(f"the numpy array state (BUILD) {_short(state)} (only numpy's (1, shape, dtype, "
+                       "is_fortran, bytes))")
+    shape, dtype, data = state[1], _plain_dtype(state[2]), state[4]
+    if len(data) != math.prod(shape) * dtype.itemsize:
+        raise _Refused(f"a numpy array state (BUILD) of shape {_short(shape)} and dtype {dtype} with {len(data)} "
+                       f"bytes (it needs {math.prod(shape) * dtype.itemsize})")
+
+
+def _check_generator_state(state) -> None:
+    text = state[3] if type(state) is tuple and len(state) == 4 else []  # the engine's state as characters
+    if not (type(state) is tuple and len(state) in (3, 4) and all(type(n) is int for n in state[:3])
+            and type(text) is list and all(type(c) is int and 0 <= c < 256 for c in text)):
+        raise _Refused(f"the GeneratorState state (BUILD) {_short(state)} (only Paddle's (device, seed, offset, "
+                       "[engine text]))")
+
+
+class _BoundedReader:
+    """The pickle's file, each read clamped to what is left in it: a length field claiming more (``BINBYTES8``,
+    ``FRAME``) makes no allocation beyond the file's size."""
+
+    def __init__(self, f):
+        self._f, self._left = f, os.fstat(f.fileno()).st_size - f.tell()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(self._left if n < 0 else min(n, self._left))
+        self._left -= len(data)
+        return data
+
+    def readline(self) -> bytes:
+        line = self._f.readline(self._left)
+        self._left -= len(line)
+        return line
+
+
+class _RestrictedUnpickler(pickle._Unpickler):  # the Python unpickler: its opcodes can be checked
+    """Python's own unpickler (the C one's opcodes cannot be overridden) with names from the allowlist only and
+    every ``BUILD`` checked before ``__setstate__`` runs: only numpy dtypes (a no-op state), numpy arrays fresh
+    from ``_reconstruct`` and Paddle generator states fresh from ``NEWOBJ`` (each built once) take a state."""
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, f, **kw):
+        super().__init__(_BoundedReader(f), **kw)
+        self._unbuilt: Dict[int, Any] = {}  # id -> array/GeneratorState awaiting its one BUILD (kept alive here)
+
     def find_class(self, module: str, name: str):
         try:
-            return _ALLOWED[(module, name)]
+            obj = _ALLOWED[(module, name)]
         except KeyError:
             raise _Refused(f"{module}.{name}") from None
+        return self._reconstruct if obj is _RECONSTRUCT else obj
 
     def persistent_load(self, pid):
-        raise _Refused(f"a persistent id {pid!r}")
+        raise _Refused(f"a persistent id {_short(pid)}")
+
+    def _reconstruct(self, subtype, shape, typecode):
+        """numpy's ``_reconstruct(ndarray, (0,), b'b')``: an empty array its ``BUILD`` fills."""
+        if not (subtype is _NDARRAY and _equal_tuple(shape, (0,)) and type(typecode) in (bytes, str)
+                and typecode in (b"b", "b")):
+            raise _Refused(f"numpy's _reconstruct({_short(subtype)}, {_short(shape)}, {_short(typecode)}) (only "
+                           "numpy's own (numpy.ndarray, (0,), b'b'))")
+        array = _multiarray._reconstruct(np.ndarray, (0,), b"b")
+        self._unbuilt[id(array)] = array
+        return array
+
+    def load(self):
+        obj = super().load()
+        if self._unbuilt:
+            raise _Refused(f"a {type(next(iter(self._unbuilt.values()))).__name__} pickled without its state")
+        return obj
+
+    def _load_reduce(self):
+        if not callable(self.stack[-2]):
+            raise _Refused(f"a call of {self.stack[-2]!r}")
+        pickle._Unpickler.load_reduce(self)
+
+    def _load_newobj(self):
+        args, cls = self.stack.pop(), self.stack.pop()
+        if cls is not _GENERATOR_STATE or type(args) is not tuple or args:
+            name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else _short(cls)
+            raise _Refused(f"NEWOBJ of {name}{_short(args)} (only of paddle's GeneratorState, with no arguments)")
+        state = paddle.framework.core.GeneratorState.__new__(paddle.framework.core.GeneratorState)
+        self._unbuilt[id(state)] = state
+        self.append(state)
+
+    def _load_build(self):
+        state = self.stack.pop()
+        inst = self.stack[-1]
+        if isinstance(inst, np.dtype):
+            _check_dtype_state(inst, state)
+        elif self._unbuilt.pop(id(inst), None) is not inst:
+            raise _Refused(f"a state (BUILD) for a {type(inst).__name__} (only numpy dtypes and, once each, "
+                           "fresh numpy arrays and Paddle generator states take one)")
+        elif isinstance(inst, np.ndarray):
+            _check_array_state(state)
+        else:
+            _check_generator_state(state)
+        inst.__setstate__(state)
+
+    def _load_other(self):
+        raise _Refused("an opcode paddle.save never writes (INST, OBJ, NEWOBJ_EX or EXT*)")
+
+    dispatch[pickle.REDUCE[0]] = _load_reduce
+    dispatch[pickle.NEWOBJ[0]] = _load_newobj
+    dispatch[pickle.BUILD[0]] = _load_build
+    for _opcode in (pickle.INST, pickle.OBJ, pickle.NEWOBJ_EX, pickle.EXT1, pickle.EXT2, pickle.EXT4):
+        dispatch[_opcode[0]] = _load_other
+    del _opcode
 
 
 def _join_split_arrays(obj: dict) -> dict:
@@ -193,7 +342,4 @@ def load_pickle(path: str, *, return_numpy: bool = False):
                 "not loaded (re-save it from a trusted run)") from None
         except Exception as e:  # noqa: BLE001 - whatever a malformed or hostile file raises: one line naming it
             raise CheckpointError(f"{path} is not a pickle paddle.save wrote ({type(e).__name__}: {e})") from None
-    if _any(obj, lambda x: isinstance(x, np.ndarray) and x.dtype.hasobject):  # a dtype's state can say "objects"
-        raise UnsafeCheckpointFileError(f"{path}: refused a numpy array of objects (a PaddleNLP checkpoint holds "
-                                        "numbers only); this file was not loaded")
     return _as_paddle_load_returns(obj, return_numpy)

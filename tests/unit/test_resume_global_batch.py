@@ -79,3 +79,23 @@ def test_a_checkpoint_written_before_the_global_batch_was_recorded_is_read_from_
     trainer.train()
     assert args.gradient_accumulation_steps == 2 and trainer.state.global_step == 12
 
+
+
+def test_an_old_checkpoint_counts_the_data_ranks_of_the_layout_its_index_records(tmp_path, monkeypatch):
+    """Without a recorded global batch it is per-device batch x accumulation x dp x sharding of the index's
+    ``topology`` (the key the writer uses): a dp2 checkpoint resumed on one rank accumulates twice as much."""
+    import json
+    old_out = tmp_path / "old"
+    monkeypatch.setattr(Trainer, "_data_state", lambda self: {"consumed_samples": self.state.consumed_samples})
+    Trainer(model=RegressionModel(), args=args_for(old_out, max_steps=2, save_steps=2),
+            train_dataset=regression_data()).train()
+    monkeypatch.undo()
+    index_path = old_out / "checkpoint-2" / "checkpoint_index.json"
+    index = json.loads(index_path.read_text())
+    index["topology"].update(world_size=2, dp_degree=2)  # as a dp2 run writes it (RNG states then not restored)
+    index_path.write_text(json.dumps(index))
+    args = args_for(tmp_path / "out", gradient_accumulation_steps=1, max_steps=3,
+                    resume_from_checkpoint=str(old_out / "checkpoint-2"))
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data())
+    trainer.train()
+    assert args.gradient_accumulation_steps == 4 and args.global_batch_size == 16  # 4 x 2 x 2 data ranks

@@ -383,7 +383,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self._stop.every = check_interval(args.logging_strategy, args.logging_steps)
         rollback_config = args.rollback_config
         rollback = Rollback(rollback_config) if rollback_config is not None else None
-        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped)
+        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped, self.state.global_step)
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
         self._memory.start("train")
@@ -422,7 +422,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                     except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
                         if rollback is None:
                             raise
-                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
+                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch,
+                                         verified_step=replicas.rollback_limit)
+                        replicas.restart(self.state.global_step)
                         continue
                     self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
                     if args.logging_nan_inf_filter:  # HF: a nan/inf step counts as the mean since the last log
@@ -444,7 +446,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                             if rollback is None:
                                 raise
                             rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
-                                             cause="replica divergence")
+                                             cause="replica divergence", verified_step=replicas.rollback_limit)
+                            replicas.restart(self.state.global_step)
                             continue
                     if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
                         self.control.should_save = True

@@ -159,8 +159,8 @@ class ReplicaCheck:
             f"step {step}: the {self._axes} replicas' weights diverged: parameter {names[p]!r} {where} "
             f"({count} of {len(names)} parameters differ; ranks {ranks} compared, replica_check_steps="
             f"{self.every}); a flipped bit, a nondeterministic kernel or a bug changed a replica after the "
-            "gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint saved at or before the last check that "
-            "passed instead",
+            "gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint saved at or before the last "
+            "check that passed instead",
             step=step, ranks=bad, parameter=names[p])
 
     def _agree_over_world(self, step: int, error: Optional[ReplicaDivergenceError]):

@@ -155,6 +155,19 @@ class TrainerCheckpoints:
             args.gradient_accumulation_steps, saved // per_step)
         args.gradient_accumulation_steps = saved // per_step
 
+    def _check_wrapped_accumulation(self) -> None:
+        """A model wrapped earlier (by ``evaluate``/``predict`` on several processes, or a previous ``train``) whose
+        sequence-parallel hooks count another ``gradient_accumulation_steps`` (a resume kept the checkpoint's
+        global batch, or a script changed it) would all-reduce its gradients at the wrong micro-batches: refused."""
+        wrapped, ga = self._wrapped_accumulation, self.args.gradient_accumulation_steps
+        if self._wrapped and wrapped is not None and wrapped != ga:
+            raise ValueError(
+                f"gradient_accumulation_steps={ga} but this Trainer's model was wrapped for sequence parallel with "
+                f"gradient_accumulation_steps={wrapped} (by an earlier evaluate(), predict() or train()): its "
+                f"tensor-parallel all-reduce hooks count {wrapped} backward passes per step and would reduce the "
+                f"gradients at the wrong micro-batches; build a new Trainer for this train(), or call train() "
+                f"before evaluate()")
+
     def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
         """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
         ``resume_from_checkpoint`` a PaddleNLP loader: unified (safetensors, any layout) or not (its pickles

@@ -22,8 +22,8 @@ from ..errors import CheckpointError
 from .layout import FORMAT_NAME, FORMAT_VERSION, HEADER_PART
 
 __all__ = ["InvalidCheckpointFileError", "plain_name_problem", "validate_index", "validate_trainer_state",
-           "validate_data_state", "validate_batch_args", "validate_scheduler_state", "validate_scaler_state", "validate_rng_doc",
-           "safetensors_entries"]
+           "validate_data_state", "validate_batch_args", "validate_scheduler_state", "validate_scaler_state",
+           "validate_rng_doc", "safetensors_entries"]
 
 INT64_MAX = 2 ** 63 - 1
 UINT32_MAX = 2 ** 32 - 1

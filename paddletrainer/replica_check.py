@@ -102,15 +102,28 @@ def _replica_group(topology, sharding_stage: int):
 class ReplicaCheck:
     """The check of one ``train()`` call: :meth:`due` says whether a step checks, :meth:`check` compares.
 
-    ``every`` is 0 (off) when the config says so or when this rank has no replica."""
+    ``every`` is 0 (off) when the config says so or when this rank has no replica. ``verified_step``: the last
+    step whose weights are known equal on every replica — the last check that passed, or the step the weights
+    were loaded at (``start_step``, :meth:`restart`: every replica reads the same checkpoint). A rollback takes no
+    checkpoint saved after it (:attr:`rollback_limit`)."""
 
-    def __init__(self, config: ReplicaCheckConfig, topology, model):
+    def __init__(self, config: ReplicaCheckConfig, topology, model, start_step: int = 0):
         self.config = config
+        self.verified_step = start_step
         self.group = _replica_group(topology, config.sharding_stage) if config.every_steps > 0 else None
         self.every = config.every_steps if self.group is not None else 0
         self._model = model
         self._world_size = topology.world_size
         self._axes = "data-parallel" if config.sharding_stage in (0, 3) else "data-parallel and sharding"
+
+    @property
+    def rollback_limit(self) -> Optional[int]:
+        """The newest step a rollback may go back to: :attr:`verified_step` with the check on, else None."""
+        return self.verified_step if self.every > 0 else None
+
+    def restart(self, step: int) -> None:
+        """The weights were loaded from the checkpoint of ``step`` on every replica (a rollback): they agree."""
+        self.verified_step = step
 
     def due(self, step: int) -> bool:
         """Whether optimizer step ``step`` (counted the same on every rank) is a check step."""
@@ -119,7 +132,13 @@ class ReplicaCheck:
     def check(self, step: int) -> None:
         """Compare the replicas' fingerprints (collective over the replica group: one all_gather, one host read;
         plus a MAX all-reduce of the verdict over the world when the group is smaller) and raise
-        :class:`ReplicaDivergenceError` on every rank if any replica group differs."""
+        :class:`ReplicaDivergenceError` on every rank if any replica group differs; else ``step`` is verified."""
+        error = self._verdict(step)
+        if error is not None:
+            raise error
+        self.verified_step = step
+
+    def _verdict(self, step: int) -> Optional[ReplicaDivergenceError]:
         names, tensors = replicated_tensors(self._model, self.config.sharding_stage)
         gathered: List[paddle.Tensor] = []
         dist.all_gather(gathered, fingerprint(tensors), group=self.group)
@@ -128,8 +147,7 @@ class ReplicaCheck:
         error = None if found is None else self._error(step, names, table, found)
         if self.group.nranks < self._world_size:
             error = self._agree_over_world(step, error)
-        if error is not None:
-            raise error
+        return error
 
     def _error(self, step: int, names: List[str], table: np.ndarray, found) -> ReplicaDivergenceError:
         p, differing, majority = found
@@ -141,7 +159,8 @@ class ReplicaCheck:
             f"step {step}: the {self._axes} replicas' weights diverged: parameter {names[p]!r} {where} "
             f"({count} of {len(names)} parameters differ; ranks {ranks} compared, replica_check_steps="
             f"{self.every}); a flipped bit, a nondeterministic kernel or a bug changed a replica after the "
-            "gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint instead",
+            "gradient sync; nan_inf_policy='rollback' reloads the newest checkpoint saved at or before the last "
+            "check that passed instead",
             step=step, ranks=bad, parameter=names[p])
 
     def _agree_over_world(self, step: int, error: Optional[ReplicaDivergenceError]):

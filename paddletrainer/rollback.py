@@ -5,8 +5,13 @@ see ``overflow.nonfinite_action``) — the same on every rank, because the norm 
 
 1. the step is not applied (its gradients are dropped);
 2. a pending async save is published (collective: every rank reaches this point at the same step);
-3. the newest complete checkpoint in ``output_dir`` is loaded: weights, optimizer, schedule, scaler, RNG and the
-   trainer state (``global_step`` goes back to the checkpoint's);
+3. the newest complete checkpoint in ``output_dir`` that may hold good weights is loaded: weights, optimizer,
+   schedule, scaler, RNG and the trainer state (``global_step`` goes back to the checkpoint's). One that may not
+   is passed over: a step after the current ``global_step`` (left by an earlier run: that would roll *forward*),
+   a step after the last replica check that passed (with ``replica_check_steps``: a save between two checks can
+   hold weights that had already diverged, mixed from several replicas; loading it would make the replicas agree
+   again and hide the corruption), and a damaged one (``checkpoint.files.checkpoint_problem``: index unreadable,
+   a file missing or of another size; a warning names it);
 4. the data window since that checkpoint — every sample trained on after it, the bad step's included — is
    skipped: the data position stays where the bad step left it, so training resumes on unseen samples. This is
    the recovery large-model runs use for loss spikes (restart before the spike, skip the batches around it);
@@ -27,9 +32,12 @@ so a run bounded by epochs ends after fewer optimizer steps.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+import os
+from typing import List, Optional, Tuple
 
 from . import checkpoint as ckpt
+from .checkpoint.files import checkpoint_problem
+from .checkpoint.layout import parse_checkpoint_step
 from .configs import RollbackConfig  # built by TrainingArguments: args.rollback_config
 
 logger = logging.getLogger(__name__)
@@ -44,7 +52,7 @@ class Rollback:
         self._base_lr: Optional[float] = None
 
     def recover(self, trainer, error: Exception, data_position: int, step_applied: bool = False,
-                cause: str = "non-finite gradient norm") -> str:
+                cause: str = "non-finite gradient norm", verified_step: Optional[int] = None) -> str:
         """Roll ``trainer`` back after ``error`` (the bad step's ``NonFiniteLossError``, or the
         ``ReplicaDivergenceError`` of a check step); return the checkpoint.
 
@@ -52,6 +60,8 @@ class Rollback:
         ``step_applied``: False for a step stopped before its update (its gradients are dropped; it is the step
         after ``global_step``), True after a step was applied and counted (the replica check: the step is
         ``global_step``, its gradients already cleared). ``cause``: what went wrong, for the log.
+        ``verified_step``: with the replica check on, the last step whose weights it found equal on every replica
+        (or that was loaded from a checkpoint); no checkpoint after it is taken. None: the check is off.
         Re-raises ``error`` (its type, with the reason appended) when retries are exhausted or there is no
         checkpoint to go back to.
         """
@@ -61,11 +71,18 @@ class Rollback:
             raise type(error)(f"{error}; gave up after {self.count} rollback(s) (nan_inf_rollback_max_retries="
                               f"{self.config.max_retries})") from None
         trainer._finish_checkpoints()  # the newest checkpoint may still be in flight (async save)
-        ours = ckpt.list_complete_checkpoints(self.config.output_dir)  # never a PaddleNLP dir: no pickles here
-        path = ours[-1] if ours else None
+        newest = trainer.state.global_step if verified_step is None else min(verified_step, trainer.state.global_step)
+        path, damaged = self._target(newest)
+        for bad, problem in damaged:
+            logger.warning("nan_inf_policy='rollback' passed over the damaged checkpoint %s (%s)", bad, problem)
         if path is None:
+            why = (f"the last step the replica check passed (replica_check_steps): a checkpoint saved after it may "
+                   f"hold diverged weights" if verified_step is not None and verified_step < trainer.state.global_step
+                   else "the current step")
+            passed = "".join(f"; {os.path.basename(bad)} is damaged: {problem}" for bad, problem in damaged)
             raise type(error)(f"{error}; nan_inf_policy='rollback' found no complete checkpoint in "
-                              f"output_dir={self.config.output_dir!r} to roll back to (save earlier: save_steps)") from None
+                              f"output_dir={self.config.output_dir!r} at or before step {newest} ({why}) to roll "
+                              f"back to{passed} (save earlier: save_steps)") from None
         bad_step = trainer.state.global_step + (0 if step_applied else 1)
         trainer._load_checkpoint(path)
         skipped_from = trainer.state.consumed_samples
@@ -80,6 +97,20 @@ class Rollback:
             "[%d, %d) trained on since it%s", bad_step, cause, path, self.count, self.config.max_retries, skipped_from,
             data_position, f"; learning rate x{self.lr_scale:g}" if self.config.lr_factor != 1.0 else "")
         return path
+
+    def _target(self, newest: int) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+        """The newest sound checkpoint of ours at or before step ``newest`` (never a PaddleNLP dir: no pickles
+        here), and the damaged ones passed over on the way, each with its problem. Every rank decides alike: the
+        same directory listing and file sizes."""
+        damaged: List[Tuple[str, str]] = []
+        for path in reversed(ckpt.list_complete_checkpoints(self.config.output_dir)):
+            if parse_checkpoint_step(os.path.basename(path)) > newest:
+                continue
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path, damaged
+            damaged.append((path, problem))
+        return None, damaged
 
     def _scale_lr(self, scheduler) -> None:
         if self.config.lr_factor == 1.0 or scheduler is None:

@@ -53,7 +53,7 @@ from .metrics.writers import check_report_to
 from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
 from .loss import batch_loss
-from .parallel import collectives, init_topology, no_sync, parallelize, pipeline
+from .parallel import collectives, init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
@@ -154,6 +154,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
         self._wrapped = False
+        self._wrapped_accumulation: Optional[int] = None  # the GA the wrapped model counts in, when it counts
         self._checkpointer = ckpt.Checkpointer()  # the save in flight (async saves); see _save_checkpoint
 
         self.state = TrainerState(
@@ -235,8 +236,10 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self.gradient_clip = self._take_gradient_clip()
         self.model, self.optimizer = self.amp.decorate(self.model, self.optimizer)
         self.scaler = self.amp.grad_scaler()
-        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology,
-                                                         self.args.parallel_config)
+        config = self.args.parallel_config
+        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology, config)
+        if wrap_captures_accumulation(self.topology, config):
+            self._wrapped_accumulation = config.accumulate_steps
         self.callback_handler.model = self.model
         self.callback_handler.optimizer = self.optimizer
         self.callback_handler.lr_scheduler = self.lr_scheduler
@@ -348,6 +351,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         args = self.args
         resume = self._resolve_resume(resume_from_checkpoint)
         self._keep_saved_global_batch(resume)  # before the sampler and the step count, which are counted in it
+        self._check_wrapped_accumulation()
         train_dataloader = self.get_train_dataloader()
         ga = args.gradient_accumulation_steps
         sampler = train_dataloader.batch_sampler if isinstance(train_dataloader.batch_sampler, GlobalBatchSampler) else None
@@ -383,7 +387,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self._stop.every = check_interval(args.logging_strategy, args.logging_steps)
         rollback_config = args.rollback_config
         rollback = Rollback(rollback_config) if rollback_config is not None else None
-        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped)
+        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped, self.state.global_step)
         self._token_counter = TokenCounter(args.pad_token_id)
         start_time = time.time()
         self._memory.start("train")
@@ -422,7 +426,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                     except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
                         if rollback is None:
                             raise
-                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch)
+                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch,
+                                         verified_step=replicas.rollback_limit)
+                        replicas.restart(self.state.global_step)
                         continue
                     self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
                     if args.logging_nan_inf_filter:  # HF: a nan/inf step counts as the mean since the last log
@@ -444,7 +450,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                             if rollback is None:
                                 raise
                             rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
-                                             cause="replica divergence")
+                                             cause="replica divergence", verified_step=replicas.rollback_limit)
+                            replicas.restart(self.state.global_step)
                             continue
                     if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
                         self.control.should_save = True

@@ -20,7 +20,7 @@ from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.layout import TRAINER_STATE_NAME
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
-from .checkpoint.validate import validate_trainer_state
+from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
 from .data import resume_position
 from .checkpoint.files import newest_sound_checkpoint
 from .output_lock import OutputDirLock, OutputDirLockedError
@@ -155,6 +155,19 @@ class TrainerCheckpoints:
             args.gradient_accumulation_steps, saved // per_step)
         args.gradient_accumulation_steps = saved // per_step
 
+    def _check_wrapped_accumulation(self) -> None:
+        """A model wrapped earlier (by ``evaluate``/``predict`` on several processes, or a previous ``train``) whose
+        sequence-parallel hooks count another ``gradient_accumulation_steps`` (a resume kept the checkpoint's
+        global batch, or a script changed it) would all-reduce its gradients at the wrong micro-batches: refused."""
+        wrapped, ga = self._wrapped_accumulation, self.args.gradient_accumulation_steps
+        if self._wrapped and wrapped is not None and wrapped != ga:
+            raise ValueError(
+                f"gradient_accumulation_steps={ga} but this Trainer's model was wrapped for sequence parallel with "
+                f"gradient_accumulation_steps={wrapped} (by an earlier evaluate(), predict() or train()): its "
+                f"tensor-parallel all-reduce hooks count {wrapped} backward passes per step and would reduce the "
+                f"gradients at the wrong micro-batches; build a new Trainer for this train(), or call train() "
+                f"before evaluate()")
+
     def _checkpoint_loader(self, checkpoint_dir: str) -> Callable:
         """Our loader (no pickles), or for the PaddleNLP-written directory the user named as
         ``resume_from_checkpoint`` a PaddleNLP loader: unified (safetensors, any layout) or not (its pickles
@@ -236,15 +249,21 @@ class TrainerCheckpoints:
 
 def _saved_global_batch(checkpoint_dir: str) -> Optional[int]:
     """The global batch a checkpoint of ours was trained with: recorded in its data state, or (written before
-    it was) per-device batch × accumulation from its training arguments × the data ranks of its layout."""
-    index = read_index(checkpoint_dir)
-    data_state = read_json(checkpoint_dir, index, DATA_STATE_NAME) or {}
-    if "global_batch_size" in data_state:
-        return int(data_state["global_batch_size"])
-    saved_args = read_json(checkpoint_dir, index, TRAINING_ARGS_NAME) or {}
-    layout = index.get("layout") or {}
-    try:
-        return (int(saved_args["per_device_train_batch_size"]) * int(saved_args["gradient_accumulation_steps"])
-                * int(layout.get("dp_degree", 1)) * int(layout.get("sharding_degree", 1)))
-    except (KeyError, TypeError, ValueError):
-        return None  # no record of it (saved without args): nothing to keep
+    it was) per-device batch × accumulation from its training arguments × the data ranks (dp × sharding) of the
+    layout its index records. Every value read is checked (``checkpoint.validate``: integers >= 1), so a
+    damaged file is an error naming it and its field, never an accumulation of 0 steps."""
+    index = read_index(checkpoint_dir)  # its ``topology`` degrees are checked there
+    data_state = read_json(checkpoint_dir, index, DATA_STATE_NAME)
+    if data_state is not None:
+        data_state = validate_data_state(data_state, os.path.join(checkpoint_dir, DATA_STATE_NAME))
+        if "global_batch_size" in data_state:
+            return data_state["global_batch_size"]
+    saved_args = read_json(checkpoint_dir, index, TRAINING_ARGS_NAME)
+    if saved_args is None:
+        return None  # saved without args: no record of it, nothing to keep
+    saved_args = validate_batch_args(saved_args, os.path.join(checkpoint_dir, TRAINING_ARGS_NAME))
+    if len(saved_args.keys() & BATCH_ARGS_SCHEMA.fields.keys()) < 2:
+        return None
+    layout = index.get("topology") or {}
+    return (saved_args["per_device_train_batch_size"] * saved_args["gradient_accumulation_steps"]
+            * layout.get("dp_degree", 1) * layout.get("sharding_degree", 1))

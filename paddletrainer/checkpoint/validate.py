@@ -22,8 +22,8 @@ from ..errors import CheckpointError
 from .layout import FORMAT_NAME, FORMAT_VERSION, HEADER_PART
 
 __all__ = ["InvalidCheckpointFileError", "plain_name_problem", "validate_index", "validate_trainer_state",
-           "validate_data_state", "validate_scheduler_state", "validate_scaler_state", "validate_rng_doc",
-           "safetensors_entries"]
+           "validate_data_state", "validate_batch_args", "validate_scheduler_state", "validate_scaler_state",
+           "validate_rng_doc", "safetensors_entries"]
 
 INT64_MAX = 2 ** 63 - 1
 UINT32_MAX = 2 ** 32 - 1
@@ -240,10 +240,17 @@ _PIECE = Record({"file": (FILE_NAME, True), "key": (Str(), False), "offsets": (_
                  "flat": (ListOf(Int(0, INT64_MAX), length=2), False)})
 _TENSOR = Record({"shape": (_DIMS, True), "dtype": (Str(INDEX_DTYPES), True),
                   "pieces": (ListOf(_PIECE, min_len=1), True)})
+# the writing layout (``Layout.as_dict``: world_size and the axes' degrees); it decides whether RNG states are
+# restored, and how many data ranks an old checkpoint without a recorded global batch was trained with
+_LAYOUT = DictOf(Int(1, INT64_MAX))
+# ``checkpoint.peft.index_entry``: merge_checkpoint.py computes LoRA's scaling lora_alpha / r (or / sqrt(r)) from it
+_LORA_CONFIG = Record({"r": (Int(1, INT64_MAX), True), "lora_alpha": (Num(), True), "rslora": (Bool(), False)})
+_PEFT = Record({"type": (Str(["lora"]), True), "config": (_LORA_CONFIG, True), "base_architecture": (Str(), False)})
 INDEX_SCHEMA = Record({
     "format": (Str([FORMAT_NAME]), True),
     "version": (Int(1, FORMAT_VERSION), False),  # optional, as it always was: readers take a missing one as old
-    "topology": (DictOf(Int()), False),  # only decides whether RNG states are restored
+    "topology": (_LAYOUT, False),
+    "peft": (_PEFT, False),
     "files": (DictOf(_FILE_RECORD, key=FILE_NAME), True),
     "tensors": (DictOf(_TENSOR), True),
     "rng_files": (Bool(), False),
@@ -299,7 +306,8 @@ TRAINER_STATE_SCHEMA = Record({
     "trial_params": (Null(DictOf(Any_())), False),
 })
 RESUME_STATE_SCHEMA = Record({**TRAINER_STATE_SCHEMA.fields, "global_step": (_STEPS, True)})
-DATA_STATE_SCHEMA = Record({"consumed_samples": (_STEPS, True)})
+# global_batch_size: written since the resume keeps it; a resume derives gradient_accumulation_steps from it
+DATA_STATE_SCHEMA = Record({"consumed_samples": (_STEPS, True), "global_batch_size": (Int(1, INT64_MAX), False)})
 
 
 def validate_trainer_state(doc: Any, source: str, resume: bool = False) -> dict:
@@ -311,8 +319,19 @@ def validate_trainer_state(doc: Any, source: str, resume: bool = False) -> dict:
     return check_document(doc, RESUME_STATE_SCHEMA if resume else TRAINER_STATE_SCHEMA, source)
 
 
+# the two training arguments an old checkpoint's global batch is computed from (the other arguments are not read)
+BATCH_ARGS_SCHEMA = Record({"per_device_train_batch_size": (Int(1, INT64_MAX), False),
+                            "gradient_accumulation_steps": (Int(1, INT64_MAX), False)})
+
+
+def validate_batch_args(doc: Any, source: str) -> dict:
+    """``training_args.json`` as far as a resume reads it: the per-device batch and the accumulation steps."""
+    return check_document(doc, BATCH_ARGS_SCHEMA, source)
+
+
 def validate_data_state(doc: Any, source: str) -> dict:
-    """``data_state.json``: the data position, ``{"consumed_samples": n}``."""
+    """``data_state.json``: the data position and the global batch it is counted in,
+    ``{"consumed_samples": n, "global_batch_size": b}`` (``b`` absent in older checkpoints)."""
     return check_document(doc, DATA_STATE_SCHEMA, source)
 
 

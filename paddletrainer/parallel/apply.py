@@ -37,7 +37,7 @@ from .sequence import check_sequence_parallel_model, register_sequence_parallel_
 from .sharding import apply_sharding
 from .tensor import apply_tensor_parallel
 
-__all__ = ["parallelize"]
+__all__ = ["parallelize", "wrap_captures_accumulation"]
 
 
 def _check_optimizer(optimizer) -> None:
@@ -49,6 +49,13 @@ def _check_optimizer(optimizer) -> None:
             "take_gradient_clip(optimizer), then clip_gradients(optimizer, topology, clip) before each step (the "
             "Trainer does this); inside step() the clip would see only this rank's gradients"
         )
+
+
+def wrap_captures_accumulation(topology, config: ParallelConfig) -> bool:
+    """Whether :func:`parallelize` fixes ``config.accumulate_steps`` into the wrapped model: the sequence-parallel
+    hooks count that many backward passes per all-reduce (tp > 1 with ``sequence_parallel``). The pipeline's
+    count is fixed earlier, in the fleet strategy; the sharding wrappers take the step's end from ``no_sync``."""
+    return topology.tp_degree > 1 and bool(config.sequence_parallel)
 
 
 def apply_sequence_parallel(model, config: ParallelConfig) -> None:
@@ -103,7 +110,7 @@ def parallelize(model, optimizer, topology, config=None, *, stage3_segment_size:
     _check_optimizer(optimizer)
     if topology.tp_degree > 1:
         check_sequence_parallel_model(model, config.sequence_parallel)
-        if config.sequence_parallel:
+        if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)

@@ -125,6 +125,11 @@ DATA_STATE_CASES = {
     "consumed_samples_null": (set_in(["consumed_samples"], None), "consumed_samples"),
     "consumed_samples_missing": (set_in(["consumed_samples"], ...), "consumed_samples"),
     "a_number": (lambda doc: 16, ""),
+    # a resume sets gradient_accumulation_steps = global_batch_size / (per-device batch x data ranks)
+    "global_batch_size_zero": (set_in(["global_batch_size"], 0), "global_batch_size"),
+    "global_batch_size_negative": (set_in(["global_batch_size"], -8), "global_batch_size"),
+    "global_batch_size_string": (set_in(["global_batch_size"], "eight"), "global_batch_size"),
+    "global_batch_size_float": (set_in(["global_batch_size"], 8.5), "global_batch_size"),
 }
 RNG_CASES = {
     "python_state_short": (lambda d: d["python"].update(state=d["python"]["state"][:10]), "python.state"),
@@ -163,8 +168,16 @@ def test_an_ill_typed_or_out_of_range_field_is_named_with_its_file(ckpt, name, c
     (L.TRAINER_STATE_NAME, set_in(["global_step"], -5), "global_step"),  # would train 7 steps instead of 0 more
     (L.TRAINER_STATE_NAME, set_in(["global_step"], ...), "global_step"),  # would restart the schedule at step 0
     (L.DATA_STATE_NAME, set_in(["consumed_samples"], 1e30), "consumed_samples"),  # would end training at once
-], ids=["global_step_-5", "global_step_missing", "consumed_samples_1e30"])
+    (L.DATA_STATE_NAME, set_in(["global_batch_size"], 0), "global_batch_size"),  # would accumulate 0 micro-batches
+    (L.DATA_STATE_NAME, set_in(["global_batch_size"], "8x"), "global_batch_size"),  # was a raw ValueError
+    # an old checkpoint (no global batch recorded) computes it from its arguments
+    (L.TRAINING_ARGS_NAME, set_in(["per_device_train_batch_size"], 0), "per_device_train_batch_size"),
+    (L.TRAINING_ARGS_NAME, set_in(["gradient_accumulation_steps"], "2"), "gradient_accumulation_steps"),
+], ids=["global_step_-5", "global_step_missing", "consumed_samples_1e30", "global_batch_size_0",
+        "global_batch_size_string", "old_per_device_batch_0", "old_accumulation_string"])
 def test_resuming_the_trainer_from_nonsense_state_stops_with_the_file_and_field(ckpt, name, fn, field):
+    if name == L.TRAINING_ARGS_NAME:
+        edit_json(ckpt, L.DATA_STATE_NAME, set_in(["global_batch_size"], ...))
     edit_json(ckpt, name, fn)
     trainer = Trainer(model=RegressionModel(), args=args_for(os.path.dirname(ckpt), max_steps=4),
                       train_dataset=regression_data())
@@ -193,6 +206,13 @@ INDEX_CASES = {
     "version_newer": (set_in(["version"], L.FORMAT_VERSION + 1), "version"),
     "rng_files_a_string": (set_in(["rng_files"], "yes"), "rng_files"),
     "a_list": (lambda index: [index], ""),
+    "topology_degree_zero": (set_in(["topology", "dp_degree"], 0), "topology['dp_degree']"),
+    "peft_a_list": (set_in(["peft"], ["lora"]), "peft"),
+    "peft_type_unknown": (set_in(["peft"], {"type": "prefix", "config": {"r": 8, "lora_alpha": 16}}), "peft.type"),
+    "peft_config_missing": (set_in(["peft"], {"type": "lora"}), "peft.config"),
+    "peft_r_zero": (set_in(["peft"], {"type": "lora", "config": {"r": 0, "lora_alpha": 16}}), "peft.config.r"),
+    "peft_alpha_string": (set_in(["peft"], {"type": "lora", "config": {"r": 8, "lora_alpha": "16"}}),
+                          "peft.config.lora_alpha"),
 }
 
 

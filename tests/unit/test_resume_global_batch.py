@@ -79,3 +79,49 @@ def test_a_checkpoint_written_before_the_global_batch_was_recorded_is_read_from_
     trainer.train()
     assert args.gradient_accumulation_steps == 2 and trainer.state.global_step == 12
 
+
+
+def test_an_old_checkpoint_counts_the_data_ranks_of_the_layout_its_index_records(tmp_path, monkeypatch):
+    """Without a recorded global batch it is per-device batch x accumulation x dp x sharding of the index's
+    ``topology`` (the key the writer uses): a dp2 checkpoint resumed on one rank accumulates twice as much."""
+    import json
+    old_out = tmp_path / "old"
+    monkeypatch.setattr(Trainer, "_data_state", lambda self: {"consumed_samples": self.state.consumed_samples})
+    Trainer(model=RegressionModel(), args=args_for(old_out, max_steps=2, save_steps=2),
+            train_dataset=regression_data()).train()
+    monkeypatch.undo()
+    index_path = old_out / "checkpoint-2" / "checkpoint_index.json"
+    index = json.loads(index_path.read_text())
+    index["topology"].update(world_size=2, dp_degree=2)  # as a dp2 run writes it (RNG states then not restored)
+    index_path.write_text(json.dumps(index))
+    args = args_for(tmp_path / "out", gradient_accumulation_steps=1, max_steps=3,
+                    resume_from_checkpoint=str(old_out / "checkpoint-2"))
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data())
+    trainer.train()
+    assert args.gradient_accumulation_steps == 4 and args.global_batch_size == 16  # 4 x 2 x 2 data ranks
+
+
+def test_a_model_wrapped_with_another_accumulation_for_sequence_parallel_is_refused(reference, tmp_path, monkeypatch):
+    """A second train() resuming a checkpoint of another global batch: the sequence-parallel all-reduce hooks were
+    registered by the first wrap with its gradient_accumulation_steps and would reduce at the wrong micro-batches.
+    (One process has no tensor parallel: the test says the wrap registered them, as it does under tp > 1.)"""
+    import paddletrainer.trainer as trainer_module
+    from types import SimpleNamespace
+    from paddletrainer.parallel import wrap_captures_accumulation
+    assert wrap_captures_accumulation(SimpleNamespace(tp_degree=2), SimpleNamespace(sequence_parallel=True))
+    assert not wrap_captures_accumulation(SimpleNamespace(tp_degree=1), SimpleNamespace(sequence_parallel=True))
+    monkeypatch.setattr(trainer_module, "wrap_captures_accumulation", lambda topology, config: True)
+    out, _ = reference
+    args = args_for(tmp_path / "out", gradient_accumulation_steps=1, max_steps=2, save_steps=2)
+    trainer = Trainer(model=RegressionModel(), args=args, train_dataset=regression_data())
+    trainer.train()  # wraps with gradient_accumulation_steps=1
+    with pytest.raises(ValueError) as info:
+        trainer.train(resume_from_checkpoint=str(out / "checkpoint-6"))  # keeps its global batch 8: GA 1 -> 2
+    assert str(info.value).startswith(
+        "gradient_accumulation_steps=2 but this Trainer's model was wrapped for sequence parallel with "
+        "gradient_accumulation_steps=1 (by an earlier evaluate(), predict() or train())")
+    assert trainer.state.global_step == 2  # refused before any step
+    # the same accumulation as the wrap's is no problem
+    args.gradient_accumulation_steps, args.max_steps = 1, 3
+    trainer.train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-2"))
+    assert trainer.state.global_step == 3

@@ -8,8 +8,9 @@ it into a usage error, exit 2). Stdlib only: the arguments import without paddle
 * A few options whose valid range is a fact of the library that consumes them (:data:`RANGES`: NumPy's seed,
   Paddle's AdamW betas/epsilon, ...), checked at parse time instead of when the Trainer builds that library's object.
 * Sizes bounded by what a tensor or the machine can hold, never by free memory (:func:`check_sizes`):
-  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**63 - 1, ``dataloader_num_workers`` <= 4 x the
-  CPUs this process may run on.
+  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**63 - 1, ``dataloader_num_workers`` <=
+  :data:`MAX_DATALOADER_WORKERS`. A refusal never depends on a fact of one rank (its CPUs, its node): every rank
+  refuses alike, also when the checks run again inside ``train()`` where the other ranks would wait in a collective.
 """
 from __future__ import annotations
 
@@ -20,12 +21,14 @@ import math
 import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["INT32_MAX", "INT64_MAX", "RANGES", "WORKERS_PER_CPU", "check_option_values", "check_sizes", "usable_cpus"]
+__all__ = ["INT32_MAX", "INT64_MAX", "MAX_DATALOADER_WORKERS", "RANGES", "check_option_values", "check_samples_per_step",
+           "check_sizes", "usable_cpus"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
-WORKERS_PER_CPU = 4  # dataloader_num_workers refused beyond this many per usable CPU (see check_sizes)
+# dataloader_num_workers refused beyond this, the same bound on every rank and node (see check_sizes)
+MAX_DATALOADER_WORKERS = 1024
 
 logger = logging.getLogger(__name__)
 
@@ -125,36 +128,43 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def check_sizes(args, world_size: int) -> None:
-    """Batch sizes and data-loading workers against what a tensor and the machine can hold (see the module doc).
+def check_sizes(args) -> None:
+    """Batch sizes and data-loading workers against what a tensor and a machine can hold (see the module doc).
 
     * ``per_device_{train,eval}_batch_size <= 2**31 - 1``: a batch is the leading dimension of every input
       tensor, and 2**31 - 1 is the largest dimension the 32-bit indexing of many of Paddle's GPU kernels
       addresses; every batch a device can hold is far below it.
-    * ``per_device_train_batch_size x gradient_accumulation_steps x world_size <= 2**63 - 1``: the sampler lays
-      out one optimizer step's sample indices as 64-bit integers.
-    * ``dataloader_num_workers <= 4 x usable_cpus()``: each worker is a process that loads batches on a CPU and
-      holds its own copy of the dataset and prefetched batches. A config written for a bigger machine (4 workers
-      on a 2-CPU laptop) still runs, with a warning above the CPU count (PyTorch's DataLoader warns there too);
-      beyond 4 per CPU the workers only wait for each other.
+    * ``0 <= dataloader_num_workers <= MAX_DATALOADER_WORKERS`` (1024): each worker is a process holding its own
+      copy of the dataset and prefetched batches, and 1024 per training process is far beyond what data loading
+      uses. The bound is fixed,
+      not this process's CPU count: CPU affinity (NUMA binding) and machines differ between ranks, and an error on
+      some ranks only would leave the others waiting. Above the CPUs this process may run on a warning says so
+      (PyTorch's DataLoader warns likewise): a config written for a bigger machine still runs.
     """
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size"):
         value = getattr(args, name)
         if isinstance(value, int) and value > INT32_MAX:
             raise ValueError(f"{name}={value} is invalid: must be <= {INT32_MAX} (2**31 - 1), the largest tensor "
                              "dimension 32-bit indexing addresses; a batch is the leading dimension of each input")
-    step = args.per_device_train_batch_size * args.gradient_accumulation_steps * world_size
-    if step > INT64_MAX:
-        raise ValueError(
-            f"per_device_train_batch_size={args.per_device_train_batch_size} x gradient_accumulation_steps="
-            f"{args.gradient_accumulation_steps} x {world_size} processes = {step} samples per optimizer step is "
-            f"invalid: must be <= {INT64_MAX} (2**63 - 1; the sampler indexes them with 64-bit integers)")
     workers, cpus = args.dataloader_num_workers, usable_cpus()
-    if workers < 0 or workers > WORKERS_PER_CPU * cpus:
+    if workers < 0 or workers > MAX_DATALOADER_WORKERS:
         raise ValueError(
-            f"dataloader_num_workers={workers} is invalid: must be >= 0 and <= {WORKERS_PER_CPU * cpus} "
-            f"({WORKERS_PER_CPU} per CPU this process may run on, os.sched_getaffinity: {cpus}); each worker is a "
-            f"process with its own copy of the dataset and prefetched batches")
+            f"dataloader_num_workers={workers} is invalid: must be >= 0 and <= {MAX_DATALOADER_WORKERS}; each worker "
+            f"is a process with its own copy of the dataset and prefetched batches (more than the CPUs a process "
+            f"may run on only share them)")
     if workers > cpus:
         logger.warning("dataloader_num_workers=%d is more than the %d CPU(s) this process may run on: the workers "
                        "share them (PyTorch's DataLoader warns likewise)", workers, cpus)
+
+
+def check_samples_per_step(args, data_world_size: int) -> None:
+    """``per_device_train_batch_size x gradient_accumulation_steps x data ranks <= 2**63 - 1``: the sampler lays
+    out one optimizer step's sample indices as 64-bit integers. The data ranks are dp x sharding (tensor- and
+    pipeline-parallel ranks share their batch), the same number on every rank."""
+    step = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_world_size
+    if step > INT64_MAX:
+        raise ValueError(
+            f"per_device_train_batch_size={args.per_device_train_batch_size} x gradient_accumulation_steps="
+            f"{args.gradient_accumulation_steps} x {data_world_size} data rank(s) (dp x sharding) = {step} samples "
+            f"per optimizer step is invalid: must be <= {INT64_MAX} (2**63 - 1; the sampler indexes them with 64-bit "
+            f"integers)")

@@ -17,8 +17,14 @@ per directory covers ``save_on_each_node`` too).
 * **From another host** — its pid cannot be checked from here, so the holder renews the lock file's mtime every
   :data:`HEARTBEAT_SECONDS` (a daemon thread) and the lock is stale only when it has not been renewed for
   :data:`STALE_AFTER_SECONDS`, measured on the filesystem's clock (the mtime of a file written just now), so
-  the hosts' clocks need not agree. Until then the error names the holder and the heartbeat's age (a job
-  restarted on other nodes right after a crash waits that long, or deletes the lock file).
+  the hosts' clocks need not agree. Until then the error names the holder and the heartbeat's age.
+* **Of this job** — the holder recorded the same Paddle launch job id (:func:`job_id`: ``PADDLE_JOB_ID`` or the
+  launcher's ``--job_id``, never Paddle's ``default``): an elastic restart whose rank 0 now runs on another host
+  (the old one is lost or was restarted with its pod). Taken over at once, with a warning naming the old holder;
+  a run of another job is still refused at once. Hence the README's "give each job its own ``--job_id``".
+* **Lost** — the heartbeat finds the lock file naming another run (taken over as above, or by hand): it logs an
+  error, stops renewing, and the next save refuses (:func:`check_still_held`, which the save runs on rank 0
+  before its first gather, so every rank raises alike) instead of writing into a directory another run owns.
 * **Released** at the end of ``train()`` (also when it raises, SIGTERM's ``TrainingInterrupted`` included) and
   at interpreter exit; only by the process that took it, and only while the file still names it.
 
@@ -41,7 +47,8 @@ from typing import Dict, Optional, Tuple
 
 from .errors import CheckpointError
 
-__all__ = ["LOCK_NAME", "OutputDirLock", "OutputDirLockedError", "describe", "live_holder", "lock_path"]
+__all__ = ["LOCK_NAME", "OutputDirLock", "OutputDirLockedError", "check_still_held", "describe", "job_id",
+           "live_holder", "lock_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +70,37 @@ class OutputDirLockedError(CheckpointError):
 
 def lock_path(output_dir: str) -> str:
     return os.path.join(os.path.abspath(output_dir), LOCK_NAME)
+
+
+def job_id() -> Optional[str]:
+    """The id of the ``paddle.distributed.launch`` job this process is a worker of, the same on every node and
+    every elastic restart; None outside a launch or with Paddle's ``default`` id (shared by every job without
+    one). Paddle 3.3.1 exports no job id to its workers: the launcher takes it from ``PADDLE_JOB_ID`` (which
+    workers inherit, and which wins over the option) or from its own ``--job_id``, read here from the
+    launcher's (the parent's) command line."""
+    value = os.environ.get("PADDLE_JOB_ID") or _launcher_job_id(os.getppid())
+    return None if not value or value == "default" else value
+
+
+def _launcher_job_id(pid: int) -> Optional[str]:
+    """``--job_id`` of ``python -m paddle.distributed.launch`` (or ``fleetrun``) running as ``pid``, else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return None
+    launch = next((i for i, a in enumerate(argv) if a == "paddle.distributed.launch" or a.endswith("fleetrun")
+                   or a.endswith(os.path.join("paddle", "distributed", "launch", "main.py"))), None)
+    if launch is None:
+        return None
+    for i, arg in enumerate(argv[launch + 1:], launch + 1):
+        if arg.endswith(".py"):  # the training script: what follows is its own
+            return None
+        if arg == "--job_id" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--job_id="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _proc_stat(pid: int) -> Optional[list]:
@@ -123,9 +161,10 @@ def _read(path: str) -> Optional[dict]:
 
 
 def describe(holder: dict) -> str:
-    """The holder of a lock in words: host, pid, start, run id."""
+    """The holder of a lock in words: host, pid, start, run id (and launch job id when it has one)."""
+    job = f", job_id {holder['job_id']!r}" if holder.get("job_id") else ""
     return (f"host {holder.get('host')!r}, pid {holder.get('pid')}, started {holder.get('started')}, "
-            f"run {holder.get('run_id')}")
+            f"run {holder.get('run_id')}{job}")
 
 
 def live_holder(output_dir: str) -> Optional[dict]:
@@ -153,13 +192,16 @@ class OutputDirLock:
         self.run_id = uuid.uuid4().hex
         self._pid: Optional[int] = None  # the pid that took it (a forked child never releases it)
         self._stop = threading.Event()  # ends the heartbeat
+        self.job_id = job_id()
+        self.lost_to: Optional[dict] = None  # set by the heartbeat: the lock file names another run now
+        self._mutex = threading.Lock()  # a heartbeat never re-creates the lock while release() removes it
 
     def _content(self) -> bytes:
         pid = os.getpid()
         return json.dumps({
             "format": _FORMAT, "host": socket.gethostname(), "pid": pid, "process_start": _process_start(pid),
             "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"), "run_id": self.run_id,
-            "output_dir": self.output_dir}, indent=1).encode()
+            "job_id": self.job_id, "output_dir": self.output_dir}, indent=1).encode()
 
     def _link(self) -> Tuple[bool, float]:
         """Create the lock atomically with its content: (True, now) or (False, now) when the name exists; ``now``
@@ -220,6 +262,9 @@ class OutputDirLock:
         where = (f"output_dir={self.output_dir!r} is in use by another training run ({describe(holder)}; "
                  f"lock {self.path})")
         here = socket.gethostname()
+        if holder.get("host") != here and self.job_id is not None and holder.get("job_id") == self.job_id:
+            return (f"is of this launch job (job_id {self.job_id!r}), whose rank 0 now runs on {here!r}: an elastic "
+                    f"restart after its host was lost")
         if holder.get("host") != here:
             try:
                 age = now - os.stat(self.path).st_mtime
@@ -230,7 +275,8 @@ class OutputDirLock:
             raise OutputDirLockedError(
                 f"{where}: one run per output_dir. Its last heartbeat was {max(age, 0):.0f} s ago (renewed every "
                 f"{HEARTBEAT_SECONDS} s while it runs; taken over once older than {STALE_AFTER_SECONDS} s): wait for "
-                f"it to end, or delete {self.path} if that run is gone; otherwise choose another output_dir", holder)
+                f"it to end, or delete {self.path} if that run is gone; otherwise choose another output_dir (a restart "
+                f"of the same launch job takes it over at once: launch with --job_id)", holder)
         if _alive_on_this_host(holder):
             same = " (this process: a train() is already running into it)" if holder.get("pid") == os.getpid() else ""
             raise OutputDirLockedError(
@@ -244,15 +290,43 @@ class OutputDirLock:
         self._stop = threading.Event()
 
         def beat(stop=self._stop):
-            while not stop.wait(HEARTBEAT_SECONDS):
-                try:
-                    if (_read(self.path) or {}).get("run_id") != self.run_id:
-                        return  # no longer ours (removed by hand): never touch another run's lock
-                    os.utime(self.path)
-                except (OSError, OutputDirLockedError) as e:
-                    logger.warning("could not renew the lock %s: %s", self.path, e)
+            while not stop.wait(HEARTBEAT_SECONDS) and self._renew():
+                pass
 
         threading.Thread(target=beat, name="paddletrainer-output-lock", daemon=True).start()
+
+    def _renew(self) -> bool:
+        """One heartbeat: renew the lock's mtime; False once released or (:meth:`_lose`) it names another run."""
+        with self._mutex:
+            return self._pid is not None and self._renew_held()
+
+    def _renew_held(self) -> bool:
+        try:
+            holder = _read(self.path)
+            if holder is None and self._link()[0]:  # removed by hand: nobody else holds it, so take it again
+                logger.warning("the lock %s was removed while this run holds it: taken again", self.path)
+                return True
+            holder = holder or _read(self.path)
+        except OutputDirLockedError:
+            holder = {"unreadable": self.path}
+        except OSError as e:
+            logger.warning("could not renew the lock %s: %s", self.path, e)
+            return True
+        if holder is None:  # removed again meanwhile: look at the next beat
+            return True
+        if holder.get("run_id") != self.run_id:  # never touch another run's lock
+            self._lose(holder)
+            return False
+        try:
+            os.utime(self.path)
+        except OSError as e:
+            logger.warning("could not renew the lock %s: %s", self.path, e)
+        return True
+
+    def _lose(self, holder: dict) -> None:
+        self.lost_to = holder
+        logger.error("LOST the lock of output_dir=%r: %s now names %s; this run saves no more checkpoints there (its "
+                     "next save fails)", self.output_dir, self.path, _describe_any(holder))
 
     def _remove_if_still(self, holder: dict) -> None:
         """Remove the stale lock only if it is still the one judged stale (renamed aside first, atomically)."""
@@ -276,25 +350,51 @@ class OutputDirLock:
         """Remove the lock if this process took it and the file still names this run; idempotent."""
         if self._pid != os.getpid():
             return
-        self._pid = None
-        self._stop.set()
-        _HELD.pop(self.path, None)
-        try:
-            holder = _read(self.path)
-        except OutputDirLockedError:
-            return
-        if holder is not None and holder.get("run_id") == self.run_id:
+        with self._mutex:
+            self._pid = None
+            self._stop.set()
+            _HELD.pop(self.path, None)
             try:
-                os.unlink(self.path)
-            except OSError as e:
-                if e.errno != errno.ENOENT:
-                    logger.warning("could not remove the lock %s: %s", self.path, e)
+                holder = _read(self.path)
+            except OutputDirLockedError:
+                return
+            if holder is not None and holder.get("run_id") == self.run_id:
+                try:
+                    os.unlink(self.path)
+                except OSError as e:
+                    if e.errno != errno.ENOENT:
+                        logger.warning("could not remove the lock %s: %s", self.path, e)
 
     def __enter__(self) -> "OutputDirLock":
         return self.acquire()
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _describe_any(holder: dict) -> str:
+    return "an unreadable lock file" if "unreadable" in holder else f"another run ({describe(holder)})"
+
+
+def check_still_held(output_dir: str) -> None:
+    """Raise :class:`~.errors.CheckpointError` naming the new holder when this process took ``output_dir``'s lock
+    and another run holds it now (taken over, see the module docstring); a no-op for a directory this process
+    holds no lock of (a save outside ``train()``). Rank 0 calls it before a save's first gather."""
+    lock = _HELD.get(lock_path(output_dir))
+    if lock is None or lock._pid != os.getpid():
+        return
+    if lock.lost_to is None:  # the heartbeat may not have looked yet: look now (one small read)
+        try:
+            holder = _read(lock.path) or {"run_id": lock.run_id}  # removed by hand: the heartbeat takes it again
+        except OutputDirLockedError:
+            holder = {"unreadable": lock.path}
+        if holder.get("run_id") != lock.run_id:
+            lock._lose(holder)
+    if lock.lost_to is not None:
+        raise CheckpointError(
+            f"output_dir={lock.output_dir!r} is no longer this run's: its lock {lock.path} now names "
+            f"{_describe_any(lock.lost_to)}, which took it over; not saving into a directory another run owns "
+            f"(this run went on after losing its lock, e.g. its host was cut off while the job restarted elsewhere)")
 
 
 @atexit.register

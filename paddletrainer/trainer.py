@@ -342,9 +342,10 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
     def train(self, resume_from_checkpoint: Optional[Union[str, bool]] = None, ignore_keys_for_eval=None, **kwargs) -> TrainOutput:
         """Run the training loop; returns ``TrainOutput(global_step, training_loss, metrics)``.
 
-        One run per ``output_dir``: its lock is held until this returns or raises (``_output_dir_lock``)."""
-        checks.check_output_dir(self.args, resume_from_checkpoint)
+        One run per ``output_dir``: its lock is held until this returns or raises (``_output_dir_lock``); what
+        ``output_dir`` holds is checked under it, so another run cannot change it between the check and the lock."""
         with self._output_dir_lock():
+            checks.check_output_dir(self.args, resume_from_checkpoint)
             return self._train_holding_output_dir(resume_from_checkpoint, ignore_keys_for_eval)
 
     def _train_holding_output_dir(self, resume_from_checkpoint, ignore_keys_for_eval) -> TrainOutput:

@@ -451,7 +451,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         _positive(self.eval_accumulation_steps, "eval_accumulation_steps", allow_none=True)
         _positive(self.collective_timeout_seconds, "collective_timeout_seconds", allow_none=True)
         _positive(self.peak_flops_per_device, "peak_flops_per_device", allow_none=True)
-        arg_checks.check_sizes(self, self._world_size)  # upper bounds: what a tensor and the machine hold
+        arg_checks.check_sizes(self)  # upper bounds: what a tensor and a machine hold
 
     def _check_best_model(self) -> None:
         if self.load_best_model_at_end:
@@ -490,6 +490,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         layout = resolve_layout(  # each axis's degree from the option its AXES entry names
             self._world_size, bool(self.sharding), {a.name: getattr(self, a.option) for a in option_axes()},
             self.hybrid_parallel_topo_order)
+        arg_checks.check_samples_per_step(self, layout.data_world_size)
         if self.sharding and layout.sharding == 1:
             self._drop_sharding_of_degree_one()
         compat.check_data_parallel_size(self.data_parallel_size, layout)

@@ -43,6 +43,7 @@ from typing import Dict, Optional
 
 import paddle
 
+from ..output_lock import check_still_held
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
 from ..trainer_utils import is_empty_dir, is_our_checkpoint
@@ -174,6 +175,7 @@ class Checkpointer:
         try:
             if topo.rank == 0:
                 refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
+                check_still_held(parent)  # output_dir's lock taken over by another run: save no more
             models, by_param = model_tensors(model, topo)
             models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, not the frozen base
             optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}

@@ -13,7 +13,8 @@ from typing import List, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
-from paddletrainer.arg_checks import INT32_MAX, WORKERS_PER_CPU, usable_cpus
+from paddletrainer import arg_checks
+from paddletrainer.arg_checks import INT32_MAX, MAX_DATALOADER_WORKERS
 from paddletrainer.argparser import PdArgumentParser
 from paddletrainer.training_args import TrainingArguments
 
@@ -65,7 +66,7 @@ def _cases():
     yield from ((name, "-1") for name in NEGATIVE_IS_NONSENSE)
     yield from ((name, "-0.5") for name in NEGATIVE_FLOAT_IS_NONSENSE)
     yield from [("per_device_train_batch_size", str(INT32_MAX + 1)), ("per_device_eval_batch_size", str(2**40)),
-                ("dataloader_num_workers", "1000000"), ("dataloader_num_workers", str(WORKERS_PER_CPU * usable_cpus() + 1)),
+                ("dataloader_num_workers", "1000000"), ("dataloader_num_workers", str(MAX_DATALOADER_WORKERS + 1)),
                 ("adam_beta1", "1.0"), ("adam_beta2", "1.5"), ("seed", str(2**32)), ("scale_loss", "0"),
                 ("output_dir", NOT_UTF8)]
 
@@ -192,10 +193,23 @@ def test_paddlenlp_defaults_and_sentinels_still_parse(tmp_path):
                          "--past_index", "-1", "--max_evaluate_steps", "-1", "--local_rank", "-1",
                          "--sharding_comm_buffer_size_MB", "-1", "--tensor_parallel_degree", "-1",
                          "--max_grad_norm", "0", "--num_train_epochs", "0.5", "--eval_steps", "0",
-                         "--seed", str(2**32 - 1), "--dataloader_num_workers", str(WORKERS_PER_CPU * usable_cpus()),
+                         "--seed", str(2**32 - 1), "--dataloader_num_workers", str(MAX_DATALOADER_WORKERS),
                          "--per_device_train_batch_size", str(INT32_MAX), "--adam_beta2", "0.999"])
     assert (args.seed, args.per_device_train_batch_size, args.dataloader_num_workers) == (
-        2**32 - 1, INT32_MAX, WORKERS_PER_CPU * usable_cpus())
+        2**32 - 1, INT32_MAX, MAX_DATALOADER_WORKERS)
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 64])
+def test_the_dataloader_workers_bound_is_the_same_on_every_machine(tmp_path, monkeypatch, caplog, cpus):
+    """Ranks bound to fewer CPUs (NUMA binding, mixed nodes) accept and refuse exactly what the others do: an
+    error on some ranks only would leave the rest waiting in a collective. Above the local CPUs: a warning."""
+    monkeypatch.setattr(arg_checks, "usable_cpus", lambda: cpus)
+    with caplog.at_level("WARNING"):
+        (args,) = parse_cli(["--output_dir", str(tmp_path), "--dataloader_num_workers", "16"])
+    assert args.dataloader_num_workers == 16
+    assert any("more than the" in r.getMessage() for r in caplog.records) == (cpus < 16)
+    with pytest.raises(SystemExit):
+        parse_cli(["--output_dir", str(tmp_path), "--dataloader_num_workers", str(MAX_DATALOADER_WORKERS + 1)])
 
 
 def test_direct_construction_refuses_the_same_values(tmp_path):
@@ -203,7 +217,7 @@ def test_direct_construction_refuses_the_same_values(tmp_path):
                                  ("adam_beta1", 1.0, "[0, 1)"), ("seed", -1, "unsigned 32-bit"),
                                  ("per_device_train_batch_size", 10**20, "64-bit"),
                                  ("per_device_eval_batch_size", 2**31, "2**31 - 1"),
-                                 ("dataloader_num_workers", 10**6, "os.sched_getaffinity")]:
+                                 ("dataloader_num_workers", 10**6, f"<= {MAX_DATALOADER_WORKERS}")]:
         with pytest.raises(ValueError, match=f"^{key}=.*{re.escape(expected)}"):
             TrainingArguments(output_dir=str(tmp_path), **{key: value})
 
@@ -211,7 +225,7 @@ def test_direct_construction_refuses_the_same_values(tmp_path):
 def test_samples_per_step_beyond_64_bits_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
     with pytest.raises(ValueError, match=r"per_device_train_batch_size=2147483647 x gradient_accumulation_steps="
-                                         r"2147483647 x 4 processes .* \(2\*\*63 - 1"):
+                                         r"2147483647 x 4 data rank\(s\) \(dp x sharding\) .* \(2\*\*63 - 1"):
         TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=INT32_MAX,
                           gradient_accumulation_steps=INT32_MAX)
 

@@ -130,13 +130,13 @@ ARGS_CASES = [
     ("collective_timeout_zero", 1, dict(collective_timeout_seconds=0), ["collective_timeout_seconds=0", "positive"]),
     ("peak_flops_negative", 1, dict(peak_flops_per_device=-1.0), ["peak_flops_per_device=-1.0", "positive"]),
     ("dataloader_workers_negative", 1, dict(dataloader_num_workers=-1), ["dataloader_num_workers=-1", ">= 0"]),
-    ("dataloader_workers_above_cpus", 1, dict(dataloader_num_workers=1000000),
-     ["dataloader_num_workers=1000000", "per CPU this process may run on"]),
+    ("dataloader_workers_above_bound", 1, dict(dataloader_num_workers=1000000),
+     ["dataloader_num_workers=1000000", "<= 1024"]),
     ("train_batch_above_int32", 1, dict(per_device_train_batch_size=2**31), ["per_device_train_batch_size=2147483648",
                                                                             "<= 2147483647 (2**31 - 1)"]),
     ("samples_per_step_beyond_int64", 4, dict(per_device_train_batch_size=2**31 - 1,
                                               gradient_accumulation_steps=2**31 - 1),
-     ["samples per optimizer step is invalid", "2**63 - 1"]),
+     ["x 4 data rank(s) (dp x sharding)", "samples per optimizer step is invalid", "2**63 - 1"]),
     ("int_beyond_int64", 1, dict(max_steps=10**20), ["max_steps=100000000000000000000", "signed 64-bit"]),
     ("learning_rate_nan", 1, dict(learning_rate=float("nan")), ["learning_rate=nan", "finite"]),
     ("epochs_inf", 1, dict(num_train_epochs=float("inf")), ["num_train_epochs=inf", "finite"]),
@@ -200,6 +200,15 @@ def test_a_broken_launch_environment_is_named(monkeypatch, tmp_path, raw, expect
     with pytest.raises(ValueError) as info:
         TrainingArguments(output_dir=str(tmp_path))
     assert expected in one_line(info)
+
+
+def test_samples_per_step_count_the_data_ranks_only(monkeypatch, tmp_path):
+    """Tensor-parallel ranks share their batch: 4 processes at tp 4 are one data rank, so the samples of a step
+    fit 64 bits where 4 data ranks would not (refused above, ``samples_per_step_beyond_int64``)."""
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
+    args = TrainingArguments(output_dir=str(tmp_path), tensor_parallel_degree=4, per_device_train_batch_size=2**31 - 1,
+                             gradient_accumulation_steps=2**31 - 1)
+    assert args.parallel_degrees.tp == 4 and args.parallel_degrees.dp == 1
 
 
 def test_degrees_are_checked_without_creating_a_process_group(monkeypatch, tmp_path):

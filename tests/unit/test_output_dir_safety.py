@@ -174,6 +174,23 @@ def test_a_second_run_fails_fast_naming_the_holder_and_leaves_its_save_in_flight
     train(out, overwrite_output_dir=True)  # now free
 
 
+def test_what_output_dir_holds_is_checked_under_the_lock(tmp_path):
+    """The check of output_dir's entries runs once the lock is taken (no window for another run between them):
+    a run beside a live holder is told the directory is in use, not to move the holder's entries out."""
+    out = tmp_path / "out"
+    proc = hold_lock(out)
+    try:
+        plant_foreign(out)  # what the check alone would refuse
+        with pytest.raises(OutputDirLockedError, match=f"pid {proc.pid}"):
+            train(out)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    with pytest.raises(ValueError, match="did not write"):  # the holder is gone: now the check speaks
+        train(out)
+    assert not (out / LOCK_NAME).exists()  # released although the check raised
+
+
 def test_a_stale_lock_of_a_killed_run_is_taken_over_with_a_warning(tmp_path, caplog):
     out = tmp_path / "out"
     proc = hold_lock(out)

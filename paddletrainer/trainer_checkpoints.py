@@ -68,7 +68,6 @@ class TrainerCheckpoints:
         # the one checkpoint whose pickles may be read (a PaddleNLP one): the exact path the user gave
         self._named_checkpoint = path if isinstance(requested, str) and requested != RESUME_AUTO else None
         self._auto_resume = requested == RESUME_AUTO
-        self._resumed_from = path
         if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
             ckpt.remove_stale_tmp_dirs(self.args.output_dir)
         return path
@@ -127,7 +126,6 @@ class TrainerCheckpoints:
         self._set_aside_damaged(corrupt, f"corrupt: {reason}", fallback)
         for bad, problem in skipped:
             self._set_aside_damaged(bad, problem, fallback)
-        self._resumed_from = fallback
         return fallback
 
     @contextlib.contextmanager
@@ -174,8 +172,7 @@ class TrainerCheckpoints:
             checkpoint_dir, model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state),
             args=self.args, data_state=self._data_state(), topology=self.topology,
             async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
-            save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint,
-            keep_checkpoints=(getattr(self, "_resumed_from", None) or "",))
+            save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
 
     def _data_state(self) -> Dict[str, int]:
         """The layout-free data position, and the global batch it is counted in (a resume keeps it)."""

@@ -296,7 +296,7 @@ def set_aside_damaged(ckpt_dir: str) -> Optional[str]:
 def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None,
                        keep: Sequence[str] = ()) -> List[str]:
     """Delete the oldest checkpoints beyond the limit; never the best, the newest sound one, nor those in ``keep``
-    (the one just saved, the one resumed from). Rank 0 only. Returns the deleted paths.
+    (a save keeps the one it just published). Rank 0 only. Returns the deleted paths.
 
     Counted are the *sound* checkpoints of ours (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and
     index; and no :func:`checkpoint_problem`) and the *empty* ``checkpoint-N`` directories (PaddleNLP/HF count

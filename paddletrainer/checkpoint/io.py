@@ -40,7 +40,7 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import paddle
 
@@ -94,7 +94,6 @@ class _PendingSave:
     index_extra: dict
     save_total_limit: Optional[int]
     best_checkpoint: Optional[str]
-    keep_checkpoints: tuple
     t0: float
     snapshot: HostSnapshot
 
@@ -151,15 +150,14 @@ class Checkpointer:
         async_save: bool = False,
         save_total_limit: Optional[int] = None,
         best_checkpoint: Optional[str] = None,
-        keep_checkpoints: Sequence[str] = (),
     ) -> str:
         """Save everything needed to resume into ``ckpt_dir`` (``.../checkpoint-N``); collective.
 
         Returns ``ckpt_dir``. With ``async_save`` it returns once the small state (RNG, schedule, scaler,
         trainer state, model buffers) is serialised; parameters and optimizer states are copied in the
         background until :meth:`wait_for_snapshot`, and the directory appears at the next :meth:`finish`.
-        ``save_total_limit``/``best_checkpoint`` rotate the parent directory after publishing; rotation never
-        deletes ``ckpt_dir`` nor the checkpoints in ``keep_checkpoints`` (the Trainer's: the one it resumed from).
+        ``save_total_limit``/``best_checkpoint`` rotate the parent directory after publishing (never deleting
+        ``ckpt_dir``, the best nor the newest sound checkpoint: :func:`~.files.rotate_checkpoints`).
         ``data_state`` is the layout-free data position, e.g. ``{"consumed_samples": n}``.
         """
         self.finish()
@@ -233,8 +231,7 @@ class Checkpointer:
             topo=topo, tmp_dir=tmp_dir, ckpt_dir=ckpt_dir, pieces=[e for ents in assigned for e in ents],
             index_extra={"layout": layout_dict(topo), "rng_files": save_rng, **peft.index_entry(model),
                          "timing": {"save_call_s": round(call_s, 4)}},
-            save_total_limit=save_total_limit, best_checkpoint=best_checkpoint,
-            keep_checkpoints=tuple(keep_checkpoints), t0=t0, snapshot=snapshot,
+            save_total_limit=save_total_limit, best_checkpoint=best_checkpoint, t0=t0, snapshot=snapshot,
         )
         self._writer.submit(write)
         if not async_save:
@@ -363,7 +360,7 @@ def _publish_and_rotate(p: _PendingSave, all_records: list) -> Optional[L.Checkp
     if error is None and p.save_total_limit:
         parent = os.path.dirname(p.ckpt_dir)
         try:
-            rotate_checkpoints(parent, p.save_total_limit, p.best_checkpoint, keep=(p.ckpt_dir, *p.keep_checkpoints))
+            rotate_checkpoints(parent, p.save_total_limit, p.best_checkpoint, keep=(p.ckpt_dir,))
         except Exception as e:  # noqa: BLE001 - e.g. PermissionError on an old checkpoint
             where = getattr(e, "filename", None) or parent
             error = L.CheckpointError(f"{where}: deleting old checkpoints (save_total_limit={p.save_total_limit}) "

@@ -15,8 +15,9 @@ Save (every rank calls it at the same point; it is collective):
 5. the writer thread writes the files, recording size + crc32;
 6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
    are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
-   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; an all-reduce of its
-   success ends it (a barrier that fails every rank when rank 0 could not publish, e.g. on a full disk).
+   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; a gather of its
+   outcome ends it (a barrier that fails every rank with rank 0's error when anything of this failed there:
+   a full disk, a refused rename, a rotation that could not delete).
 
 A :class:`Checkpointer` (one per training run; the Trainer owns it) holds the save in flight. With
 ``async_save``, :meth:`Checkpointer.wait_for_snapshot` (before the next optimizer step) waits for the host

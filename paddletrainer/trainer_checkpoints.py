@@ -91,6 +91,7 @@ class TrainerCheckpoints:
         if not getattr(self, "_auto_resume", False):
             self._load_checkpoint(checkpoint_dir)
             return checkpoint_dir
+        passed_over: list = []  # (checkpoint, problem): set aside once every rank is past reading them
         while True:
             try:
                 self._load_checkpoint(checkpoint_dir)
@@ -100,18 +101,21 @@ class TrainerCheckpoints:
             outcome = None if own is None else (isinstance(own, ckpt.CheckpointCorruptError), f"{type(own).__name__}: {own}")
             outcomes = all_gather_object(outcome) if self.topology.world_size > 1 else [outcome]
             failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
-            if not failed:
+            if not failed:  # the gather is also what keeps rank 0 from renaming what another rank still reads
+                for bad, problem in passed_over:
+                    self._set_aside_damaged(bad, problem, checkpoint_dir)
                 return checkpoint_dir
             if not all(corrupt for _, (corrupt, _m) in failed):
                 if own is not None:
                     raise own
                 r, (_c, message) = next((r, o) for r, o in failed if not o[0])
                 raise ckpt.CheckpointError(f"rank {r} failed to load {checkpoint_dir}: {message}")
-            checkpoint_dir = self._fall_back_from_corrupt(checkpoint_dir, own, failed)
+            checkpoint_dir = self._fall_back_from_corrupt(checkpoint_dir, own, failed, passed_over)
 
-    def _fall_back_from_corrupt(self, corrupt: str, own: Optional[Exception], failed: list) -> str:
-        """The next older sound checkpoint after ``corrupt`` failed to load on the ``failed`` ranks (warned; rank 0
-        moves ``corrupt`` aside); raises when there is none or it would not overwrite all the failed load wrote."""
+    def _fall_back_from_corrupt(self, corrupt: str, own: Optional[Exception], failed: list, passed_over: list) -> str:
+        """The next older sound checkpoint after ``corrupt`` failed to load on the ``failed`` ranks (``corrupt`` and
+        the damaged ones in between are added to ``passed_over``); raises when there is none or it would not
+        overwrite all the failed load wrote."""
         reason = "; ".join(f"rank {r}: {message}" for r, (_c, message) in failed)
         step = parse_checkpoint_step(os.path.basename(corrupt))
         fallback, skipped = newest_sound_checkpoint(self.args.output_dir, before=step)
@@ -123,9 +127,7 @@ class TrainerCheckpoints:
                    f"the next older one, {fallback}, cannot stand in for it: {why_not}")
                 + "; the model and optimizer are partly overwritten: restart the run")
             raise error from own
-        self._set_aside_damaged(corrupt, f"corrupt: {reason}", fallback)
-        for bad, problem in skipped:
-            self._set_aside_damaged(bad, problem, fallback)
+        passed_over += [(corrupt, f"corrupt: {reason}"), *skipped]
         return fallback
 
     @contextlib.contextmanager

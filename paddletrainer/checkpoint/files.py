@@ -283,9 +283,12 @@ def set_aside_damaged(ckpt_dir: str) -> Optional[str]:
     rotates or removes that name) and return the new path; None when the rename failed (logged). Rank 0 only.
 
     Left under its name, a damaged newest checkpoint would be passed over by every restart and collide with the
-    save of its step; it is kept, not deleted: it may be repaired, and it may hold what a user added."""
+    save of its step; it is kept, not deleted: it may be repaired. Left under its name (None) when it is not
+    wholly ours: not a checkpoint of ours (marker and index), or holding an entry our writer never makes."""
     target = f"{ckpt_dir}{DAMAGED_INFIX}{int(time.time())}"
     try:
+        if not is_our_checkpoint(ckpt_dir) or foreign_entries(ckpt_dir):
+            return None  # not ours to rename
         os.rename(ckpt_dir, target)
     except OSError as e:
         logger.warning("could not move the damaged checkpoint %s aside to %s (%s)", ckpt_dir, target, e)

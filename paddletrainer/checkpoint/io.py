@@ -443,6 +443,11 @@ def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.Ch
         where = e.filename or ckpt_dir
         return L.CheckpointError(f"{where}: renaming {tmp_dir} to {ckpt_dir} failed ({e.strerror or e}): checkpoint "
                                  f"{ckpt_dir} was not published; the complete save is left in {tmp_dir}")
+    try:
+        fsync_dir(os.path.dirname(ckpt_dir))
+    except OSError as e:
+        return L.CheckpointError(f"{os.path.dirname(ckpt_dir)}: syncing the directory failed ({e.strerror or e}) after "
+                                 f"{ckpt_dir} was renamed into place: it may not survive a power loss")
     return None
 
 
@@ -480,4 +485,3 @@ def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
                 raise
             refuse_foreign_target(ckpt_dir)  # filled meanwhile: refused with the message naming it
             raise
-    fsync_dir(os.path.dirname(ckpt_dir))

@@ -99,7 +99,7 @@ class TrainerCheckpoints:
             except Exception as e:  # noqa: BLE001 - every rank must learn it before any decides
                 own = e
             outcome = None if own is None else (isinstance(own, ckpt.CheckpointCorruptError), f"{type(own).__name__}: {own}")
-            outcomes = all_gather_object(outcome) if self.topology.world_size > 1 else [outcome]
+            outcomes = self._every_ranks_outcome(outcome)
             failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
             if not failed:  # the gather is also what keeps rank 0 from renaming what another rank still reads
                 for bad, problem in passed_over:
@@ -111,6 +111,10 @@ class TrainerCheckpoints:
                 r, (_c, message) = next((r, o) for r, o in failed if not o[0])
                 raise ckpt.CheckpointError(f"rank {r} failed to load {checkpoint_dir}: {message}")
             checkpoint_dir = self._fall_back_from_corrupt(checkpoint_dir, own, failed, passed_over)
+
+    def _every_ranks_outcome(self, outcome) -> list:
+        """Every rank's ``outcome`` of a load, in rank order (collective)."""
+        return all_gather_object(outcome) if self.topology.world_size > 1 else [outcome]
 
     def _fall_back_from_corrupt(self, corrupt: str, own: Optional[Exception], failed: list, passed_over: list) -> str:
         """The next older sound checkpoint after ``corrupt`` failed to load on the ``failed`` ranks (``corrupt`` and

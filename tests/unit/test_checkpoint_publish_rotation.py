@@ -187,3 +187,35 @@ def test_a_fallback_checkpoint_lacking_what_the_failed_load_wrote_cannot_stand_i
                                    trainer_state={"global_step": 1})
     assert _not_overwritten(with_rng, full).startswith("it lacks rng_state.")
     assert _not_overwritten(full, with_rng) is None
+
+
+def rank_1_reports(monkeypatch, trainer, outcome):
+    """As if a second rank's load ended with ``outcome`` the first time (``(is_corrupt, message)``; None: loaded)."""
+    calls = []
+
+    def every_ranks_outcome(own):
+        calls.append(own)
+        return [own, outcome if len(calls) == 1 else None]
+    monkeypatch.setattr(trainer, "_every_ranks_outcome", every_ranks_outcome)
+    return calls
+
+
+def test_every_rank_falls_back_when_another_rank_found_the_chosen_checkpoint_corrupt(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    train(tmp_path)  # checkpoint-2, checkpoint-4: sound for this rank
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6, resume_from_checkpoint="auto"),
+                      train_dataset=regression_data())
+    calls = rank_1_reports(monkeypatch, trainer, (True, "CheckpointCorruptError: corrupt checkpoint …: crc32"))
+    trainer.train()
+    assert calls == [None, None]  # this rank loaded checkpoint-4, then (with rank 1) checkpoint-2
+    assert [h["step"] for h in trainer.state.log_history if "loss" in h] == [1, 2, 3, 4, 5, 6]
+    assert [n for n in os.listdir(out) if n.startswith("checkpoint-4.damaged-")]
+
+
+def test_a_load_failure_of_another_kind_on_another_rank_fails_this_rank_too(tmp_path, monkeypatch):
+    train(tmp_path)
+    trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path, max_steps=6, resume_from_checkpoint="auto"),
+                      train_dataset=regression_data())
+    rank_1_reports(monkeypatch, trainer, (False, "CheckpointMismatchError: shape mismatch"))
+    with pytest.raises(CheckpointError, match=r"rank 1 failed to load .*checkpoint-4: CheckpointMismatchError"):
+        trainer.train()

@@ -373,7 +373,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self.state.max_steps = max_steps
         self.state.num_train_epochs = num_epochs
         if resume is not None:
-            self._load_checkpoint(resume)
+            resume = self._load_resume_checkpoint(resume)  # auto: an older one if this one is corrupt
         checks.check_checkpoint_collisions(args.output_dir, self.state.global_step, max_steps, resume)
         applied_steps = 0  # optimizer steps taken in this call (a rollback sets global_step back, not this)
         global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size

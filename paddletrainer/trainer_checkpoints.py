@@ -16,17 +16,18 @@ from typing import Callable, Dict, Iterator, Optional
 from . import checkpoint as ckpt
 from .callbacks import TrainerState
 from .checkpoint.files import read_index, read_json
-from .checkpoint.layout import DATA_STATE_NAME, TRAINING_ARGS_NAME
+from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.layout import TRAINER_STATE_NAME
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
 from .data import resume_position
-from .checkpoint.files import newest_sound_checkpoint
+from .checkpoint.files import newest_sound_checkpoint, set_aside_damaged
 from .output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
 from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
-                            is_paddlenlp_unified_checkpoint, requested_resume, resolve_resume_checkpoint)
+                            is_paddlenlp_unified_checkpoint, parse_checkpoint_step, requested_resume,
+                            resolve_resume_checkpoint)
 
 __all__ = ["TrainerCheckpoints"]
 
@@ -49,7 +50,8 @@ class TrainerCheckpoints:
         restart is not stuck on it; when every checkpoint there is damaged it is an error, not a fresh start.
         Half-written ``checkpoint-N.tmp-*`` dirs of a crashed attempt are never resumed; rank 0 deletes those of
         this run's ``output_dir`` here (no save of this job is in flight when train() starts). A resume path
-        elsewhere is left alone: another job may be writing beside it.
+        elsewhere is left alone: another job may be writing beside it. A damaged checkpoint ``auto`` passed over is
+        moved aside to ``checkpoint-N.damaged-<time>`` by rank 0 (:meth:`_set_aside_damaged`).
         """
         value = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
         path = resolve_resume_checkpoint(value, self.args.output_dir)
@@ -62,13 +64,75 @@ class TrainerCheckpoints:
                     + "; ".join(f"{os.path.basename(bad)}: {problem}" for bad, problem in skipped)
                     + "): repair or move them, or resume from a path you name")
             for bad, problem in skipped:
-                logger.warning("resume_from_checkpoint=auto: skipped the damaged checkpoint %s (%s); resuming from %s",
-                               bad, problem, path)
+                self._set_aside_damaged(bad, problem, path)
         # the one checkpoint whose pickles may be read (a PaddleNLP one): the exact path the user gave
         self._named_checkpoint = path if isinstance(requested, str) and requested != RESUME_AUTO else None
+        self._auto_resume = requested == RESUME_AUTO
         if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
             ckpt.remove_stale_tmp_dirs(self.args.output_dir)
         return path
+
+    def _set_aside_damaged(self, bad: str, problem: str, resuming_from: str) -> None:
+        """Warn that ``auto`` passed over ``bad``; rank 0 renames it ``checkpoint-N.damaged-<time>``: under its name
+        it would outrank the sound checkpoints in rotation and be in the way of the save of its step."""
+        moved = set_aside_damaged(bad) if self.topology.rank == 0 else None
+        logger.warning("resume_from_checkpoint=auto: skipped the damaged checkpoint %s (%s); resuming from %s%s",
+                       bad, problem, resuming_from, f"; moved it aside to {moved}" if moved else "")
+
+    def _load_resume_checkpoint(self, checkpoint_dir: str) -> str:
+        """:meth:`_load_checkpoint` of the checkpoint to resume from; returns the one loaded.
+
+        With ``resume_from_checkpoint=auto`` a checkpoint that turns out corrupt while it is read (a crc32
+        mismatch: :class:`~.checkpoint.CheckpointCorruptError` on any rank) is passed over like a damaged one:
+        every rank learns every rank's outcome (one gather), and all fall back to the next older sound checkpoint
+        with a warning, as long as that one holds every tensor and state file the failed load may have written
+        (so all of it is overwritten again); otherwise the error is raised. Any other failure on a rank is
+        raised on every rank."""
+        if not getattr(self, "_auto_resume", False):
+            self._load_checkpoint(checkpoint_dir)
+            return checkpoint_dir
+        passed_over: list = []  # (checkpoint, problem): set aside once every rank is past reading them
+        while True:
+            try:
+                self._load_checkpoint(checkpoint_dir)
+                own = None
+            except Exception as e:  # noqa: BLE001 - every rank must learn it before any decides
+                own = e
+            outcome = None if own is None else (isinstance(own, ckpt.CheckpointCorruptError), f"{type(own).__name__}: {own}")
+            outcomes = self._every_ranks_outcome(outcome)
+            failed = [(r, o) for r, o in enumerate(outcomes) if o is not None]
+            if not failed:  # the gather is also what keeps rank 0 from renaming what another rank still reads
+                for bad, problem in passed_over:
+                    self._set_aside_damaged(bad, problem, checkpoint_dir)
+                return checkpoint_dir
+            if not all(corrupt for _, (corrupt, _m) in failed):
+                if own is not None:
+                    raise own
+                r, (_c, message) = next((r, o) for r, o in failed if not o[0])
+                raise ckpt.CheckpointError(f"rank {r} failed to load {checkpoint_dir}: {message}")
+            checkpoint_dir = self._fall_back_from_corrupt(checkpoint_dir, own, failed, passed_over)
+
+    def _every_ranks_outcome(self, outcome) -> list:
+        """Every rank's ``outcome`` of a load, in rank order (collective)."""
+        return all_gather_object(outcome) if self.topology.world_size > 1 else [outcome]
+
+    def _fall_back_from_corrupt(self, corrupt: str, own: Optional[Exception], failed: list, passed_over: list) -> str:
+        """The next older sound checkpoint after ``corrupt`` failed to load on the ``failed`` ranks (``corrupt`` and
+        the damaged ones in between are added to ``passed_over``); raises when there is none or it would not
+        overwrite all the failed load wrote."""
+        reason = "; ".join(f"rank {r}: {message}" for r, (_c, message) in failed)
+        step = parse_checkpoint_step(os.path.basename(corrupt))
+        fallback, skipped = newest_sound_checkpoint(self.args.output_dir, before=step)
+        why_not = None if fallback is None else _not_overwritten(corrupt, fallback)
+        if fallback is None or why_not:
+            error = ckpt.CheckpointError(
+                f"resume_from_checkpoint=auto: {corrupt} is corrupt ({reason}) and "
+                + (f"no older sound checkpoint is in {self.args.output_dir}" if fallback is None else
+                   f"the next older one, {fallback}, cannot stand in for it: {why_not}")
+                + "; the model and optimizer are partly overwritten: restart the run")
+            raise error from own
+        passed_over += [(corrupt, f"corrupt: {reason}"), *skipped]
+        return fallback
 
     @contextlib.contextmanager
     def _output_dir_lock(self) -> Iterator[None]:
@@ -245,6 +309,21 @@ class TrainerCheckpoints:
 
     def _finish_checkpoints(self) -> None:
         self._checkpointer.finish()  # an async save is on disk (and published) before train() returns
+
+
+def _not_overwritten(failed: str, fallback: str) -> Optional[str]:
+    """What of checkpoint ``failed`` (whose load stopped half way) loading ``fallback`` would not write again: the
+    tensors, and the schedule, scaler and RNG files, ``failed`` holds that ``fallback`` lacks; or a different
+    global batch (already applied to this run's accumulation). None when ``fallback`` overwrites all of it."""
+    index_failed, index_fallback = read_index(failed), read_index(fallback)
+    tensors = sorted(set(index_failed["tensors"]) - set(index_fallback["tensors"]))
+    states = sorted(n for n in set(index_failed["files"]) - set(index_fallback["files"])
+                    if n in (SCHEDULER_NAME, SCALER_NAME) or n.startswith("rng_state"))
+    if tensors or states:
+        return "it lacks " + ", ".join((tensors + states)[:5]) + (" …" if len(tensors) + len(states) > 5 else "")
+    if _saved_global_batch(failed) != _saved_global_batch(fallback):
+        return "it was trained with another global batch"
+    return None
 
 
 def _saved_global_batch(checkpoint_dir: str) -> Optional[int]:

@@ -12,10 +12,12 @@ import json
 import logging
 import os
 import shutil
+import stat
 import struct
 import threading
+import time
 import uuid
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -25,7 +27,7 @@ from ..trainer_utils import is_our_checkpoint, sorted_checkpoints
 from . import layout as L
 from .checksum import crc32, crc32_combine
 from .local_state import unwrap_model
-from .members import MAX_INDEX_BYTES, read_member
+from .members import MAX_INDEX_BYTES, CheckpointPathError, member_path, read_member
 from .validate import validate_index
 from .verified_read import read_small_file
 
@@ -176,6 +178,13 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def foreign_entries(path: str) -> List[str]:
+    """The entries of directory ``path`` that our writer never puts in a checkpoint: names that are not ours
+    (:func:`~.layout.is_our_file_name`), subdirectories, symlinks, anything but a regular file; sorted."""
+    with os.scandir(path) as entries:
+        return sorted(e.name for e in entries if not (e.is_file(follow_symlinks=False) and L.is_our_file_name(e.name)))
+
+
 def is_our_staging_dir(path: str) -> bool:
     """Whether ``path`` (named ``checkpoint-N.tmp-*``) holds only what our writer leaves there: a real directory
     whose entries are all regular files with our file names (an unfinished save: no marker yet, or a checkpoint
@@ -183,8 +192,7 @@ def is_our_staging_dir(path: str) -> bool:
     not ours: it is then never removed."""
     if os.path.islink(path) or not os.path.isdir(path):
         return False
-    with os.scandir(path) as entries:
-        return all(e.is_file(follow_symlinks=False) and L.is_our_file_name(e.name) for e in entries)
+    return not foreign_entries(path)
 
 
 def remove_stale_tmp_dirs(parent: str) -> List[str]:
@@ -230,7 +238,8 @@ def get_last_complete_checkpoint(folder: str) -> Optional[str]:
 
 def checkpoint_problem(ckpt_dir: str) -> Optional[str]:
     """Why ``ckpt_dir`` (a complete checkpoint of ours) cannot be loaded, found without reading its tensors, or
-    None: its index must parse and every file it lists must exist with the listed size. (Checksums are compared
+    None: its index must parse and every file it lists must be a regular file inside the directory (no symlink
+    out of it: loading refuses those) with the listed size. (Checksums are compared
     while a load reads the files; this check is what every rank can run alike before choosing one.)"""
     try:
         index = read_index(ckpt_dir)
@@ -240,19 +249,25 @@ def checkpoint_problem(ckpt_dir: str) -> Optional[str]:
         return f"its {L.INDEX_NAME} is unreadable ({type(e).__name__}: {e})"
     for name, size in sorted(expected.items()):
         try:
-            found = os.path.getsize(os.path.join(ckpt_dir, name))
+            st = os.stat(member_path(ckpt_dir, name))  # a symlink out of the directory is refused by every load
+        except CheckpointPathError as e:
+            return e.problem
         except OSError:
             return f"{name} is missing"
-        if found != size:
-            return f"{name} has {found} bytes, its index says {size}"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{name} is not a regular file"
+        if st.st_size != size:
+            return f"{name} has {st.st_size} bytes, its index says {size}"
     return None
 
 
-def newest_sound_checkpoint(folder: str) -> Tuple[Optional[str], List[Tuple[str, str]]]:
+def newest_sound_checkpoint(folder: str, before: Optional[int] = None) -> Tuple[Optional[str], List[Tuple[str, str]]]:
     """The newest complete checkpoint of ours in ``folder`` that passes :func:`checkpoint_problem` (or None), and
-    the newer ones passed over, each with its problem."""
+    the newer ones passed over, each with its problem. ``before``: only checkpoints of lower steps count."""
     skipped: List[Tuple[str, str]] = []
     for path in reversed(sorted_checkpoints(folder)):
+        if before is not None and L.parse_checkpoint_step(os.path.basename(path)) >= before:
+            continue
         problem = checkpoint_problem(path)
         if problem is None:
             return path, skipped
@@ -260,32 +275,80 @@ def newest_sound_checkpoint(folder: str) -> Tuple[Optional[str], List[Tuple[str,
     return None, skipped
 
 
-def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None) -> List[str]:
-    """Delete the oldest checkpoints beyond the limit; never the best nor the newest. Rank 0 only.
+DAMAGED_INFIX = ".damaged-"
 
-    The checkpoints are ours (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and index) and the
-    *empty* ``checkpoint-N`` directories (PaddleNLP/HF count every directory of that name; an empty one holds
-    nothing that is not ours, and ``os.rmdir`` removes it only while it is still empty). A PaddleNLP checkpoint or
-    a user's non-empty ``checkpoint-*`` entry is neither counted nor touched."""
-    ckpts = [p for p in list_complete_checkpoints(output_dir) if is_our_checkpoint(p)]
+
+def set_aside_damaged(ckpt_dir: str) -> Optional[str]:
+    """Rename damaged checkpoint ``ckpt_dir`` of ours to ``checkpoint-N.damaged-<unix time>`` (nothing reads,
+    rotates or removes that name) and return the new path; None when the rename failed (logged). Rank 0 only.
+
+    Left under its name, a damaged newest checkpoint would be passed over by every restart and collide with the
+    save of its step; it is kept, not deleted: it may be repaired. Left under its name (None) when it is not
+    wholly ours: not a checkpoint of ours (marker and index), or holding an entry our writer never makes."""
+    target = f"{ckpt_dir}{DAMAGED_INFIX}{int(time.time())}"
+    try:
+        if not is_our_checkpoint(ckpt_dir) or foreign_entries(ckpt_dir):
+            return None  # not ours to rename
+        os.rename(ckpt_dir, target)
+    except OSError as e:
+        logger.warning("could not move the damaged checkpoint %s aside to %s (%s)", ckpt_dir, target, e)
+        return None
+    return target
+
+
+def rotate_checkpoints(output_dir: str, save_total_limit: Optional[int], best_checkpoint: Optional[str] = None,
+                       keep: Sequence[str] = ()) -> List[str]:
+    """Delete the oldest checkpoints beyond the limit; never the best, the newest sound one, nor those in ``keep``
+    (a save keeps the one it just published). Rank 0 only. Returns the deleted paths.
+
+    Counted are the *sound* checkpoints of ours (:func:`~paddletrainer.trainer_utils.is_our_checkpoint`: marker and
+    index; and no :func:`checkpoint_problem`) and the *empty* ``checkpoint-N`` directories (PaddleNLP/HF count
+    every directory of that name; an empty one holds nothing that is not ours, and ``os.rmdir`` removes it only
+    while it is still empty). A damaged checkpoint is neither counted nor deleted: counted, a damaged newest one
+    would be protected while the sound ones it outnumbers were deleted. A PaddleNLP checkpoint or a user's
+    non-empty ``checkpoint-*`` entry is neither counted nor touched, and a checkpoint of ours holding an entry our
+    writer never makes (:func:`foreign_entries`) is left with a warning naming them."""
+    sound = [p for p in list_complete_checkpoints(output_dir) if is_our_checkpoint(p) and checkpoint_problem(p) is None]
     empty = _empty_checkpoint_dirs(output_dir)
-    steps = {L.parse_checkpoint_step(os.path.basename(p)): p for p in ckpts + empty}
+    steps = {L.parse_checkpoint_step(os.path.basename(p)): p for p in sound + empty}
+    protected = [L.parse_checkpoint_step(os.path.basename(os.path.normpath(p))) for p in keep if p]
+    if sound:
+        protected.append(L.parse_checkpoint_step(os.path.basename(sound[-1])))
     best = L.parse_checkpoint_step(os.path.basename(os.path.normpath(best_checkpoint))) if best_checkpoint else None
-    doomed = [steps[s] for s in L.select_checkpoints_to_delete(list(steps), save_total_limit, best)]
+    doomed = [steps[s] for s in L.select_checkpoints_to_delete(list(steps), save_total_limit, best, keep=protected)]
+    deleted = []
     for path in doomed:
         if path in empty:
             with contextlib.suppress(OSError):  # gone, or no longer empty: then it is not ours to delete
                 os.rmdir(path)
+                deleted.append(path)
             continue
-        # rename to a tmp name first (atomic): a kill mid-delete leaves a tmp dir, which no reader takes for a
-        # checkpoint and the next save or train() start removes, never a half-deleted ``checkpoint-N``
-        trash = path + L.TMP_INFIX + "deleted-" + uuid.uuid4().hex[:8]
-        try:
-            os.rename(path, trash)
-        except FileNotFoundError:
-            continue
+        if _delete_checkpoint_of_ours(path):
+            deleted.append(path)
+    return deleted
+
+
+def _delete_checkpoint_of_ours(path: str) -> bool:
+    """Delete checkpoint ``path`` of ours unless it holds an entry our writer never makes (then warn, keep it)."""
+    try:
+        extra = foreign_entries(path)
+    except FileNotFoundError:
+        return False
+    if extra:
+        logger.warning("save_total_limit: not deleting %s: it holds entries paddletrainer does not write (%s); "
+                       "paddletrainer never deletes what it did not write: move them out, then delete it yourself",
+                       path, ", ".join(extra))
+        return False
+    # rename to a tmp name first (atomic): a kill mid-delete leaves a tmp dir, which no reader takes for a
+    # checkpoint and the next save or train() start removes, never a half-deleted ``checkpoint-N``
+    trash = path + L.TMP_INFIX + "deleted-" + uuid.uuid4().hex[:8]
+    try:
+        os.rename(path, trash)
+    except FileNotFoundError:
+        return False
+    if is_our_staging_dir(trash):  # nothing was added between the check and the rename
         shutil.rmtree(trash, ignore_errors=True)
-    return doomed
+    return True
 
 
 def _empty_checkpoint_dirs(output_dir: str) -> List[str]:

@@ -15,8 +15,9 @@ Save (every rank calls it at the same point; it is collective):
 5. the writer thread writes the files, recording size + crc32;
 6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
    are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
-   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; an all-reduce of its
-   success ends it (a barrier that fails every rank when rank 0 could not publish, e.g. on a full disk).
+   ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; a gather of its
+   outcome ends it (a barrier that fails every rank with rank 0's error when anything of this failed there:
+   a full disk, a refused rename, a rotation that could not delete).
 
 A :class:`Checkpointer` (one per training run; the Trainer owns it) holds the save in flight. With
 ``async_save``, :meth:`Checkpointer.wait_for_snapshot` (before the next optimizer step) waits for the host
@@ -30,6 +31,7 @@ the previous ``checkpoint-*`` untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -53,7 +55,9 @@ from . import rng as rng_mod
 from .async_writer import AsyncWriter
 from .files import (
     args_json,
+    foreign_entries,
     fsync_dir,
+    is_our_staging_dir,
     json_bytes,
     model_config_dict,
     remove_stale_tmp_dirs,
@@ -154,7 +158,8 @@ class Checkpointer:
         Returns ``ckpt_dir``. With ``async_save`` it returns once the small state (RNG, schedule, scaler,
         trainer state, model buffers) is serialised; parameters and optimizer states are copied in the
         background until :meth:`wait_for_snapshot`, and the directory appears at the next :meth:`finish`.
-        ``save_total_limit``/``best_checkpoint`` rotate the parent directory after publishing.
+        ``save_total_limit``/``best_checkpoint`` rotate the parent directory after publishing (never deleting
+        ``ckpt_dir``, the best nor the newest sound checkpoint: :func:`~.files.rotate_checkpoints`).
         ``data_state`` is the layout-free data position, e.g. ``{"consumed_samples": n}``.
         """
         self.finish()
@@ -165,15 +170,13 @@ class Checkpointer:
 
         # 2. stale tmp dirs (crashed saves) go first, before anyone can write: every rank waits at the
         # collective below (the metadata gather, or the flag of a repeat save) before it writes
-        uid = None
-        if topo.rank == 0:
-            os.makedirs(parent, exist_ok=True)
-            remove_stale_tmp_dirs(parent)
-            uid = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
-
         # 3. candidates -> writers (metadata only crosses the wire)
-        try:
+        uid = None
+        try:  # rank 0's failures too (an unreadable lock file, a foreign target) reach every rank at the gather
             if topo.rank == 0:
+                os.makedirs(parent, exist_ok=True)
+                remove_stale_tmp_dirs(parent)
+                uid = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
                 refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
                 check_still_held(parent)  # output_dir's lock taken over by another run: save no more
             models, by_param = model_tensors(model, topo)
@@ -277,23 +280,16 @@ class Checkpointer:
             records, error = f"{type(e).__name__}: {e}", e
         all_records = _gather(records, topo)
         _raise_if_any_failed(list(zip(range(len(all_records)), all_records)), "writing its files", error)
-        published = None
-        if topo.rank == 0:
-            files: Dict[str, Dict[str, int]] = {}
-            for r in all_records:
-                files.update(r)
-            extra = dict(p.index_extra)
-            extra["timing"]["total_s"] = round(time.perf_counter() - p.t0, 4)
-            index = L.build_index(p.pieces, files, extra.pop("layout"), extra)
-            published = _publish_or_error(p.tmp_dir, p.ckpt_dir, index)
-            if published is None and p.save_total_limit:
-                rotate_checkpoints(os.path.dirname(p.ckpt_dir), p.save_total_limit, p.best_checkpoint)
+        failure = _publish_and_rotate(p, all_records) if topo.rank == 0 else None
         # doubles as the barrier: nobody resumes/loads/rotates before the directory exists under its final name,
-        # and a publish that failed on rank 0 (disk full) fails on every rank instead of leaving them waiting
-        if not _true_on_every_rank(published is None, topo):
-            raise published or L.CheckpointError(
-                f"checkpoint {p.ckpt_dir} was not published: rank 0 could not write it (see its error); "
-                "the previous checkpoint is intact")
+        # and whatever failed on rank 0 (disk full, a rename refused, rotation) fails every rank alike, with rank 0's
+        # message, instead of leaving them waiting
+        if topo.world_size > 1:
+            message = _gather(None if failure is None else str(failure), topo)[0]
+            if failure is None and message is not None:
+                raise L.CheckpointError(message)
+        if failure is not None:
+            raise failure
         return p.ckpt_dir
 
     def finish_after_error(self, same_on_every_rank: bool) -> Optional[str]:
@@ -350,6 +346,32 @@ def _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_st
     return small
 
 
+def _publish_and_rotate(p: _PendingSave, all_records: list) -> Optional[L.CheckpointError]:
+    """Rank 0's part of :meth:`Checkpointer.finish`: index, marker, rename, rotation. Never raises: a failure
+    comes back as a :class:`~.layout.CheckpointError` naming the file, for every rank to raise."""
+    try:
+        files: Dict[str, Dict[str, int]] = {}
+        for r in all_records:
+            files.update(r)
+        extra = dict(p.index_extra)
+        extra["timing"]["total_s"] = round(time.perf_counter() - p.t0, 4)
+        index = L.build_index(p.pieces, files, extra.pop("layout"), extra)
+    except Exception as e:  # noqa: BLE001 - every rank must learn it
+        return L.CheckpointError(f"checkpoint {p.ckpt_dir} was not published: its index could not be built "
+                                 f"({type(e).__name__}: {e}); the previous checkpoint is intact")
+    error = _publish_or_error(p.tmp_dir, p.ckpt_dir, index)
+    if error is None and p.save_total_limit:
+        parent = os.path.dirname(p.ckpt_dir)
+        try:
+            rotate_checkpoints(parent, p.save_total_limit, p.best_checkpoint, keep=(p.ckpt_dir,))
+        except Exception as e:  # noqa: BLE001 - e.g. PermissionError on an old checkpoint
+            where = getattr(e, "filename", None) or parent
+            error = L.CheckpointError(f"{where}: deleting old checkpoints (save_total_limit={p.save_total_limit}) "
+                                      f"failed ({type(e).__name__}: {getattr(e, 'strerror', None) or e}); checkpoint "
+                                      f"{p.ckpt_dir} was published and is intact")
+    return error
+
+
 def _raise_if_any_failed(gathered, what: str, own_error) -> None:
     """Raise on every rank if any rank failed (its gathered payload is an error string)."""
     failed = [(r, g[1]) for r, g in enumerate(gathered) if isinstance(g[1], str)]
@@ -378,9 +400,18 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
 
 def refuse_foreign_target(ckpt_dir: str) -> None:
     """Raise :class:`~.layout.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
-    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted. An empty
+    index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted. A checkpoint
+    of ours is refused too when it holds an entry our writer never makes (:func:`.files.foreign_entries`). An empty
     directory holds nothing to lose: the save takes its place."""
-    if os.path.lexists(ckpt_dir) and not is_our_checkpoint(ckpt_dir) and not is_empty_dir(ckpt_dir):
+    if os.path.lexists(ckpt_dir) and is_our_checkpoint(ckpt_dir):
+        extra = foreign_entries(ckpt_dir)
+        if extra:
+            raise L.CheckpointError(
+                f"cannot save {ckpt_dir}: a checkpoint of that step exists that holds entries paddletrainer does not "
+                f"write ({', '.join(extra)}); replacing it would delete them and paddletrainer never deletes what it "
+                f"did not write: move them out of {ckpt_dir} or choose another output_dir")
+        return
+    if os.path.lexists(ckpt_dir) and not is_empty_dir(ckpt_dir):
         kind = "directory" if os.path.isdir(ckpt_dir) and not os.path.islink(ckpt_dir) else "file"
         raise L.CheckpointError(
             f"cannot save {ckpt_dir}: a {kind} of that name exists that paddletrainer did not write (no "
@@ -390,10 +421,11 @@ def refuse_foreign_target(ckpt_dir: str) -> None:
 
 
 def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.CheckpointError]:
-    """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). A failure to write them
-    (disk full, quota, read-only filesystem) comes back as a :class:`~.layout.CheckpointError` naming the file,
-    for the caller to raise once every rank knows; the unpublished tmp dir is removed (it is ours, and the space
-    may be what is missing) and earlier checkpoints are untouched."""
+    """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). Any failure comes back as
+    a :class:`~.layout.CheckpointError` naming the file, for the caller to raise once every rank knows; earlier
+    checkpoints are untouched. When writing the index or marker failed (disk full, quota, read-only filesystem)
+    the unpublished tmp dir is removed (it is ours, and the space may be what is missing); when the rename
+    failed it is kept: it holds the complete save (the next save removes it as stale)."""
     try:
         _add_hf_weights_index(tmp_dir, index)
         _write_index_and_marker(tmp_dir, index)
@@ -402,7 +434,22 @@ def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.Ch
         where = e.filename or tmp_dir
         return L.CheckpointError(f"{where}: could not be written ({e.strerror or e}): checkpoint {ckpt_dir} was not "
                                  "published; the previous checkpoint is intact")
-    _rename_into_place(tmp_dir, ckpt_dir)
+    except Exception as e:  # noqa: BLE001 - every rank must learn it
+        return L.CheckpointError(f"{tmp_dir}: its index could not be written ({type(e).__name__}: {e}): checkpoint "
+                                 f"{ckpt_dir} was not published; the previous checkpoint is intact")
+    try:
+        _rename_into_place(tmp_dir, ckpt_dir)
+    except L.CheckpointError as e:
+        return L.CheckpointError(f"{e} (the complete save is left in {tmp_dir})")
+    except OSError as e:
+        where = e.filename or ckpt_dir
+        return L.CheckpointError(f"{where}: renaming {tmp_dir} to {ckpt_dir} failed ({e.strerror or e}): checkpoint "
+                                 f"{ckpt_dir} was not published; the complete save is left in {tmp_dir}")
+    try:
+        fsync_dir(os.path.dirname(ckpt_dir))
+    except OSError as e:
+        return L.CheckpointError(f"{os.path.dirname(ckpt_dir)}: syncing the directory failed ({e.strerror or e}) after "
+                                 f"{ckpt_dir} was renamed into place: it may not survive a power loss")
     return None
 
 
@@ -424,8 +471,14 @@ def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
     if is_our_checkpoint(ckpt_dir):  # re-saving a step: move the old one aside first (rename is atomic)
         trash = ckpt_dir + L.TMP_INFIX + "replaced-" + uuid.uuid4().hex[:8]
         os.rename(ckpt_dir, trash)
-        os.rename(tmp_dir, ckpt_dir)
-        shutil.rmtree(trash, ignore_errors=True)
+        try:
+            os.rename(tmp_dir, ckpt_dir)
+        except OSError:
+            with contextlib.suppress(OSError):  # put the old checkpoint back: it may be the only good one
+                os.rename(trash, ckpt_dir)
+            raise
+        if is_our_staging_dir(trash):  # nothing was added to it since the check above
+            shutil.rmtree(trash, ignore_errors=True)
     else:
         try:  # onto nothing, or an empty directory: rename(2) replaces that atomically, a non-empty one it refuses
             os.rename(tmp_dir, ckpt_dir)
@@ -434,4 +487,3 @@ def _rename_into_place(tmp_dir: str, ckpt_dir: str) -> None:
                 raise
             refuse_foreign_target(ckpt_dir)  # filled meanwhile: refused with the message naming it
             raise
-    fsync_dir(os.path.dirname(ckpt_dir))

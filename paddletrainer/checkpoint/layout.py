@@ -434,9 +434,9 @@ def unplaced_optimizer_states(index: dict, stepped: Iterable[str], placed: Itera
 
 # ------------------------------------------------------------------------------------- rotation
 def select_checkpoints_to_delete(
-    steps: Sequence[int], save_total_limit: Optional[int], best_step: Optional[int] = None
+    steps: Sequence[int], save_total_limit: Optional[int], best_step: Optional[int] = None, keep: Iterable[int] = ()
 ) -> List[int]:
-    """Oldest complete checkpoints beyond ``save_total_limit``; never the newest nor the best.
+    """Oldest complete checkpoints beyond ``save_total_limit``; never the newest, the best nor those in ``keep``.
 
     So ``save_total_limit=1`` with a best that is not the newest keeps two (like HF/PaddleNLP).
     """
@@ -445,7 +445,7 @@ def select_checkpoints_to_delete(
     ordered = sorted(set(steps))
     if not ordered:
         return []
-    protected = {ordered[-1]} | ({best_step} if best_step is not None else set())
+    protected = {ordered[-1], *keep} | ({best_step} if best_step is not None else set())
     keep = len(ordered)
     doomed = []
     for s in ordered:

@@ -15,14 +15,12 @@ from typing import Callable, Dict, Iterator, Optional
 
 from . import checkpoint as ckpt
 from .callbacks import TrainerState
-from .checkpoint.files import read_index, read_json
-from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINING_ARGS_NAME
+from .checkpoint.files import newest_sound_checkpoint, read_index, read_json, set_aside_damaged
+from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
-from .checkpoint.layout import TRAINER_STATE_NAME
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
 from .data import resume_position
-from .checkpoint.files import newest_sound_checkpoint, set_aside_damaged
 from .output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
 from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,

@@ -77,7 +77,7 @@ class Rollback:
             logger.warning("nan_inf_policy='rollback' passed over the damaged checkpoint %s (%s)", bad, problem)
         if path is None:
             why = ("the last step the replica check passed (replica_check_steps): a checkpoint saved after it may "
-                   f"hold diverged weights" if verified_step is not None and verified_step < trainer.state.global_step
+                   "hold diverged weights" if verified_step is not None and verified_step < trainer.state.global_step
                    else "the current step")
             passed = "".join(f"; {os.path.basename(bad)} is damaged: {problem}" for bad, problem in damaged)
             raise type(error)(f"{error}; nan_inf_policy='rollback' found no complete checkpoint in "

@@ -1,4 +1,5 @@
-"""``python -m paddletrainer.launch --max_restart N <paddle.distributed.launch arguments>``: restart a failed job.
+"""``python -m paddletrainer.launch --max_restart N <paddle.distributed.launch arguments>`` (installed as
+``paddletrainer-launch``): restart a failed job.
 
 Why this exists: Paddle 3.3.1's ``paddle.distributed.launch`` restarts a job only in its elastic mode, which needs
 an etcd server (``--master etcd://host:port``; ``CollectiveElasticController``). On an ordinary launch (one node,
@@ -26,6 +27,7 @@ import time
 from typing import List, Optional, Tuple
 
 from .errors import ERROR_EXIT_CODE
+from .paddle_requirement import require_paddle
 
 USAGE_ERROR_EXIT_CODE = ERROR_EXIT_CODE  # argparse's status for bad options; restarting cannot fix those
 RESTART_COUNT_ENV = "PADDLETRAINER_RESTART_COUNT"
@@ -79,6 +81,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     max_restart, launch_args = split_max_restart(list(sys.argv[1:] if argv is None else argv))
     if not any(a.endswith(".py") for a in launch_args):
         raise SystemExit(f"{_USAGE}\nerror: no training script (*.py) given")
+    try:  # the launch runs `python -m paddle.distributed.launch`: say how to install Paddle before starting it
+        require_paddle()
+    except ImportError as exc:
+        raise SystemExit(f"paddletrainer.launch: error: {exc}") from None
     sup = _Supervisor(launch_args)
     previous = {s: signal.signal(s, sup._forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -62,4 +62,4 @@ def run_retrying_hangs(description: str, attempt: Callable[[int], Tuple[object, 
 def summary() -> str:
     """One line for the end of a run: how many launches ran and which were retried after a hang."""
     names = f": {', '.join(RETRIED)}" if RETRIED else ""
-    return f"multi-process launches: {len(LAUNCHES)}, retried after a hang: {len(RETRIED)}{names}"
+    return f"launches run with the hang retry: {len(LAUNCHES)}, retried after a hang: {len(RETRIED)}{names}"

@@ -120,11 +120,12 @@ def test_installing_the_wheel_beside_a_paddle_build_replaces_nothing(wheel, tmp_
     pip(python, "install", "--quiet", "--no-deps", str(wheel))
     assert pip(python, "check").stdout.strip() == "No broken requirements found."
     assert sorted(p.name for p in site_packages(python).iterdir() if PADDLE_ENTRIES.match(p.name)) == paddle_before
-    probe = "import paddle, paddletrainer; print(paddletrainer.__file__); print(paddle.__version__)"
+    probe = "import importlib.util, paddletrainer; print(paddletrainer.__file__, importlib.util.find_spec('paddle').origin)"
     out = run(python, "-c", probe, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[0].startswith(str(site_packages(python))) and out.stdout.split()[1] == PADDLE_PIN
-    assert run(python, "paddletrainer-merge-checkpoint", "--help", cwd=tmp_path).returncode == 0
+    assert all(path.startswith(str(site_packages(python))) for path in out.stdout.split())
+    if build == "paddlepaddle-gpu":  # the console scripts work (this one imports paddle: a few seconds, so once)
+        assert run(python, "paddletrainer-merge-checkpoint", "--help", cwd=tmp_path).returncode == 0
 
 
 TRAINER_SCRIPT = """

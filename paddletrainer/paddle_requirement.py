@@ -96,7 +96,7 @@ class PaddleGuard(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Put the guard on ``sys.meta_path`` once; check an already imported Paddle now (called by ``import paddletrainer``)."""
+    """Put the guard first on ``sys.meta_path`` once; check an already imported Paddle now (at import)."""
     paddle = sys.modules.get("paddle")
     if paddle is not None:
         check_version(str(getattr(paddle, "__version__", "a Paddle without __version__")))

@@ -120,7 +120,8 @@ def test_installing_the_wheel_beside_a_paddle_build_replaces_nothing(wheel, tmp_
     pip(python, "install", "--quiet", "--no-deps", str(wheel))
     assert pip(python, "check").stdout.strip() == "No broken requirements found."
     assert sorted(p.name for p in site_packages(python).iterdir() if PADDLE_ENTRIES.match(p.name)) == paddle_before
-    probe = "import importlib.util, paddletrainer; print(paddletrainer.__file__, importlib.util.find_spec('paddle').origin)"
+    probe = ("import importlib.util, paddletrainer\n"
+             "print(paddletrainer.__file__, importlib.util.find_spec('paddle').origin)")
     out = run(python, "-c", probe, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert all(path.startswith(str(site_packages(python))) for path in out.stdout.split())
@@ -148,6 +149,7 @@ def test_without_paddle_import_works_and_a_trainer_says_how_to_install_it(wheel,
     last = out.stderr.strip().splitlines()[-1]
     assert out.returncode == 1 and last.startswith("ModuleNotFoundError: paddletrainer needs PaddlePaddle")
     assert last.endswith(install_hint())
-    assert f"pip install paddlepaddle=={PADDLE_PIN} (CPU)" in last and f"pip install paddlepaddle-gpu=={PADDLE_PIN}" in last
+    assert f"pip install paddlepaddle=={PADDLE_PIN} (CPU)" in last
+    assert f"pip install paddlepaddle-gpu=={PADDLE_PIN}" in last
     launch = run(python, "paddletrainer-launch", "--max_restart", "1", "train.py", cwd=tmp_path)
     assert launch.returncode == 1 and launch.stderr.strip().splitlines()[-1].endswith(install_hint())

@@ -2,9 +2,9 @@
 
 A fresh venv (``python -m venv --without-pip``) gets a symlink for every top-level entry of the running
 interpreter's site-packages directories — the packages CI's setup installed, pip included — except the ones a
-test chooses to leave out (Paddle), paddletrainer's own (editable) install and ``.pth`` files. pip in that venv sees those packages as
-installed there, so ``pip install --dry-run --no-index`` resolves against them: what it would install is exactly
-what is missing, with no download. Nothing is ever uninstalled from such a venv (a symlinked package removed
+test chooses to leave out (Paddle), paddletrainer's own (editable) install and ``.pth`` files. pip in that venv
+sees those packages as installed there, so ``pip install --dry-run --no-index`` resolves against them: what it
+would install is exactly what is missing, with no download. Nothing is ever uninstalled from such a venv (a symlinked package removed
 through pip would be removed from the real environment): the tests only install, with ``--no-deps``, and
 dry-run.
 """
@@ -79,7 +79,8 @@ def pip(python: Path, *args: str, check: bool = True) -> subprocess.CompletedPro
     env.pop("PYTHONPATH", None)  # the venv's own packages only, not a checkout on the path
     proc = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, env=env)
     if check and proc.returncode != 0:
-        raise AssertionError(f"pip {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        raise AssertionError(f"pip {' '.join(args)} exited {proc.returncode}\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc
 
 

@@ -4,9 +4,9 @@ A fresh venv (``python -m venv --without-pip``) gets a symlink for every top-lev
 interpreter's site-packages directories — the packages CI's setup installed, pip included — except the ones a
 test chooses to leave out (Paddle), paddletrainer's own (editable) install and ``.pth`` files. pip in that venv
 sees those packages as installed there, so ``pip install --dry-run --no-index`` resolves against them: what it
-would install is exactly what is missing, with no download. Nothing is ever uninstalled from such a venv (a symlinked package removed
-through pip would be removed from the real environment): the tests only install, with ``--no-deps``, and
-dry-run.
+would install is exactly what is missing, with no download. Nothing is ever uninstalled from such a venv (a
+symlinked package removed through pip would be removed from the real environment): the tests only install, with
+``--no-deps``, and dry-run.
 """
 from __future__ import annotations
 

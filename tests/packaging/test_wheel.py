@@ -36,9 +36,11 @@ OPTIONAL_IMPORTS = {
     "tensorboardX": ("tensorboard", "tensorboardx"),  # report_to tensorboard
     "wandb": ("wandb", "wandb"),  # report_to wandb
     "isal": ("fast", "isal"),  # faster crc32; zlib gives the same values without it
+    "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama
 }
 CONSOLE_SCRIPTS = {"paddletrainer-launch": "paddletrainer.launch:main",
-                   "paddletrainer-merge-checkpoint": "paddletrainer.merge_checkpoint:main"}
+                   "paddletrainer-merge-checkpoint": "paddletrainer.merge_checkpoint:main",
+                   "paddletrainer-gpu-smoke": "paddletrainer.gpu_smoke:main"}
 
 
 def normalize(name: str) -> str:

@@ -3,12 +3,16 @@
 The public API mirrors ``paddlenlp.trainer``: a script written for PaddleNLP's Trainer runs after changing
 its import to ``from paddletrainer import ...``. Importing this package never imports paddlenlp; the
 public names are resolved on first use (PEP 562), so ``import paddletrainer`` stays cheap and a submodule
-can be imported on its own.
+can be imported on its own. Paddle is not a declared dependency (pick the CPU or the CUDA build): the first
+``import paddle`` after this import says how to install it when it is missing (``paddle_requirement``).
 """
 import importlib
 import logging
 
-__version__ = "0.1.0"
+from . import paddle_requirement
+
+__version__ = "0.1.0"  # the package's one version string (pyproject.toml reads it)
+paddle_requirement.install()
 
 # The package logger (PaddleNLP code patches ``paddlenlp.trainer.logger``); every module logs below it.
 logger = logging.getLogger(__name__)

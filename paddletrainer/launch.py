@@ -1,4 +1,5 @@
-"""``python -m paddletrainer.launch --max_restart N <paddle.distributed.launch arguments>``: restart a failed job.
+"""``python -m paddletrainer.launch --max_restart N <paddle.distributed.launch arguments>`` (installed as
+``paddletrainer-launch``): restart a failed job.
 
 Why this exists: Paddle 3.3.1's ``paddle.distributed.launch`` restarts a job only in its elastic mode, which needs
 an etcd server (``--master etcd://host:port``; ``CollectiveElasticController``). On an ordinary launch (one node,
@@ -30,6 +31,7 @@ import time
 from typing import List, Optional, Tuple
 
 from .errors import ERROR_EXIT_CODE
+from .paddle_requirement import require_paddle
 
 USAGE_ERROR_EXIT_CODE = ERROR_EXIT_CODE  # argparse's status for bad options; restarting cannot fix those
 RESTART_COUNT_ENV = "PADDLETRAINER_RESTART_COUNT"
@@ -122,6 +124,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     max_restart, launch_args = split_max_restart(argv)
     if not any(a.endswith(".py") for a in launch_args):
         raise _usage_error("no training script (*.py) given")
+    try:  # the launch runs `python -m paddle.distributed.launch`: say how to install Paddle before starting it
+        require_paddle()
+    except ImportError as exc:
+        raise SystemExit(f"paddletrainer.launch: error: {exc}") from None
     if etcd_master(launch_args):
         max_restart = 0  # Paddle's elastic launcher is the one restart loop (check_no_stacked_restarts)
     sup = _Supervisor(launch_args)

@@ -1,49 +1,17 @@
 #!/usr/bin/env python
-"""Merge a paddletrainer checkpoint (any parallel layout) into a from_pretrained directory.
+"""Merge a paddletrainer checkpoint (any parallel layout) into a from_pretrained directory (from a checkout).
 
     python scripts/merge_checkpoint.py output/checkpoint-100 merged/ [--config-from path/to/model]
-    python scripts/merge_checkpoint.py lora_run/checkpoint-100 merged/ --base-model path/to/base   # a LoRA run
 
-A LoRA run's checkpoint holds the adapters only: --base-model names the base model's from_pretrained
-directory (safetensors), and the output is that model with LoRA merged (W + scaling * A @ B).
-
-Runs in one process on CPU; only the model weights are merged (the optimizer state is not needed for
-inference). Every file read is checked against the size and crc32 in the checkpoint index.
+The tool is ``paddletrainer.merge_checkpoint`` (installed as ``paddletrainer-merge-checkpoint``); this file
+runs it from the checkout without an install.
 """
-import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddletrainer.checkpoint.export import export_for_from_pretrained  # noqa: E402
-from paddletrainer.checkpoint.files import read_index  # noqa: E402
-from paddletrainer.checkpoint.peft import INDEX_KEY, export_merged_lora  # noqa: E402
-from paddletrainer.errors import main_guard  # noqa: E402
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("ckpt_dir", help="a complete checkpoint-N directory")
-    ap.add_argument("out_dir", help="where model weights + config.json are written")
-    ap.add_argument("--config-from", default=None, help="copy config.json from this model directory instead")
-    ap.add_argument("--base-model", default=None,
-                    help="a LoRA checkpoint's base model directory (from_pretrained, safetensors): merge into it")
-    a = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    peft = read_index(a.ckpt_dir).get(INDEX_KEY)
-    if peft and a.base_model is None:
-        ap.error(f"{a.ckpt_dir} is a {peft['type']} checkpoint (adapters only): pass --base-model <the base model's "
-                 "from_pretrained directory> to merge them into it")
-    if a.base_model is not None and not peft:
-        ap.error(f"--base-model applies to LoRA checkpoints only; {a.ckpt_dir} holds a whole model")
-    if peft:
-        path = export_merged_lora(a.ckpt_dir, a.out_dir, a.base_model, config_from=a.config_from)
-    else:
-        path = export_for_from_pretrained(a.ckpt_dir, a.out_dir, config_from=a.config_from)
-    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.2f}s")
-
+from paddletrainer.merge_checkpoint import main  # noqa: E402
 
 if __name__ == "__main__":
-    main_guard(main)
+    sys.exit(main())

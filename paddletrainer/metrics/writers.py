@@ -4,8 +4,8 @@
 that owns the run's logs should build them (``MetricsCallback`` does that on world rank 0).
 
 Backends: ``visualdl`` (a requirement), ``jsonl`` (standard library), ``tensorboard`` (``tensorboardX``) and
-``wandb``. The last two are optional: their library is imported when such a writer is created, and a missing
-one fails with a one-line ``pip install`` hint.
+``wandb``. The last two are optional (the package extras ``tensorboard`` and ``wandb``): their library is
+imported when such a writer is created, and a missing one fails with a one-line hint naming the extra.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def import_backend(module: str, pip_name: str, report_to: str):
 
 
 def _install_hint(report_to: str, pip_name: str) -> str:
-    return f"report_to={report_to} needs the {pip_name!r} package: pip install {pip_name}"
+    # the extra of the same name (pyproject.toml) installs the library with the version it needs
+    return f"report_to={report_to} needs the {pip_name!r} package: pip install \"paddletrainer[{report_to}]\""
 
 
 def _scalar_hparams(hparams: Dict[str, Any]) -> Dict[str, Any]:

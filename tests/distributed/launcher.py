@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from hang_retry import hung, report_hang
+from hang_retry import run_retrying_hangs
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -51,18 +51,16 @@ def launch(worker: str, nproc: int, worker_args: list, work_dir: Path, timeout: 
 
     A launch that hung (see ``hang_retry``) is retried once in a fresh log directory.
     """
-    for attempt in (1, 2):
-        log_dir = Path(work_dir) / ("logs" if attempt == 1 else "logs_retry")
+    def attempt(n: int):
+        log_dir = Path(work_dir) / ("logs" if n == 1 else "logs_retry")
         cmd = ["flock", LOCK, "timeout", str(timeout), PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node",
                str(nproc), "--log_dir", str(log_dir), str(WORKERS / worker), *map(str, worker_args)]
         started = time.time()
         proc = subprocess.run(cmd, cwd=str(WORKERS), env=_env(timeout), capture_output=True, text=True)
-        elapsed = time.time() - started
-        if attempt == 1 and proc.returncode != 0 and hung(proc.returncode, log_dir):
-            report_hang(f"{worker} on {nproc} processes", log_dir)
-            continue
-        break
-    if proc.returncode != 0:
+        return (cmd, log_dir, proc, time.time() - started), ([(proc.returncode, log_dir)] if proc.returncode else [])
+
+    (cmd, log_dir, proc, elapsed), failures = run_retrying_hangs(f"{worker} on {nproc} processes", attempt)
+    if failures:
         raise LaunchError(f"{' '.join(cmd)}\nexit {proc.returncode} after {elapsed:.0f}s\n{_log_tails(log_dir)}\n"
                           f"--- launcher ---\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return elapsed
@@ -82,8 +80,8 @@ def launch_nodes(worker: str, nproc_per_node: int, node_args: list, work_dir: Pa
     Returns ``(wall time, [each node's log directory])``; raises :class:`LaunchError` with every node's worker
     logs if any node fails. A launch that hung (see ``hang_retry``) is retried once, as in :func:`launch`.
     """
-    for attempt in (1, 2):
-        suffix = "" if attempt == 1 else "_retry"
+    def attempt(n: int):
+        suffix = "" if n == 1 else "_retry"
         with open(LOCK, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # the same lock `flock LOCK` takes: one launch on the machine
             master = f"127.0.0.1:{free_port()}"
@@ -97,13 +95,9 @@ def launch_nodes(worker: str, nproc_per_node: int, node_args: list, work_dir: Pa
                 procs.append((cmd, log_dir, subprocess.Popen(cmd, cwd=str(WORKERS), env=_env(timeout), text=True,
                                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT)))
             outputs = [(cmd, log_dir, proc.communicate()[0], proc.returncode) for cmd, log_dir, proc in procs]
-        elapsed = time.time() - started
-        failed = [(rc, log_dir) for _, log_dir, _, rc in outputs if rc != 0]
-        if attempt == 1 and failed and all(hung(rc, log_dir) for rc, log_dir in failed):
-            for _, log_dir in failed:
-                report_hang(f"{worker} on {len(node_args)} nodes", log_dir)
-            continue
-        break
+        return (outputs, time.time() - started), [(rc, log_dir) for _, log_dir, _, rc in outputs if rc != 0]
+
+    (outputs, elapsed), failed = run_retrying_hangs(f"{worker} on {len(node_args)} nodes", attempt)
     if failed:
         raise LaunchError("\n".join(f"{' '.join(cmd)}\nexit {rc} after {elapsed:.0f}s\n{_log_tails(log_dir)}\n"
                                     f"--- launcher ---\n{out[-2000:]}" for cmd, log_dir, out, rc in outputs))

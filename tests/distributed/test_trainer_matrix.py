@@ -40,7 +40,7 @@ def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=Fal
     if pp > 1:
         options["pipeline_parallel_degree"] = pp
     options.update(extra)
-    full_only = [pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else []
+    full_only = [pytest.mark.full_matrix] + ([pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else [])
     params = [pytest.param("llama", name, dp * sharding * tp * pp, options, id=f"llama-{name}",
                            marks=[] if ci else full_only)]
     if mlp:  # the plain paddle.nn.Layer: full matrix only (CI keeps its launches for the Llama)

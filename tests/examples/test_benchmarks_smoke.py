@@ -88,6 +88,7 @@ def test_cost_model_interleaved_pipeline_shrinks_the_bubble_by_the_chunk_count()
     assert cm.memory(c, chunked)["activations"] > cm.memory(c, plain)["activations"]
 
 
+@pytest.mark.launch
 def test_bench_pipeline_tiny_prints_idle_per_stage_and_the_bubble(tmp_path):
     proc = run_script([SCRIPTS / "bench_pipeline.py", "--tiny"], tmp_path, timeout=400)
     out = proc.stdout

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from .helpers import ERNIE, LLAMA, LOCK, PYTHON, REPO, run_script, script_env, trainer_ready
+from .helpers import ERNIE, LLAMA, LOCK, PYTHON, REPO, run_retrying_hangs, run_script, script_env, trainer_ready
 
 pytestmark = pytest.mark.skipif(not trainer_ready(), reason="paddletrainer.Trainer does not import yet")
 
@@ -79,16 +79,21 @@ def test_llama_pretrain_loss_falls_and_the_saved_model_reloads(llama_tokens, tmp
     assert run_script(["-c", probe], cwd=REPO).stdout.split()[-2:] == ["4", "640"]
 
 
+@pytest.mark.launch
 def test_llama_pretrain_dp2_tp2_pp2_launch_on_8_cpu_processes(llama_tokens, tmp_path):
     """The docstring's CPU launch: 8 processes (dp2 x tp2 x pp2), a few steps, checkpoint and VisualDL logs."""
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    cmd = ["flock", LOCK, "timeout", "300", PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node", "8",
-           "--log_dir", str(logs), str(LLAMA / "run_pretrain.py"), str(LLAMA / "quickstart.json"),
-           "--input_dir", str(llama_tokens), "--output_dir", str(out), "--tensor_parallel_degree", "2",
-           "--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", "--max_steps", "4",
-           "--eval_steps", "4", "--save_steps", "4", "--per_device_train_batch_size", "2",
-           "--per_device_eval_batch_size", "2"]
-    proc = subprocess.run(cmd, cwd=str(REPO), env=script_env(), capture_output=True, text=True)
+    def attempt(n: int):  # a retry gets fresh directories (a half-run output_dir would be refused)
+        out, logs = (tmp_path / "out", tmp_path / "logs") if n == 1 else (tmp_path / "out2", tmp_path / "logs2")
+        cmd = ["flock", LOCK, "timeout", "300", PYTHON, "-m", "paddle.distributed.launch", "--nproc_per_node", "8",
+               "--log_dir", str(logs), str(LLAMA / "run_pretrain.py"), str(LLAMA / "quickstart.json"),
+               "--input_dir", str(llama_tokens), "--output_dir", str(out), "--tensor_parallel_degree", "2",
+               "--pipeline_parallel_degree", "2", "--gradient_accumulation_steps", "2", "--max_steps", "4",
+               "--eval_steps", "4", "--save_steps", "4", "--per_device_train_batch_size", "2",
+               "--per_device_eval_batch_size", "2"]
+        proc = subprocess.run(cmd, cwd=str(REPO), env=script_env(), capture_output=True, text=True)
+        return (proc, out, logs), ([(proc.returncode, logs)] if proc.returncode else [])
+
+    (proc, out, logs), _ = run_retrying_hangs("llama run_pretrain.py on 8 processes", attempt)
     if proc.returncode != 0:  # the launcher's verdict (which rank failed, its exit code) first, then every log's tail
         verdict = [line for line in proc.stderr.splitlines() if "failed" in line or "Exit code" in line]
         tails = "\n".join(f"--- {p.name}\n" + "\n".join([t for t in p.read_text(errors="replace").splitlines()

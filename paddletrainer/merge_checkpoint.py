@@ -1,0 +1,55 @@
+"""Merge a paddletrainer checkpoint (any parallel layout) into a ``from_pretrained`` directory.
+
+    paddletrainer-merge-checkpoint output/checkpoint-100 merged/ [--config-from path/to/model]
+    paddletrainer-merge-checkpoint lora_run/checkpoint-100 merged/ --base-model path/to/base   # a LoRA run
+    python -m paddletrainer.merge_checkpoint ...      (or python scripts/merge_checkpoint.py ... in a checkout)
+
+A LoRA run's checkpoint holds the adapters only: --base-model names the base model's from_pretrained
+directory, and the output is that model with LoRA merged (W + scaling * A @ B).
+
+Runs in one process on CPU; only the model weights are merged (the optimizer state is not needed for
+inference). Every file read is checked against the size and crc32 in the checkpoint index. A checkpoint that
+cannot be merged ends with one ``error: ...`` line and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+from .checkpoint.export import export_for_from_pretrained
+from .checkpoint.files import read_index
+from .checkpoint.peft import INDEX_KEY, export_merged_lora
+from .errors import friendly_errors
+
+
+@friendly_errors
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse the command line, merge, print what was written; returns the exit status (0)."""
+    ap = argparse.ArgumentParser(prog="paddletrainer-merge-checkpoint", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("ckpt_dir", help="a complete checkpoint-N directory")
+    ap.add_argument("out_dir", help="where model weights + config.json are written")
+    ap.add_argument("--config-from", default=None, help="copy config.json from this model directory instead")
+    ap.add_argument("--base-model", default=None,
+                    help="a LoRA checkpoint's base model directory (from_pretrained): merge the adapters into it")
+    a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    t0 = time.perf_counter()
+    peft = read_index(a.ckpt_dir).get(INDEX_KEY)
+    if peft and a.base_model is None:
+        ap.error(f"{a.ckpt_dir} is a {peft['type']} checkpoint (adapters only): pass --base-model <the base model's "
+                 "from_pretrained directory> to merge them into it")
+    if a.base_model is not None and not peft:
+        ap.error(f"--base-model applies to LoRA checkpoints only; {a.ckpt_dir} holds a whole model")
+    if peft:
+        path = export_merged_lora(a.ckpt_dir, a.out_dir, a.base_model, config_from=a.config_from)
+    else:
+        path = export_for_from_pretrained(a.ckpt_dir, a.out_dir, config_from=a.config_from)
+    print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.2f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

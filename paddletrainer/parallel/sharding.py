@@ -8,7 +8,8 @@
   reduce-scattered into it and updated ranges all-gathered back. :class:`SplitParamSharding` is what the
   rest of paddletrainer needs to know about it (gradient slices, clearing, checkpoint ranges).
 * stage 2: ``GroupShardedOptimizerStage2`` + ``GroupShardedStage2`` on the sharding group (state and
-  gradients sharded; dp, if any, all-reduces on top).
+  gradients sharded; dp, if any, all-reduces on top), with whole parameters assigned to ranks largest first
+  (:class:`_BalancedStage2Optimizer`) instead of Paddle's greedy in model order.
 * stage 3: ``GroupShardedStage3`` (parameters sharded too: each rank keeps a flat slice of every
   parameter larger than ``segment_size`` elements, gathered on demand in forward/backward), with its
   gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`).
@@ -110,8 +111,8 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
     with _construction_scope():
         if stage == 2:
             with _parameter_settings_kept(optimizer._parameter_list):
-                optimizer = GroupShardedOptimizerStage2(params=optimizer._parameter_list, optim=optimizer,
-                                                        group=group, offload=offload, dp_group=dp_group, device=device)
+                optimizer = _BalancedStage2Optimizer(params=optimizer._parameter_list, optim=optimizer, group=group,
+                                                     offload=offload, dp_group=dp_group, device=device)
             model = GroupShardedStage2(model, optimizer, group=group, sync_buffers=True, dp_group=dp_group,
                                        device=device)
         else:
@@ -138,6 +139,56 @@ def _parameter_settings_kept(parameters):
         param.regularizer = regularizer
         param.optimize_attr.clear()
         param.optimize_attr.update(optimize_attr)
+
+
+def balanced_partition(sizes, world_size: int) -> list:
+    """The rank of each item of ``sizes``: largest first, each to the rank with the smallest total so far.
+
+    The longest-processing-time rule: the ranks' totals differ by at most one item (the last one the fullest
+    rank received), and the largest total is within 4/3 of the best possible. Ties go to the earlier item and the lower rank, so
+    the result depends on the sizes and their order only: every rank computes the same partition.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    loads, ranks = [0] * world_size, [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        ranks[index] = rank
+        loads[rank] += sizes[index]
+    return ranks
+
+
+# Paddle's cache of the partition, ``self.__segment_params`` inside GroupShardedOptimizerStage2 (name-mangled):
+# ``_clear_cache`` empties it, and ``_segment_params`` rebuilds it when empty.
+_PADDLE_SEGMENTS = "_GroupShardedOptimizerStage2__segment_params"
+
+
+class _BalancedStage2Optimizer(GroupShardedOptimizerStage2):
+    """``GroupShardedOptimizerStage2`` whose ranks own near-equal numbers of trainable elements.
+
+    Paddle 3.3.1's ``_segment_params`` gives each parameter, in model order, to the rank with the smallest
+    running total, so the order decides: on a Llama with an untied head the embedding goes to rank 0, the
+    layers even the ranks out, and the head, as large as the embedding and last, lands on top of one of them
+    (168M Llama, hidden 1024, 8 layers, vocab 32000, two ranks: 69.2M / 99.1M elements, 43% apart). Here the
+    same parameters are placed largest first (:func:`balanced_partition`; 84.2M / 84.2M there). Each
+    rank's list keeps model order, as Paddle's. The rest of Paddle's stage 2 follows ``_segment_params``:
+    ``param2rank``, ``dtype_rank_params`` (the per-rank parameter storages, the states each rank's optimizer
+    keeps), ``rank_buffer_size`` and ``GroupShardedStage2``'s gradient storages. Checkpoints name tensors,
+    not ranks, so one saved under either partition loads under the other.
+    """
+
+    def __init__(self, *args, **kwargs):
+        check_paddle_stage2_sources()  # before Paddle's constructor partitions anything
+        super().__init__(*args, **kwargs)
+
+    def _segment_params(self):
+        if not getattr(self, _PADDLE_SEGMENTS):
+            sizes = [p._numel() if p.trainable else 0 for p in self._local_params]  # Paddle counts trainable only
+            segments = [[] for _ in range(self.world_size)]
+            for param, rank in zip(self._local_params, balanced_partition(sizes, self.world_size)):
+                segments[rank].append(param)
+            setattr(self, _PADDLE_SEGMENTS, segments)
+        return getattr(self, _PADDLE_SEGMENTS)
 
 
 class _ReduceScatterStage3(GroupShardedStage3):
@@ -232,26 +283,67 @@ def _normalised_source(source: str) -> str:
     return " ".join(layout.get(t.type, t.string) for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL))
 
 
-@functools.lru_cache(maxsize=1)
-def check_paddle_stage3_sources() -> None:
-    """Raise ``RuntimeError`` unless the installed Paddle's stage-3 functions listed in ``_PADDLE_STAGE3_SOURCES``
-    are, token for token, those :class:`_ReduceScatterStage3` was written against (Paddle 3.3.1). Cached: the
-    installed Paddle does not change within a process (tests call ``cache_clear()``)."""
+def _source_problems(table) -> list:
+    """One line per function of ``table`` whose normalised source is not the recorded one."""
     problems = []
-    for owner, name, expected, recheck in _PADDLE_STAGE3_SOURCES:
+    for owner, name, expected, recheck in table:
         label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
         try:
-            digest = hashlib.sha256(_normalised_source(_paddle_source(getattr(owner, name))).encode()).hexdigest()
+            func = getattr(owner, name)
+            func = func.fget if isinstance(func, property) else func
+            digest = hashlib.sha256(_normalised_source(_paddle_source(func)).encode()).hexdigest()
         except (AttributeError, OSError, TypeError, tokenize.TokenError) as exc:
             problems.append(f"{label} cannot be read ({type(exc).__name__}: {exc}); re-check {recheck}")
             continue
         if digest != expected:
             problems.append(f"{label} differs from Paddle 3.3.1's (normalised-source sha256 {digest[:12]}, "
                             f"expected {expected[:12]}); re-check {recheck}")
+    return problems
+
+
+@functools.lru_cache(maxsize=1)
+def check_paddle_stage3_sources() -> None:
+    """Raise ``RuntimeError`` unless the installed Paddle's stage-3 functions listed in ``_PADDLE_STAGE3_SOURCES``
+    are, token for token, those :class:`_ReduceScatterStage3` was written against (Paddle 3.3.1). Cached: the
+    installed Paddle does not change within a process (tests call ``cache_clear()``)."""
+    problems = _source_problems(_PADDLE_STAGE3_SOURCES)
     if problems:
         raise RuntimeError("paddletrainer's stage-3 gradient reduce-scatter (_ReduceScatterStage3 in "
                            "paddletrainer/parallel/sharding.py) was written against other Paddle code: "
                            + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE3_SOURCES.")
+
+
+# The Paddle stage-2 code _BalancedStage2Optimizer replaces or relies on, as _PADDLE_STAGE3_SOURCES.
+_PADDLE_STAGE2_SOURCES = (
+    (GroupShardedOptimizerStage2, "_segment_params",
+     "66a74117f9945de05b941c078d7577257bd5bbbc6cf748ae08f945b5fa5bb953",
+     "that it still only assigns whole parameters to ranks (one list per rank, each parameter once), cached in "
+     "self.__segment_params, and balanced_partition still does what it does"),
+    (GroupShardedOptimizerStage2, "param2rank",
+     "b1af2971712324b042b4fbddd42f2b048d8ce858fb3dc5e27da981c1a67368a3",
+     "that the owner of each parameter is still read from self._segment_params()"),
+    (GroupShardedOptimizerStage2, "dtype_rank_params",
+     "06385806b660da6cb36ef4891f3132974a6b722ea7b202ddf397052c128a8a2f",
+     "that the per-rank parameter lists are still built from param2rank"),
+    (GroupShardedOptimizerStage2, "_clear_cache",
+     "ec3b8c580f0e1917d07e33fed63166cd1e0b25e770ce73b74a4a123088897e1f",
+     "that it still empties self.__segment_params, the cache _BalancedStage2Optimizer._segment_params fills"),
+    (GroupShardedStage2, "_fresh_trainable",
+     "91f0e535e9097dfff006abb0239ee0e3206ba98aec481eb9131f44d59fa9d15d",
+     "that the gradient storages still take each parameter's rank from the optimizer's param2rank"),
+)
+
+
+@functools.lru_cache(maxsize=1)
+def check_paddle_stage2_sources() -> None:
+    """Raise ``RuntimeError`` unless the installed Paddle's stage-2 functions listed in ``_PADDLE_STAGE2_SOURCES``
+    are, token for token, those :class:`_BalancedStage2Optimizer` was written against (Paddle 3.3.1). Cached
+    (tests call ``cache_clear()``)."""
+    problems = _source_problems(_PADDLE_STAGE2_SOURCES)
+    if problems:
+        raise RuntimeError("paddletrainer's balanced stage-2 partition (_BalancedStage2Optimizer in "
+                           "paddletrainer/parallel/sharding.py) was written against other Paddle code: "
+                           + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE2_SOURCES.")
 
 
 class SplitParamSharding:

@@ -96,3 +96,20 @@ def test_bench_pipeline_tiny_prints_idle_per_stage_and_the_bubble(tmp_path):
     assert "(p-1)/(v·m+p-1)" in out
     rows = [line for line in out.splitlines() if line.startswith("4  ")]
     assert len(rows) >= 4, out[-2000:]  # m=4: one row per stage
+
+
+def test_bench_memory_tiny_prints_every_part_per_rank_and_the_slope(tmp_path):
+    """Two tiny sizes, one process and dp2 (the one 2-process launch): a row per rank, parts beside predictions."""
+    proc = run_script([SCRIPTS / "bench_memory.py", "--tiny"], tmp_path, timeout=400)
+    out = proc.stdout
+    tables = _tables(out)
+    assert any(t.startswith("Memory per rank") for t in tables), out[-2000:]
+    assert "Peak slope per model parameter between the two sizes" in tables, out[-2000:]
+    for header in ("baseline MiB", "params MiB meas / pred (ratio)", "optimizer", "comm buffers", "uncounted MiB",
+                   "peak GiB", "pred peak GiB"):
+        assert header in out, f"no column {header!r}:\n{out[-2000:]}"
+    rows = [line.split() for line in out.splitlines() if line.startswith(("single ", "dp2 "))]
+    # per size: one row for the single process, two for dp2 (one per rank); then the slope table's 3 rows
+    assert sorted((r[0], r[1], r[2]) for r in rows if r[1] in ("tiny", "tiny2")) == sorted(
+        [(lay, size, rank) for size in ("tiny", "tiny2") for lay, rank in (("single", "0"), ("dp2", "0"), ("dp2", "1"))])
+    assert "launch failed" not in out

@@ -125,9 +125,11 @@ class ReplicaCheck:
         """The weights were loaded from the checkpoint of ``step`` on every replica (a rollback): they agree."""
         self.verified_step = step
 
-    def due(self, step: int) -> bool:
-        """Whether optimizer step ``step`` (counted the same on every rank) is a check step."""
-        return self.every > 0 and step % self.every == 0
+    def due(self, step: int, saving: bool = False) -> bool:
+        """Whether optimizer step ``step`` (counted the same on every rank) is a check step: every ``every`` steps
+        and, with the check on, every step that saves a checkpoint (``saving``, the same decision on every rank), so
+        that every checkpoint holds verified weights and a rollback (:attr:`rollback_limit`) may go back to it."""
+        return self.every > 0 and (saving or step % self.every == 0)
 
     def check(self, step: int) -> None:
         """Compare the replicas' fingerprints (collective over the replica group: one all_gather, one host read;

@@ -444,8 +444,14 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                     self.state.epoch = (
                         self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
                     )
-                    if replicas.due(self.state.global_step):  # every replica_check_steps, with a replica
-                        try:  # one all_gather of the weights' fingerprints over the dp (× sharding) group, one read
+                    if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
+                        self.control.should_save = True
+                        self.control.should_training_stop = True
+                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+                    # every replica_check_steps and before every save (so each checkpoint is of verified weights and
+                    # a rollback can go back to it): one all_gather of the weights' fingerprints, one host read
+                    if replicas.due(self.state.global_step, saving=self.control.should_save):
+                        try:
                             replicas.check(self.state.global_step)
                         except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica
                             if rollback is None:
@@ -453,11 +459,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                             rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
                                              cause="replica divergence", verified_step=replicas.rollback_limit)
                             replicas.restart(self.state.global_step)
+                            self.control.should_log = self.control.should_evaluate = self.control.should_save = False
                             continue
-                    if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
-                        self.control.should_save = True
-                        self.control.should_training_stop = True
-                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
                     self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
                     if self.control.should_epoch_stop or self.control.should_training_stop:
                         break

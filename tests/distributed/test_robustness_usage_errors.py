@@ -37,7 +37,7 @@ def launch_user_script(tmp_path: Path, name: str, script_args: list) -> tuple:
     ("resume_missing_from_json", ["{cfg}", "--resume_from_checkpoint", "/nonexistent/checkpoint-7"],
      "resume_from_checkpoint", "'/nonexistent/checkpoint-7' does not exist"),
     ("workers_1e6", ["--dataloader_num_workers", "1000000"], "dataloader_num_workers",
-     "the CPUs this process may run on"),
+     "must be >= 0 and <= 1024"),
     ("nan_lr_from_json", ["{cfg}", "--learning_rate", "nan"], "learning_rate", "invalid value for learning_rate: nan"),
 ])
 def test_a_bad_option_under_the_launcher_is_a_usage_error_on_every_rank(tmp_path, name, args, option, expected):

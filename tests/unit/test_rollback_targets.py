@@ -1,7 +1,7 @@
 """Which checkpoint a rollback may go back to (one process): none saved after the last step the replica check passed
-(a save between two checks may hold diverged weights; loading it would make the replicas agree again and hide the
-corruption), none newer than the current step (an earlier run's checkpoint would roll *forward*), and no damaged
-one (passed over with a warning naming it)."""
+(every save step is a check step, so each checkpoint holds verified weights; a checkpoint of diverged weights would
+make the replicas agree again and hide the corruption), none newer than the current step (an earlier run's
+checkpoint would roll *forward*), and no damaged one (passed over with a warning naming it)."""
 import logging
 import os
 
@@ -58,27 +58,27 @@ class DamageAt(TrainerCallback):
             os.truncate(self.path, os.path.getsize(self.path) - 4)
 
 
-def test_a_divergence_rolls_back_to_a_checkpoint_the_replica_check_verified_not_a_newer_save(
+def test_a_divergence_rolls_back_to_the_newest_checkpoint_the_check_before_its_save_verified(
         tmp_path, monkeypatch, caplog):
-    # checks at 3, 6, 9; saves at 2, 4, ...: checkpoint-4 was saved after the check at 3 passed, before the check at
-    # 6 found the divergence, so it may hold diverged weights: the rollback goes to checkpoint-2
+    # checks every 3 steps and before every save (2, 4, ...): checkpoint-4 was verified when it was saved, so the
+    # divergence found at step 6 goes back to it
     fake_replicas(monkeypatch, every=3, diverge_at=[6])
     trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path / "out"), train_dataset=regression_data())
     with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
         trainer.train()
     out = str(tmp_path / "out")
-    assert f"step 6: replica divergence; rolled back to {os.path.join(out, 'checkpoint-2')}" in caplog.text
+    assert f"step 6: replica divergence; rolled back to {os.path.join(out, 'checkpoint-4')}" in caplog.text
     assert trainer.state.global_step == 10
-    assert trainer.state.consumed_samples == (10 + 4) * BATCH  # steps 3-6 skipped
+    assert trainer.state.consumed_samples == (10 + 2) * BATCH  # steps 5-6 skipped
 
 
-def test_a_divergence_before_any_check_passed_has_no_checkpoint_to_go_back_to(tmp_path, monkeypatch):
-    fake_replicas(monkeypatch, every=3, diverge_at=[3])  # checkpoint-2 was never verified
+def test_a_divergence_found_before_the_first_save_has_no_checkpoint_to_go_back_to(tmp_path, monkeypatch):
+    fake_replicas(monkeypatch, every=3, diverge_at=[2])  # the check before checkpoint-2's save finds it: no checkpoint
     trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path / "out"), train_dataset=regression_data())
     with pytest.raises(ReplicaDivergenceError) as info:
         trainer.train()
     message = str(info.value)
-    assert message.startswith("step 3: the replicas' weights diverged; nan_inf_policy='rollback' found no complete "
+    assert message.startswith("step 2: the replicas' weights diverged; nan_inf_policy='rollback' found no complete "
                               "checkpoint in output_dir=")
     assert "at or before step 0 (the last step the replica check passed (replica_check_steps)" in message
 
@@ -95,21 +95,20 @@ class PoisonAfterARollback(TrainerCallback):
 
 
 def test_after_a_rollback_the_checkpoint_it_loaded_is_the_last_verified_step(tmp_path, monkeypatch, caplog):
-    # checks at 6 and 12, a save every step. Checkpoints 5 and 6 are damaged before the check at 12 finds a
-    # divergence: the rollback goes to checkpoint-4. Step 5 is then trained again and saved, unverified (the next
-    # check is at 6); a NaN at step 6 must go back to checkpoint-4 again, not to that new checkpoint-5
+    # a save (so a check) every step. checkpoint-11 is damaged before the check at 12 finds a divergence: the
+    # rollback passes over it to checkpoint-10. Steps 11 and 12 are trained again and saved, verified; a NaN at
+    # step 13 then goes back to the new checkpoint-12
     fake_replicas(monkeypatch, every=6, diverge_at=[12])
     out = tmp_path / "out"
     paddle.seed(11)
     model = PoisonableModel()
-    trainer = Trainer(model=model, args=args_for(out, max_steps=14, save_steps=1), train_dataset=regression_data(128),
-                      callbacks=[DamageAt(out, "checkpoint-5", step=10), DamageAt(out, "checkpoint-6", step=10),
-                                 PoisonAfterARollback(model, step=6)])
+    trainer = Trainer(model=model, args=args_for(out, max_steps=16, save_steps=1), train_dataset=regression_data(128),
+                      callbacks=[DamageAt(out, "checkpoint-11", step=12), PoisonAfterARollback(model, step=13)])
     with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
         trainer.train()
-    assert f"step 12: replica divergence; rolled back to {out / 'checkpoint-4'}" in caplog.text
-    assert f"step 6: non-finite gradient norm; rolled back to {out / 'checkpoint-4'}" in caplog.text
-    assert trainer.state.global_step == 14
+    assert f"step 12: replica divergence; rolled back to {out / 'checkpoint-10'}" in caplog.text
+    assert f"step 13: non-finite gradient norm; rolled back to {out / 'checkpoint-12'}" in caplog.text
+    assert trainer.state.global_step == 16
 
 
 def test_a_rollback_never_goes_forward_to_a_newer_checkpoint_of_an_earlier_run(tmp_path, caplog):

@@ -35,9 +35,7 @@ import logging
 import os
 from typing import List, Optional, Tuple
 
-from . import checkpoint as ckpt
-from .checkpoint.files import checkpoint_problem
-from .checkpoint.layout import parse_checkpoint_step
+from .checkpoint.files import newest_sound_checkpoint
 from .configs import RollbackConfig  # built by TrainingArguments: args.rollback_config
 
 logger = logging.getLogger(__name__)
@@ -102,15 +100,7 @@ class Rollback:
         """The newest sound checkpoint of ours at or before step ``newest`` (never a PaddleNLP dir: no pickles
         here), and the damaged ones passed over on the way, each with its problem. Every rank decides alike: the
         same directory listing and file sizes."""
-        damaged: List[Tuple[str, str]] = []
-        for path in reversed(ckpt.list_complete_checkpoints(self.config.output_dir)):
-            if parse_checkpoint_step(os.path.basename(path)) > newest:
-                continue
-            problem = checkpoint_problem(path)
-            if problem is None:
-                return path, damaged
-            damaged.append((path, problem))
-        return None, damaged
+        return newest_sound_checkpoint(self.config.output_dir, before=newest + 1)
 
     def _scale_lr(self, scheduler) -> None:
         if self.config.lr_factor == 1.0 or scheduler is None:

@@ -8,13 +8,13 @@ import os
 
 import pytest
 
-from paddletrainer import Trainer, TrainingArguments
+from paddletrainer import Trainer
 from paddletrainer.checkpoint import CheckpointError, load_checkpoint, rotate_checkpoints, save_checkpoint
 from paddletrainer.checkpoint import io as ckpt_io
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.checkpoint.files import checkpoint_problem
 from paddletrainer.trainer_checkpoints import _not_overwritten
-from toy_models import RegressionModel, regression_data
+from toy_models import RegressionModel, regression_data, restart_args as args_for
 
 SHARD = L.model_file_name(0, 0)
 
@@ -129,12 +129,6 @@ def test_checkpoint_problem_names_a_member_that_is_a_symlink_out_of_the_director
     assert problem is not None and problem.startswith(f"{L.TRAINER_STATE_NAME}: is a symlink to {outside}")
 
 
-def args_for(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=0.1, max_steps=4,
-                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
-                report_to="none", seed=42)
-    base.update(kw)
-    return TrainingArguments(**base)
 
 
 def train(tmp_path, **kw):

@@ -6,20 +6,14 @@ import os
 
 import pytest
 
-from paddletrainer import Trainer, TrainingArguments
+from paddletrainer import Trainer
 from paddletrainer import launch as restart_launch
 from paddletrainer.checkpoint import CheckpointError
 from paddletrainer.checkpoint.files import checkpoint_problem
 from paddletrainer.training_args import resolve_resume_checkpoint
-from toy_models import RegressionModel, regression_data
+from toy_models import RegressionModel, regression_data, restart_args as args_for
 
 
-def args_for(tmp_path, **kw):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=0.1, max_steps=4,
-                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
-                report_to="none", seed=42)
-    base.update(kw)
-    return TrainingArguments(**base)
 
 
 def test_auto_starts_fresh_without_a_checkpoint_and_resumes_the_newest_complete_one(tmp_path):

@@ -9,24 +9,18 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer import Trainer, TrainingArguments
+from paddletrainer import Trainer
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.trainer import NonFiniteLossError
-from toy_models import PoisonAt, RegressionModel, StopAt, poisonable, regression_data
+from toy_models import (ROLLBACK_BATCH as BATCH, PoisonAt, RegressionModel, StopAt, poisonable, regression_data,
+                        rollback_args as args_for)
 
-BATCH = 4
 BAD_STEP = 6  # checkpoint-4 is the newest before it (save_steps=2), so steps 5 and 6's samples are skipped
 
 
 PoisonableModel = poisonable(RegressionModel)
 
 
-def args_for(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=BATCH, learning_rate=0.1, max_steps=10,
-                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
-                report_to="none", seed=42, weight_decay=0.0, nan_inf_policy="rollback")
-    base.update(kw)
-    return TrainingArguments(**base)
 
 
 def losses(trainer, key="loss"):

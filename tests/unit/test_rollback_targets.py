@@ -9,23 +9,17 @@ import paddle
 import pytest
 
 import paddletrainer.trainer as trainer_module
-from paddletrainer import Trainer, TrainingArguments
+from paddletrainer import Trainer
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.errors import ReplicaDivergenceError
 from paddletrainer.replica_check import ReplicaCheck
 from paddletrainer.trainer_callback import TrainerCallback
-from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
+from toy_models import (ROLLBACK_BATCH as BATCH, PoisonAt, RegressionModel, poisonable, regression_data,
+                        rollback_args as args_for)
 
-BATCH = 4
 PoisonableModel = poisonable(RegressionModel)
 
 
-def args_for(out, **kw):
-    base = dict(output_dir=str(out), per_device_train_batch_size=BATCH, learning_rate=0.1, max_steps=10,
-                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
-                report_to="none", seed=42, weight_decay=0.0, nan_inf_policy="rollback")
-    base.update(kw)
-    return TrainingArguments(**base)
 
 
 def fake_replicas(monkeypatch, every, diverge_at):

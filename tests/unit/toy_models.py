@@ -1,10 +1,11 @@
 """The tiny regression model and data the single-process Trainer tests share, and what the rollback tests
 share with the multi-process rollback worker (tests/distributed/workers/robust_train.py): ``poisonable``,
-``PoisonAt`` (the callback that poisons chosen steps) and ``StopAt`` (stops training after a step)."""
+``PoisonAt`` (the callback that poisons chosen steps) and ``StopAt`` (stops training after a step); the
+arguments the restart tests (``restart_args``) and the rollback tests (``rollback_args``) train with."""
 import numpy as np
 import paddle
 
-from paddletrainer import TrainerCallback
+from paddletrainer import TrainerCallback, TrainingArguments
 
 
 class RegressionModel(paddle.nn.Layer):
@@ -69,3 +70,24 @@ class StopAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= self.step:
             control.should_training_stop = True
+
+
+def restart_args(tmp_path, **kw):
+    """Save every 2 of 4 steps into ``tmp_path/out`` (the restart and publish/rotation tests)."""
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=0.1, max_steps=4,
+                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
+                report_to="none", seed=42)
+    base.update(kw)
+    return TrainingArguments(**base)
+
+
+ROLLBACK_BATCH = 4
+
+
+def rollback_args(out, **kw):
+    """``nan_inf_policy=rollback``, batch ``ROLLBACK_BATCH``, 10 steps saved every 2, into ``out``."""
+    base = dict(output_dir=str(out), per_device_train_batch_size=ROLLBACK_BATCH, learning_rate=0.1, max_steps=10,
+                logging_steps=1, save_strategy="steps", save_steps=2, evaluation_strategy="no", disable_tqdm=True,
+                report_to="none", seed=42, weight_decay=0.0, nan_inf_policy="rollback")
+    base.update(kw)
+    return TrainingArguments(**base)

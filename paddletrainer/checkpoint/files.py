@@ -23,7 +23,7 @@ import numpy as np
 import paddle
 
 from ..output_lock import describe, live_holder
-from ..trainer_utils import is_our_checkpoint, sorted_checkpoints
+from ..trainer_utils import is_empty_dir, is_our_checkpoint, sorted_checkpoints
 from . import layout as L
 from .checksum import crc32, crc32_combine
 from .local_state import unwrap_model
@@ -355,7 +355,7 @@ def _empty_checkpoint_dirs(output_dir: str) -> List[str]:
     if not os.path.isdir(output_dir):
         return []
     paths = (os.path.join(output_dir, n) for n in os.listdir(output_dir) if L.parse_checkpoint_step(n) is not None)
-    return [p for p in paths if os.path.isdir(p) and not os.listdir(p)]
+    return [p for p in paths if is_empty_dir(p)]
 
 
 def read_index(ckpt_dir: str) -> dict:

@@ -3,7 +3,7 @@
 Order (each step names the function that does it):
 
 1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
-   :func:`~.clipping.clip_gradients` or :func:`~.collectives.clip_grad_norm`, so Paddle never installs its
+   :func:`~.clipping.clip_gradients` or :func:`~.clipping.clip_grad_norm`, so Paddle never installs its
    GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
 2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel`.
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and

@@ -24,7 +24,7 @@ from paddle.nn import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue
 
 from .collectives import _check_group, _scale_in_place, _squares
 
-__all__ = ["GradientClip", "take_gradient_clip", "clip_gradients", "check_gradient_clip"]
+__all__ = ["GradientClip", "take_gradient_clip", "clip_gradients", "check_gradient_clip", "clip_grad_norm"]
 
 SLICE_PREFIX = "slice@"  # sharding stage 3 names a parameter's local slice "slice@<name>"
 
@@ -131,23 +131,31 @@ def clip_gradients(optimizer, topology, clip: GradientClip, nonfinite=None):
     global norm of every gradient before clipping (float32 scalar tensor, unread).
 
     The squares of the whole model and of each global-norm group are summed on this rank into one vector and
-    added over the hybrid check group with a single all-reduce, so each group's norm equals one process's.
+    added over the hybrid check group with a single all-reduce, so each group's norm equals one process's (a
+    group of every parameter uses the whole model's sum).
     ``nonfinite``: as in :func:`~.collectives.global_grad_norm` (poisons every norm on every rank).
     """
     optimizer.sync_gradients()
     entries = optimizer.named_counted_gradients()
     groups = clip.groups
     member = [_group_of(name, groups) if name not in clip.unclipped else None for name, _, _ in entries]
-    sums = [[] for _ in range(len(groups) + 1)]  # [0]: the whole model; [i + 1]: group i
+    # each global-norm group's place in the vector of square sums; 0 is the whole model's, which a group of every
+    # parameter (the Trainer's max_grad_norm, an optimizer without groups) shares instead of summing them again
+    slot = {}
+    for index, clip_group in enumerate(groups):
+        if isinstance(clip_group.clip, ClipGradByGlobalNorm):
+            whole = clip_group.members is None and not clip.unclipped
+            slot[index] = 0 if whole else 1 + sum(1 for s in slot.values() if s)
+    sums = [[] for _ in range(1 + max(slot.values(), default=0))]
     for (_, grad, counted), index in zip(entries, member):
         if not counted:
             continue
         square = _squares(grad)
         sums[0].append(square)
-        if index is not None and isinstance(groups[index].clip, ClipGradByGlobalNorm):
-            sums[index + 1].append(square)
-    vector = paddle.concat([paddle.add_n(s) if len(s) > 1 else s[0] if s else paddle.zeros([1], "float32")
-                            for s in sums])
+        if slot.get(index):
+            sums[slot[index]].append(square)
+    parts = [paddle.add_n(s) if len(s) > 1 else s[0] if s else paddle.zeros([1], "float32") for s in sums]
+    vector = parts[0] if len(parts) == 1 else paddle.concat(parts)
     if nonfinite is not None:
         vector = paddle.where(nonfinite.reshape([1]), paddle.full_like(vector, float("inf")), vector)
     group = _check_group(topology)
@@ -158,7 +166,7 @@ def clip_gradients(optimizer, topology, clip: GradientClip, nonfinite=None):
     for index, clip_group in enumerate(groups):
         if isinstance(clip_group.clip, ClipGradByGlobalNorm):
             limit = paddle.full([], float(clip_group.clip.clip_norm), dtype="float32")
-            coefs[index] = limit / paddle.maximum(norms[index + 1], limit)
+            coefs[index] = limit / paddle.maximum(norms[slot[index]], limit)
     cast_cache = {index: {paddle.float32: coef} for index, coef in coefs.items()}
     for (_, grad, _), index in zip(entries, member):
         if index is None:
@@ -173,3 +181,17 @@ def clip_gradients(optimizer, topology, clip: GradientClip, nonfinite=None):
             norm = paddle.sqrt(_squares(grad)).reshape([])
             grad.multiply_((limit / paddle.maximum(norm, paddle.full([], limit, "float32"))).astype(grad.dtype))
     return norms[0]
+
+
+def clip_grad_norm(model, optimizer, topology, max_norm: float | None, nonfinite=None):
+    """Clip the synchronised gradients to ``max_norm`` by global norm; return the pre-clip norm.
+
+    The arithmetic is that of ``paddle.nn.ClipGradByGlobalNorm``: every gradient is multiplied by
+    ``max_norm / max(norm, max_norm)`` (so nothing changes when the norm is below ``max_norm``), scaled
+    unconditionally rather than after a host read of the norm. ``max_norm`` None or <= 0 only measures. Call before
+    ``optimizer.step()``; it is :func:`clip_gradients` with one global-norm group of every parameter.
+    ``model`` is accepted for symmetry with the training step; the optimizer knows the parameters.
+    ``nonfinite``: see :func:`~.collectives.global_grad_norm`.
+    """
+    del model
+    return clip_gradients(optimizer, topology, GradientClip.global_norm(max_norm), nonfinite)

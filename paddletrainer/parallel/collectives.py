@@ -1,4 +1,5 @@
-"""Reductions across the parallel groups: loss averaging, object gathering, the global gradient norm and clip."""
+"""Reductions across the parallel groups: loss averaging, object gathering, the global gradient norm, and the
+in-place gradient scaling the clip (:mod:`.clipping`) uses."""
 from __future__ import annotations
 
 import paddle
@@ -10,7 +11,6 @@ __all__ = [
     "all_gather_object",
     "all_gather_object_over_data_group",
     "global_grad_norm",
-    "clip_grad_norm",
 ]
 
 
@@ -97,34 +97,6 @@ def _global_norm(gradients, topology, nonfinite):
     if group is not None:
         dist.all_reduce(square_sum, group=group)
     return paddle.sqrt(square_sum).reshape([])
-
-
-@paddle.no_grad()
-def clip_grad_norm(model, optimizer, topology, max_norm: float | None, nonfinite=None):
-    """Clip the synchronised gradients to ``max_norm`` by global norm; return the pre-clip norm.
-
-    The arithmetic is that of ``paddle.nn.ClipGradByGlobalNorm``: every gradient is multiplied by
-    ``max_norm / max(norm, max_norm)`` (so nothing changes when the norm is below ``max_norm``).
-    ``max_norm`` None or <= 0 only measures. Call before ``optimizer.step()``. The gradients are synchronised
-    first (``optimizer.sync_gradients()``: nothing to do when this step's already are, as after the Trainer
-    loop's explicit call); nothing here reads a value on the host.
-    ``model`` is accepted for symmetry with the training step; the optimizer knows the parameters.
-    ``nonfinite``: see :func:`global_grad_norm`.
-    """
-    del model
-    optimizer.sync_gradients()
-    gradients = optimizer.counted_gradients()  # listed once for the norm and the clip
-    norm = _global_norm(gradients, topology, nonfinite)
-    if max_norm is None or max_norm <= 0:
-        return norm
-    limit = paddle.full([], float(max_norm), dtype="float32")
-    coef = limit / paddle.maximum(norm, limit)
-    # Scale unconditionally (by exactly 1.0 when under the limit) rather than test `coef < 1` on the
-    # host: reading it would stall the device every step.
-    coef_of = {paddle.float32: coef}
-    for grad, _ in gradients:
-        _scale_in_place(grad, coef, coef_of)
-    return norm
 
 
 def _scale_in_place(grad, coef, coef_of: dict) -> None:

@@ -307,7 +307,7 @@ def group_sharded_construction():
       CPU aliases the parameter, then clears it, destroying the weights ("Tensor not initialized yet").
 
     Training afterwards needs none of these; stage 3 offload needs fill 7 (installed with the others).
-    Gradient clipping is done by :func:`paddletrainer.parallel.collectives.clip_grad_norm`, so Paddle's
+    Gradient clipping is done by :func:`paddletrainer.parallel.clipping.clip_grad_norm`, so Paddle's
     GroupShardedClipGrad (which calls ``.cuda``) is never installed.
     """
     from paddle.base import core

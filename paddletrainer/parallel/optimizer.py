@@ -70,7 +70,7 @@ class ParallelOptimizer:
 
         Idempotent until :meth:`clear_grad`: every mode's synchronisation (reducing to the owners, stage 2's
         1/sharding scale, the dp all-reduce, stage 3's slice moves) must run once per step, so later calls —
-        :func:`~.collectives.clip_grad_norm` and :func:`~.collectives.global_grad_norm` call it too, and so
+        :func:`~.clipping.clip_grad_norm` and :func:`~.collectives.global_grad_norm` call it too, and so
         may code that measures the norm after :meth:`step` — do nothing.
         """
         if self._synced:

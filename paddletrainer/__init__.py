@@ -4,12 +4,12 @@ The public API mirrors ``paddlenlp.trainer``: a script written for PaddleNLP's T
 its import to ``from paddletrainer import ...``. Importing this package never imports paddlenlp; the
 public names are resolved on first use (PEP 562), so ``import paddletrainer`` stays cheap and a submodule
 can be imported on its own. Paddle is not a declared dependency (pick the CPU or the CUDA build): the first
-``import paddle`` after this import says how to install it when it is missing (``paddle_requirement``).
+``import paddle`` after this import says how to install it when it is missing (``runtime.paddle_requirement``).
 """
 import importlib
 import logging
 
-from . import paddle_requirement
+from .runtime import paddle_requirement
 
 __version__ = "0.1.0"  # the package's one version string (pyproject.toml reads it)
 paddle_requirement.install()
@@ -24,21 +24,21 @@ _EXPORTS = {
     "TrainingArguments": "training_args",
     "AutoTrainingArguments": "auto_training_args",
     "Trainer": "trainer",
-    "CallbackHandler": "callbacks",
-    "DefaultFlowCallback": "callbacks",
-    "EarlyStoppingCallback": "callbacks",
-    "PrinterCallback": "callbacks",
-    "ProgressCallback": "callbacks",
-    "TrainerCallback": "callbacks",
-    "TrainerControl": "callbacks",
-    "TrainerState": "callbacks",
+    "CallbackHandler": "trainer_callback",
+    "DefaultFlowCallback": "trainer_callback",
+    "EarlyStoppingCallback": "trainer_callback",
+    "PrinterCallback": "trainer_callback",
+    "ProgressCallback": "trainer_callback",
+    "TrainerCallback": "trainer_callback",
+    "TrainerControl": "trainer_callback",
+    "TrainerState": "trainer_callback",
     "DataCollatorWithPadding": "data",
     "GlobalBatchSampler": "data",
     "default_data_collator": "data",
     "TensorBoardCallback": "integrations",
     "VisualDLCallback": "integrations",
     "WandbCallback": "integrations",
-    "get_scheduler": "optimization",
+    "get_scheduler": "optim.optimization",
     "EvalPrediction": "trainer_utils",
     "IntervalStrategy": "trainer_utils",
     "OptimizerNames": "trainer_utils",
@@ -48,7 +48,7 @@ _EXPORTS = {
     "TrainOutput": "trainer_utils",
     "find_batch_size": "trainer_utils",
     "get_last_checkpoint": "trainer_utils",
-    "set_seed": "seeding",
+    "set_seed": "runtime.seeding",
     "speed_metrics": "trainer_utils",
 }
 

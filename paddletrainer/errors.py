@@ -38,7 +38,7 @@ class NonFiniteLossError(RuntimeError):
 
 class ReplicaDivergenceError(RuntimeError):
     """Raised (on every rank of the replica group alike) when the data-parallel/sharding replicas' weights differ
-    at a ``replica_check_steps`` check (see :mod:`paddletrainer.replica_check`).
+    at a ``replica_check_steps`` check (see :mod:`paddletrainer.runtime.replica_check`).
 
     Attributes: ``step``, ``ranks`` (the global ranks that differ from the majority), ``parameter`` (the first
     differing parameter's name); None/empty when built from a message alone (``rollback`` re-raises that way).

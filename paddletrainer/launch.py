@@ -31,7 +31,7 @@ import time
 from typing import List, Optional, Tuple
 
 from .errors import ERROR_EXIT_CODE
-from .paddle_requirement import require_paddle
+from .runtime.paddle_requirement import require_paddle
 
 USAGE_ERROR_EXIT_CODE = ERROR_EXIT_CODE  # argparse's status for bad options; restarting cannot fix those
 RESTART_COUNT_ENV = "PADDLETRAINER_RESTART_COUNT"

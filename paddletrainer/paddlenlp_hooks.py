@@ -16,7 +16,7 @@ from . import checkpoint as ckpt
 from .checkpoint import peft
 from .data import IterableDatasetShard, forward_argument_names, sum_over_data_ranks
 from .metrics import results
-from .nested import distributed_concat
+from .data.nested import distributed_concat
 from .trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 logger = logging.getLogger(__name__)

@@ -29,10 +29,11 @@ import numpy as np
 import paddle
 
 from . import checkpoint as ckpt
-from . import checks, overflow
-from .amp import AmpConfig
+from . import checks
+from .optim import overflow
+from .optim.amp import AmpConfig
 from .checkpoint.peft import peft_type
-from .callbacks import (
+from .trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
     PrinterCallback,
@@ -41,27 +42,27 @@ from .callbacks import (
     TrainerControl,
     TrainerState,
 )
-from .device import resolve_device
+from .runtime.callback import RobustnessCallback
 from .data import DataCollatorWithPadding, GlobalBatchSampler, close_batches, default_data_collator
 from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (public here as paddletrainer.trainer.*)
-from .evaluation import TrainerEvaluation
+from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
 from .metrics.memory_tracker import MemoryTracker
 from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_of_model, peak_memory_bytes,
                       reporting_callbacks)
 from .metrics.writers import check_report_to
 from .paddlenlp_hooks import PaddleNLPHooks
-from .optimization import create_optimizer, get_scheduler
-from .loss import batch_loss
+from .optim.optimization import create_optimizer, get_scheduler
+from .optim.loss import batch_loss
 from .parallel import collectives, init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
-from .replica_check import ReplicaCheck
-from .rollback import Rollback
-from .seeding import set_seed
-from .runtime import GracefulStop, RobustnessCallback
-from .runtime.signals import check_interval
+from .runtime.device import resolve_device
+from .runtime.replica_check import ReplicaCheck
+from .runtime.rollback import Rollback
+from .runtime.seeding import set_seed
+from .runtime.signals import GracefulStop, check_interval
 from .trainer_checkpoints import TrainerCheckpoints
 from .training_args import TrainingArguments
 

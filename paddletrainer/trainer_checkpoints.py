@@ -14,14 +14,14 @@ import os
 from typing import Callable, Dict, Iterator, Optional
 
 from . import checkpoint as ckpt
-from .callbacks import TrainerState
+from .trainer_callback import TrainerState
 from .checkpoint.files import newest_sound_checkpoint, read_index, read_json, set_aside_damaged
 from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
 from .data import resume_position
-from .output_lock import OutputDirLock, OutputDirLockedError
+from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
 from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
                             is_paddlenlp_unified_checkpoint, parse_checkpoint_step, requested_resume,
@@ -134,7 +134,7 @@ class TrainerCheckpoints:
 
     @contextlib.contextmanager
     def _output_dir_lock(self) -> Iterator[None]:
-        """Hold ``output_dir``'s lock (:mod:`~paddletrainer.output_lock`) for the block, on global rank 0 — the rank
+        """Hold ``output_dir``'s lock (:mod:`~paddletrainer.checkpoint.output_lock`) for the block, on global rank 0 — the rank
         that publishes, rotates and removes tmp dirs. Every rank learns rank 0's outcome (one gather), so a run
         that finds the directory in use fails on every rank alike; released when the block ends, raising or not."""
         lock = OutputDirLock(self.args.output_dir) if self.topology.rank == 0 else None

@@ -3,7 +3,7 @@
 The names mirror ``paddlenlp.trainer.trainer_utils`` so that code written against PaddleNLP keeps working.
 This module imports only the standard library and numpy (never paddle: ``TrainingArguments`` imports it, and
 importing the arguments must stay cheap); everything else in the package may import it. ``set_seed`` and
-``_get_distributed_seeds`` are defined in :mod:`paddletrainer.seeding` and resolved here on first use.
+``_get_distributed_seeds`` are defined in :mod:`paddletrainer.runtime.seeding` and resolved here on first use.
 """
 
 import datetime
@@ -403,7 +403,7 @@ _SEEDING_NAMES = ("set_seed", "_get_distributed_seeds")
 
 def __getattr__(name):
     if name in _SEEDING_NAMES:
-        from . import seeding
+        from .runtime import seeding
 
         return getattr(seeding, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

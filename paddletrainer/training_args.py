@@ -5,15 +5,15 @@ Construction reads the launch environment (``PADDLE_TRAINERS_NUM``, ``PADDLE_RAN
 via ``parallel.layout``) so that parallel degrees are checked before any process group exists; it never creates
 one. It exposes the typed config of each subsystem (``parallel_config``, whose construction runs every layout
 check and is redone when a script changes a field it is built from; ``amp_config``, ``rollback_config``,
-``metrics_config``), built by :mod:`paddletrainer.configs`. Degree fields keep the values given.
+``metrics_config``), built by :mod:`paddletrainer.config.builders`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
 ``paddletrainer.parallel.topology.init_topology(self)``. That function-level import (in
-:mod:`paddletrainer.training_args_ranks`, the base class with the ranks and the serialization) is the one place
+:mod:`paddletrainer.config.arguments_base`, the base class with the ranks and the serialization) is the one place
 where the arguments reach into ``parallel.topology`` (which imports paddle; they stay importable without it).
 
 PaddleNLP options refused, accepted without effect or translated (and where we differ on purpose): the tables and
-checks of :mod:`paddletrainer.compat`; the layout rules: :mod:`paddletrainer.parallel.config`.
+checks of :mod:`paddletrainer.config.paddlenlp_options`; the layout rules: :mod:`paddletrainer.parallel.config`.
 """
 
 import logging
@@ -23,15 +23,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Dict, List, Literal, Optional
 
-from . import arg_checks, compat
+from .config import arg_checks
+from .config import paddlenlp_options as compat
 from .argparser import RAW_VALUE
 # re-exported: these names have been importable from here
-from .compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
+from .config.paddlenlp_options import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
-from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
+from .config.builders import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
                       replica_check_config_of, rollback_config_of)
-from .hf_options import HFOptions
-from .training_args_ranks import ArgumentsRanksAndSerialization, view as _view
+from .config.hf_options import HFOptions
+from .config.arguments_base import ArgumentsRanksAndSerialization, view as _view
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401

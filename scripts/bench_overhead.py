@@ -5,7 +5,7 @@ The same model, data and number of steps, three ways, each with the optimizer an
 * **bare**: the tightest loop a user would write: ``paddle.io.DataLoader`` (shuffle, drop_last), forward,
   ``loss.backward()``, ``paddle.optimizer.AdamW(grad_clip=paddle.nn.ClipGradByGlobalNorm)``, ``step``,
   ``clear_grad``, LR schedule step, and every ``logging_steps`` one ``float(loss)`` (the log);
-* **paddletrainer**: ``paddletrainer.Trainer`` with its defaults: ``paddletrainer.optimization.AdamW`` (Paddle's
+* **paddletrainer**: ``paddletrainer.Trainer`` with its defaults: ``paddletrainer.optim.optimization.AdamW`` (Paddle's
   AdamW, bit-identical results and state, whose ``step`` makes the same ``_C_ops.adamw_`` calls without
   Paddle's per-parameter Python) and no ``grad_clip`` on the optimizer: the Trainer clips itself
   (``parallel.clip_grad_norm``: one fused squared-L2 kernel per gradient, the scale applied in place);
@@ -84,7 +84,7 @@ SHORT = {"bare": "bare", "paddletrainer": "pt", "paddlenlp": "nlp"}
 OPTIMIZER_NOTE = (
     "What is compared: each runner with its own default optimizer and clip, as a user gets it. The bare loop and "
     "PaddleNLP's Trainer use `paddle.optimizer.AdamW` with `grad_clip=ClipGradByGlobalNorm(1.0)`; paddletrainer's "
-    "Trainer uses `paddletrainer.optimization.AdamW` (the same `_C_ops.adamw_` calls and bit-identical results, "
+    "Trainer uses `paddletrainer.optim.optimization.AdamW` (the same `_C_ops.adamw_` calls and bit-identical results, "
     "without Paddle's per-parameter Python in `step`) and clips with its own fused-norm `clip_grad_norm`. So "
     "\"vs bare\" and \"faster than paddlenlp\" include the optimizer step and the clip, not only the loop's overhead.")
 
@@ -194,7 +194,7 @@ PROFILE_PARTS = [
     ("  ParallelOptimizer.step (AdamW update)", "paddletrainer/parallel/optimizer.py", "step"),
     ("  clear_grad", "paddletrainer/parallel/optimizer.py", "clear_grad"),
     ("  lr_scheduler.step", "paddle/optimizer/lr.py", "step"),
-    ("callbacks: CallbackHandler.call_event", "paddletrainer/callbacks.py", "call_event"),
+    ("callbacks: CallbackHandler.call_event", "paddletrainer/trainer_callback.py", "call_event"),
     ("throughput: ThroughputMeter.update", "paddletrainer/metrics/throughput.py", "update"),
     ("log/save/eval check: _maybe_log_save_evaluate", "paddletrainer/trainer.py", "_maybe_log_save_evaluate"),
 ]

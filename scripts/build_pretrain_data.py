@@ -1,4 +1,4 @@
-"""Tokenize a plain-text corpus into the token files read by ``paddletrainer.datasets.PretrainTokenDataset``.
+"""Tokenize a plain-text corpus into the token files read by ``paddletrainer.data.pretrain.PretrainTokenDataset``.
 
 Input: UTF-8 text. ``--doc_sep blank`` (default): documents are paragraphs separated by one or more blank
 lines (line breaks inside a paragraph are kept). ``--doc_sep line``: every non-empty line is a document.

@@ -128,7 +128,7 @@ class CommCounter:
 
     def count_cpu_reduce_scatter(self) -> None:
         """Count the CPU backend's reduce-scatter (an all-reduce underneath) as one reduce-scatter of its input."""
-        from paddletrainer.parallel import cpu_sp_ops
+        from paddletrainer.parallel.cpu import reduce_scatter as cpu_sp_ops
 
         counter, fill = self, cpu_sp_ops.reduce_scatter_into
 
@@ -186,7 +186,7 @@ def measure_worker(a) -> None:
     from paddletrainer.parallel import parallelize
 
     logging.disable(logging.WARNING)
-    from paddletrainer.device import has_accelerator
+    from paddletrainer.runtime.device import has_accelerator
 
     lay = LAYOUTS[a.layout]
     counter = CommCounter()

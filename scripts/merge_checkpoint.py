@@ -3,7 +3,7 @@
 
     python scripts/merge_checkpoint.py output/checkpoint-100 merged/ [--config-from path/to/model]
 
-The tool is ``paddletrainer.merge_checkpoint`` (installed as ``paddletrainer-merge-checkpoint``); this file
+The tool is ``paddletrainer.tools.merge_checkpoint`` (installed as ``paddletrainer-merge-checkpoint``); this file
 runs it from the checkout without an install.
 """
 import os
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from paddletrainer.merge_checkpoint import main  # noqa: E402
+from paddletrainer.tools.merge_checkpoint import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

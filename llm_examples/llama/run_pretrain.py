@@ -51,7 +51,7 @@ from paddletrainer import (
     set_seed,
 )
 from paddletrainer.checks import check_pipeline_split
-from paddletrainer.datasets import PretrainTokenDataset
+from paddletrainer.data.pretrain import PretrainTokenDataset
 from paddletrainer.errors import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))

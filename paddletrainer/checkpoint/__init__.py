@@ -44,7 +44,7 @@ The checkpoint directory must be on a filesystem every rank sees (all ranks writ
 Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one
 synchronous save), :func:`load_checkpoint`,
 :func:`rotate_checkpoints`, :func:`list_complete_checkpoints`, :func:`get_last_complete_checkpoint`,
-:func:`export_for_from_pretrained` (CLI: ``paddletrainer-merge-checkpoint``, ``paddletrainer.merge_checkpoint``).
+:func:`export_for_from_pretrained` (CLI: ``paddletrainer-merge-checkpoint``, ``paddletrainer.tools.merge_checkpoint``).
 """
 
 from .export import export_for_from_pretrained, merged_model_state

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import paddle
 
-from ..output_lock import describe, live_holder
+from .output_lock import describe, live_holder
 from ..trainer_utils import is_empty_dir, is_our_checkpoint, sorted_checkpoints
 from . import layout as L
 from .checksum import crc32, crc32_combine
@@ -199,7 +199,7 @@ def remove_stale_tmp_dirs(parent: str) -> List[str]:
     """Remove the ``checkpoint-N.tmp-*`` dirs of crashed saves in ``parent``; returns the removed paths.
 
     Only staging dirs of ours (:func:`is_our_staging_dir`) go; anything else with such a name is left alone with
-    a warning. Nothing is removed while another live run holds ``parent``'s lock (:mod:`paddletrainer.output_lock`):
+    a warning. Nothing is removed while another live run holds ``parent``'s lock (:mod:`paddletrainer.checkpoint.output_lock`):
     its tmp dir is the save it is writing."""
     holder = live_holder(parent)
     if holder is not None:

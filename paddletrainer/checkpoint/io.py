@@ -45,7 +45,7 @@ from typing import Dict, Optional
 
 import paddle
 
-from ..output_lock import check_still_held
+from .output_lock import check_still_held
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
 from ..trainer_utils import is_empty_dir, is_our_checkpoint

@@ -1,7 +1,7 @@
 """Convert one of our checkpoints (any layout) into a PaddleNLP 3.0.0b4 unified checkpoint its Trainer resumes.
 
 The Trainer never writes PaddleNLP's unified files itself: our format is already layout-independent, and
-``--unified_checkpoint true`` only warns (see :func:`paddletrainer.compat.parse_unified_checkpoint_options`).
+``--unified_checkpoint true`` only warns (see :func:`paddletrainer.config.paddlenlp_options.parse_unified_checkpoint_options`).
 This export is how a run continues under PaddleNLP's Trainer (``scripts/export_paddlenlp_unified.py``).
 
 Written into ``out_dir`` (PaddleNLP's names, one file each): ``model-00001-of-00001.safetensors`` and

@@ -11,8 +11,8 @@ import os
 import weakref
 from typing import Dict, List, Optional
 
-from ..callbacks import TrainerCallback
-from ..configs import MetricsConfig  # noqa: F401  (built by TrainingArguments: args.metrics_config)
+from ..trainer_callback import TrainerCallback
+from ..config.builders import MetricsConfig  # noqa: F401  (built by TrainingArguments: args.metrics_config)
 from ..parallel.wrappers import unwrap_model
 from ..trainer_utils import default_logdir
 from .writers import (JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, _is_number, build_writers,

@@ -6,7 +6,7 @@ import sys
 
 import paddle
 
-from ..device import on_cuda_device
+from ..runtime.device import on_cuda_device
 
 __all__ = ["peak_memory_bytes", "memory_logs"]
 

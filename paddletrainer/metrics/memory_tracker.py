@@ -21,7 +21,7 @@ from typing import Dict, Optional
 
 import paddle
 
-from ..device import on_cuda_device
+from ..runtime.device import on_cuda_device
 from .memory import peak_memory_bytes
 
 __all__ = ["MemoryTracker", "current_rss_bytes"]

@@ -1,7 +1,7 @@
 """``ParallelConfig``: what the parallel package needs from the arguments, typed, and every layout check.
 
 Built by ``TrainingArguments`` from its fields (``args.parallel_config``; the builder is
-``paddletrainer.configs.parallel_config_of``, rebuilt when a script changes one of those fields), so each check
+``paddletrainer.config.builders.parallel_config_of``, rebuilt when a script changes one of those fields), so each check
 here raises before any process group exists, with one line naming the option. Pure: no paddle; the checks that depend on
 the device (:meth:`ParallelConfig.check_device`) take the device as an argument and are called by
 ``init_topology`` before it creates a group.
@@ -15,7 +15,7 @@ import dataclasses
 import math
 from typing import FrozenSet, Mapping, Optional
 
-from .. import compat
+from ..config import paddlenlp_options as compat
 from .layout import Layout, option_axes
 
 __all__ = ["ParallelConfig", "resolve_layout", "STAGE3_DEFAULT_SEGMENT_SIZE"]

@@ -38,7 +38,7 @@ from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
-from . import cpu_backend
+from .cpu import backend as cpu_backend
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # defined once there; re-exported here
 from .topology import needs_cpu_backend
 

@@ -22,8 +22,8 @@ from typing import Any, Mapping, Optional
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from ..device import has_accelerator
-from . import cpu_backend
+from ..runtime.device import has_accelerator
+from .cpu import backend as cpu_backend
 from .config import ParallelConfig
 from .layout import AXES, Layout, axis, coordinates_of, hybrid_order, launch_local_rank, launch_rank, launch_world_size
 from .tcp_store import prime_launcher_store
@@ -216,7 +216,7 @@ def check_cpu_options(config) -> None:
 
 
 def needs_cpu_backend() -> bool:
-    """True on a CPU-only Paddle build (:func:`paddletrainer.device.has_accelerator`): the gloo fills of
+    """True on a CPU-only Paddle build (:func:`paddletrainer.runtime.device.has_accelerator`): the gloo fills of
     ``cpu_backend`` apply."""
     return not has_accelerator()
 

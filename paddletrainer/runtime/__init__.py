@@ -1,7 +1,28 @@
-"""What keeps a run alive and ends it cleanly: graceful SIGTERM/SIGINT stop (:mod:`.signals`), the collective hang
-watchdog (:mod:`.watchdog`) and the Trainer callback that drives both (:mod:`.callback`)."""
-from .callback import RobustnessCallback
-from .signals import GracefulStop
-from .watchdog import WATCHDOG_EXIT_CODE, CollectiveWatchdog
+"""What keeps a run alive, reproducible and on the right device.
 
-__all__ = ["CollectiveWatchdog", "GracefulStop", "RobustnessCallback", "WATCHDOG_EXIT_CODE"]
+* :mod:`.signals` (graceful SIGTERM/SIGINT stop), :mod:`.watchdog` (collective hang watchdog) and
+  :mod:`.callback` (the Trainer callback that drives both);
+* :mod:`.rollback` (``nan_inf_policy=rollback``) and :mod:`.replica_check` (replicas stay bit-identical);
+* :mod:`.device` (which build and device this is), :mod:`.seeding` (``set_seed``) and
+  :mod:`.paddle_requirement` (the Paddle install check ``import paddletrainer`` arms).
+
+The names below resolve on first use (a literal table): ``import paddletrainer`` imports
+``runtime.paddle_requirement`` before Paddle may be imported at all, so this package must not import its
+paddle-importing modules eagerly.
+"""
+import importlib
+
+_NAMES = {
+    "RobustnessCallback": "callback",
+    "GracefulStop": "signals",
+    "CollectiveWatchdog": "watchdog",
+    "WATCHDOG_EXIT_CODE": "watchdog",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name):
+    if name in _NAMES:
+        return getattr(importlib.import_module("." + _NAMES[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

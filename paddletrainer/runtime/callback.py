@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Optional, Sequence
 
-from ..callbacks import TrainerCallback
+from ..trainer_callback import TrainerCallback
 from ..checks import check_batch_keys
 from ..errors import TrainingInterrupted
 from ..trainer_utils import checkpoint_dir_name

@@ -1,4 +1,4 @@
-"""``scripts/gpu_smoke.py`` (``paddletrainer.gpu_smoke``) passes on CPU (dry run): a subset of its table, to keep the suite short.
+"""``scripts/gpu_smoke.py`` (``paddletrainer.tools.gpu_smoke``) passes on CPU (dry run): a subset of its table, to keep the suite short.
 
 fp16 overflow handling in every layout is checked by test_amp_overflow_every_layout; here the script itself runs end to end
 with bf16 O2 under pp2 and sharding stage 3, each resuming the other's async checkpoint.

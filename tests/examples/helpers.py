@@ -14,7 +14,7 @@ ERNIE = REPO / "llm_examples" / "ernie"
 LLAMA = REPO / "llm_examples" / "llama"
 PYTHON = sys.executable
 LOCK = "/tmp/paddletrainer-mp.lock"
-if str(REPO) not in sys.path:  # tests import paddletrainer.datasets from the checkout, installed or not
+if str(REPO) not in sys.path:  # tests import paddletrainer.data.pretrain from the checkout, installed or not
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "distributed"))  # hang_retry: the suite's one launch retry loop
 from hang_retry import run_retrying_hangs  # noqa: E402,F401

@@ -1,9 +1,9 @@
-"""paddletrainer.datasets.PretrainTokenDataset: fixed-length windows packed from the token file."""
+"""paddletrainer.data.pretrain.PretrainTokenDataset: fixed-length windows packed from the token file."""
 import numpy as np
 import pytest
 
 from . import helpers  # noqa: F401  (puts the checkout on sys.path)
-from paddletrainer.datasets import PretrainTokenDataset, resolve_prefix
+from paddletrainer.data.pretrain import PretrainTokenDataset, resolve_prefix
 
 
 @pytest.fixture

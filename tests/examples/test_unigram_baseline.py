@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from .helpers import LLAMA, load_module
-from paddletrainer.datasets import PretrainTokenDataset
+from paddletrainer.data.pretrain import PretrainTokenDataset
 
 run_pretrain = load_module(LLAMA / "run_pretrain.py", "run_pretrain")
 

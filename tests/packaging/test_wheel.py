@@ -28,7 +28,7 @@ from venvs import PADDLE_ENTRIES, add_paddle, make_venv, pip, run, site_packages
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from paddletrainer import __version__  # noqa: E402
-from paddletrainer.paddle_requirement import PADDLE_PIN, install_hint  # noqa: E402
+from paddletrainer.runtime.paddle_requirement import PADDLE_PIN, install_hint  # noqa: E402
 
 # Imports the library makes only when a feature asks for them: module -> (extra, distribution it must require)
 OPTIONAL_IMPORTS = {
@@ -39,8 +39,8 @@ OPTIONAL_IMPORTS = {
     "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama
 }
 CONSOLE_SCRIPTS = {"paddletrainer-launch": "paddletrainer.launch:main",
-                   "paddletrainer-merge-checkpoint": "paddletrainer.merge_checkpoint:main",
-                   "paddletrainer-gpu-smoke": "paddletrainer.gpu_smoke:main"}
+                   "paddletrainer-merge-checkpoint": "paddletrainer.tools.merge_checkpoint:main",
+                   "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main"}
 
 
 def normalize(name: str) -> str:

@@ -2,7 +2,7 @@
 import paddle
 import pytest
 
-from paddletrainer.amp import AmpConfig
+from paddletrainer.optim.amp import AmpConfig
 from paddletrainer.training_args import TrainingArguments
 
 

@@ -5,7 +5,7 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-from paddletrainer import overflow
+from paddletrainer.optim import overflow
 from toy_models import RegressionModel, regression_data
 
 

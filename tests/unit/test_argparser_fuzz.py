@@ -13,8 +13,8 @@ from typing import List, Union, get_args, get_origin, get_type_hints
 
 import pytest
 
-from paddletrainer import arg_checks
-from paddletrainer.arg_checks import INT32_MAX, MAX_DATALOADER_WORKERS
+from paddletrainer.config import arg_checks
+from paddletrainer.config.arg_checks import INT32_MAX, MAX_DATALOADER_WORKERS
 from paddletrainer.argparser import PdArgumentParser
 from paddletrainer.training_args import TrainingArguments
 

@@ -164,7 +164,7 @@ ARGS_CASES = [
      ["skip_save_model_weight", "ignore_merge_optimizer", "exclusive"]),
     ("refined_recompute_syntax", 1, dict(refined_recompute="flash_attn"), ["refined_recompute", "op:count"]),
     ("refined_recompute_op", 1, dict(refined_recompute="mlp_magic:1"), ["refined_recompute", "mlp_magic", "valid:"]),
-    # Hugging Face options (paddletrainer.hf_options)
+    # Hugging Face options (paddletrainer.config.hf_options)
     ("hf_use_ipex", 1, dict(use_ipex=True), ["use_ipex=True is not supported by paddletrainer", "Intel Extension"]),
     ("hf_per_gpu_batch", 1, dict(per_gpu_train_batch_size=8), ["per_gpu_train_batch_size=8", "per_device_train_batch_size"]),
     ("hf_save_safetensors_false", 1, dict(save_safetensors=False), ["save_safetensors=False", "never written"]),

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from tqdm.std import tqdm as std_tqdm
 
-from paddletrainer.callbacks import (
+from paddletrainer.trainer_callback import (
     CallbackHandler,
     DefaultFlowCallback,
     EarlyStoppingCallback,

@@ -327,7 +327,7 @@ def test_sync_save_writes_from_tensor_memory_and_async_save_from_a_snapshot():
 def test_ensure_accumulators_expands_param_groups():
     # momentum with weight decay builds two param groups (decayed / not): resume must not choke on them
     from paddletrainer.checkpoint.local_state import ensure_accumulators
-    from paddletrainer.optimization import create_optimizer
+    from paddletrainer.optim.optimization import create_optimizer
 
     model = paddle.nn.Sequential(paddle.nn.Linear(3, 4), paddle.nn.LayerNorm(4))
     opt = create_optimizer(model, 0.1, optim="momentum", weight_decay=0.1)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import paddle
 import pytest
 
-from paddletrainer.parallel import cpu_backend
+from paddletrainer.parallel.cpu import backend as cpu_backend
 from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.topology import Topology
 

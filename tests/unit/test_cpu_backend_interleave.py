@@ -1,4 +1,4 @@
-"""Fill 8 of the CPU backend (``parallel/cpu_interleave.py``): the interleaved pipeline's p2p over blocking
+"""Fill 8 of the CPU backend (``parallel/cpu/interleave.py``): the interleaved pipeline's p2p over blocking
 send/recv (no processes).
 
 Each pipeline stage is a thread; a fake gloo send blocks until the peer's matching recv takes the tensor, as
@@ -13,7 +13,7 @@ import threading
 import paddle
 import pytest
 
-from paddletrainer.parallel import cpu_interleave
+from paddletrainer.parallel.cpu import interleave as cpu_interleave
 
 
 class FakeHcg:

@@ -6,7 +6,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer.evaluation import EvalAccumulator
+from paddletrainer.trainer_evaluation import EvalAccumulator
 
 ONE_RANK = SimpleNamespace(data_world_size=1)
 

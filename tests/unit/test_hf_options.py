@@ -1,4 +1,4 @@
-"""Hugging Face ``TrainingArguments`` options PaddleNLP 3.0.0b4 lacks (``paddletrainer.hf_options``): each with its
+"""Hugging Face ``TrainingArguments`` options PaddleNLP 3.0.0b4 lacks (``paddletrainer.config.hf_options``): each with its
 Hugging Face meaning, and the PyTorch-only ones refused by name with the Paddle equivalent."""
 import logging
 import math
@@ -10,7 +10,7 @@ import pytest
 
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments
 from paddletrainer.errors import CheckpointError
-from paddletrainer.optimization import get_scheduler
+from paddletrainer.optim.optimization import get_scheduler
 from toy_models import PoisonAt, RegressionModel, poisonable, regression_data
 
 

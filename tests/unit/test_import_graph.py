@@ -8,9 +8,9 @@ PACKAGE = Path(__file__).resolve().parents[2] / "paddletrainer"
 # (importer, imported): the function-level imports of package modules, each with its reason.
 LAZY_ALLOWED = {
     # rank properties build the process groups on first use; topology imports paddle, the arguments must not
-    ("paddletrainer.training_args_ranks", "paddletrainer.parallel.topology"),
+    ("paddletrainer.config.arguments_base", "paddletrainer.parallel.topology"),
     # PEP 562 alias at PaddleNLP's module path: set_seed needs paddle, trainer_utils must import without it
-    ("paddletrainer.trainer_utils", "paddletrainer.seeding"),
+    ("paddletrainer.trainer_utils", "paddletrainer.runtime.seeding"),
 }
 # parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
 # import statements do not show, read from its tables and allowed as function-level imports

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from paddletrainer.callbacks import TrainerControl, TrainerState
-from paddletrainer.configs import metrics_config_of
+from paddletrainer.trainer_callback import TrainerControl, TrainerState
+from paddletrainer.config.builders import metrics_config_of
 from paddletrainer.metrics import MetricsCallback
 
 VISUALDL = os.path.join(os.path.dirname(sys.executable), "visualdl")

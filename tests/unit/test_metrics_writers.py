@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 from visualdl import LogReader, LogWriter
 
-from paddletrainer.callbacks import TrainerControl, TrainerState
-from paddletrainer.configs import metrics_config_of
+from paddletrainer.trainer_callback import TrainerControl, TrainerState
+from paddletrainer.config.builders import metrics_config_of
 from paddletrainer.metrics import (
     JsonlWriter,
     MetricsCallback,

@@ -7,7 +7,7 @@ import paddle
 import pytest
 
 from paddletrainer.errors import NonFiniteLossError
-from paddletrainer.overflow import STEP, NonfiniteGuard
+from paddletrainer.optim.overflow import STEP, NonfiniteGuard
 
 SAMPLES_PER_STEP = 8
 

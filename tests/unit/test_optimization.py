@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import paddle
 import pytest
 
-from paddletrainer.optimization import create_optimizer, get_scheduler, no_decay_parameter_names
+from paddletrainer.optim.optimization import create_optimizer, get_scheduler, no_decay_parameter_names
 
 
 def lrs(name, steps=10, **kw):
@@ -125,7 +125,7 @@ def _twin_runs(make_ours, make_paddle, steps=5):
 
 
 def test_adamw_step_is_bit_identical_to_paddles_adamw_with_the_same_state_names():
-    from paddletrainer.optimization import AdamW
+    from paddletrainer.optim.optimization import AdamW
 
     taken = []
 
@@ -163,7 +163,7 @@ def test_adamw_step_is_bit_identical_to_paddles_adamw_with_the_same_state_names(
 ], ids=["grad_clip", "amsgrad", "scaler_found_inf", "param_learning_rate", "param_learning_rate_tensor", "main_grad",
         "tensor_fusion", "parameter_list_is_not_param_groups"])
 def test_adamw_takes_paddles_step_for_what_its_own_does_not_reproduce(extra):
-    from paddletrainer.optimization import AdamW
+    from paddletrainer.optim.optimization import AdamW
 
     def build(cls):
         def make(model, sched):
@@ -194,7 +194,7 @@ def test_adamw_takes_paddles_step_for_what_its_own_does_not_reproduce(extra):
 def test_adamw_leaves_master_weight_parameters_to_paddles_step():
     # bf16 under multi_precision updates an fp32 master weight: Paddle's CPU build has no bf16 AdamW kernel to check
     # a direct call against, so that path stays Paddle's own
-    from paddletrainer.optimization import AdamW
+    from paddletrainer.optim.optimization import AdamW
 
     param = paddle.create_parameter([4, 4], dtype="bfloat16", default_initializer=paddle.nn.initializer.Constant(0.5))
     assert AdamW(learning_rate=0.1, parameters=[param], multi_precision=True)._direct_parameters() is None

@@ -20,8 +20,8 @@ import pytest
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError, save_checkpoint
 from paddletrainer.checkpoint import layout as L
-from paddletrainer import output_lock
-from paddletrainer.output_lock import LOCK_NAME, STALE_AFTER_SECONDS, OutputDirLockedError
+from paddletrainer.checkpoint import output_lock
+from paddletrainer.checkpoint.output_lock import LOCK_NAME, STALE_AFTER_SECONDS, OutputDirLockedError
 from toy_models import RegressionModel, regression_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -138,7 +138,7 @@ def test_a_save_onto_a_foreign_entry_fails_and_leaves_it_as_it_was(tmp_path):
 # ------------------------------------------------------------------------------------------------- the lock
 HOLDER = """
 import sys
-from paddletrainer.output_lock import OutputDirLock
+from paddletrainer.checkpoint.output_lock import OutputDirLock
 OutputDirLock(sys.argv[1]).acquire()
 print("HELD", flush=True)
 sys.stdin.read()

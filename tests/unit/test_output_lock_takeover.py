@@ -15,9 +15,9 @@ import time
 import pytest
 
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-from paddletrainer import output_lock
+from paddletrainer.checkpoint import output_lock
 from paddletrainer.checkpoint import CheckpointError
-from paddletrainer.output_lock import LOCK_NAME, OutputDirLockedError
+from paddletrainer.checkpoint.output_lock import LOCK_NAME, OutputDirLockedError
 from toy_models import RegressionModel, regression_data
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,7 +67,7 @@ def test_another_job_is_still_refused_at_once_naming_the_holder(tmp_path, monkey
 
 FAKE_LAUNCHER = """
 import subprocess, sys
-child = "from paddletrainer.output_lock import job_id; print(job_id())"
+child = "from paddletrainer.checkpoint.output_lock import job_id; print(job_id())"
 sys.exit(subprocess.call([sys.executable, "-c", child]))
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from paddletrainer.paddle_requirement import PADDLE_PIN, SKIP_ENV, install_hint
+from paddletrainer.runtime.paddle_requirement import PADDLE_PIN, SKIP_ENV, install_hint
 
 REPO = Path(__file__).resolve().parents[2]
 

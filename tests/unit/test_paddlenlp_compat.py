@@ -13,7 +13,7 @@ import pytest
 
 import paddletrainer
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-from paddletrainer.callbacks import DefaultFlowCallback, PrinterCallback, ProgressCallback
+from paddletrainer.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from paddletrainer.data import SubclassBatchSampler
 from paddletrainer.metrics import MetricsCallback
 from paddletrainer.runtime import RobustnessCallback
@@ -41,7 +41,8 @@ class Recorder(TrainerCallback):
 
 # ------------------------------------------------------------------------------------------------ aliases
 def test_paddlenlp_module_paths_import_and_name_our_objects():
-    from paddletrainer import callbacks, nested, trainer_callback, trainer_utils
+    from paddletrainer import trainer_callback, trainer_utils
+    from paddletrainer.data import nested
     from paddletrainer.integrations import TensorBoardCallback, VisualDLCallback, WandbCallback
     from paddletrainer.metrics import callback as metrics_callback
     from paddletrainer.trainer import DEFAULT_CALLBACKS, Trainer as TrainerFromModule, logger
@@ -49,8 +50,8 @@ def test_paddlenlp_module_paths_import_and_name_our_objects():
     from paddletrainer.utils.doc import add_start_docstrings
     from paddletrainer.utils.helper import nested_concat, nested_detach, nested_numpify, nested_truncate
 
-    assert trainer_callback.TrainerState is callbacks.TrainerState
-    assert set(trainer_callback.__all__) == set(callbacks.__all__)
+    assert trainer_callback.TrainerState is paddletrainer.TrainerState
+    assert {"TrainerCallback", "TrainerState", "TrainerControl", "CallbackHandler"} <= set(trainer_callback.__all__)
     assert (VisualDLCallback, TensorBoardCallback, WandbCallback) == (
         metrics_callback.VisualDLCallback, metrics_callback.TensorBoardCallback, metrics_callback.WandbCallback)
     assert TrainerFromModule is Trainer and isinstance(logger, logging.Logger)

@@ -6,7 +6,7 @@ import pytest
 
 from paddletrainer.parallel import apply
 from paddletrainer.parallel.config import ParallelConfig
-from paddletrainer.parallel.cpu_sp_ops import _reduce_scatter_tensor_in_dygraph, reduce_scatter_into
+from paddletrainer.parallel.cpu.reduce_scatter import _reduce_scatter_tensor_in_dygraph, reduce_scatter_into
 from paddletrainer.parallel.sequence import check_sequence_parallel_model
 from paddletrainer.parallel.sharding import stage2_no_sync
 from paddletrainer.parallel.topology import Topology

@@ -6,7 +6,7 @@ from paddletrainer import TrainingArguments
 from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.layout import Layout
 from paddletrainer.parallel.topology import build_strategy
-from paddletrainer.compat import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,
+from paddletrainer.config.paddlenlp_options import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,
                                   TENSOR_PARALLEL_OPTIONS)
 
 CONFIGS = {  # config → (its option list, the attribute build_strategy reads, the degrees that activate it)

@@ -6,9 +6,9 @@ import paddle
 import pytest
 
 from paddletrainer import TrainingArguments
-from paddletrainer.configs import ReplicaCheckConfig
+from paddletrainer.config.builders import ReplicaCheckConfig
 from paddletrainer.parallel import Topology
-from paddletrainer.replica_check import ReplicaCheck, first_divergence, fingerprint, replicated_tensors
+from paddletrainer.runtime.replica_check import ReplicaCheck, first_divergence, fingerprint, replicated_tensors
 
 BITS = {"float32": ("int32", 32), "bfloat16": ("int16", 16), "float16": ("int16", 16)}
 

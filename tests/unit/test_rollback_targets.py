@@ -12,7 +12,7 @@ import paddletrainer.trainer as trainer_module
 from paddletrainer import Trainer
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.errors import ReplicaDivergenceError
-from paddletrainer.replica_check import ReplicaCheck
+from paddletrainer.runtime.replica_check import ReplicaCheck
 from paddletrainer.trainer_callback import TrainerCallback
 from toy_models import (ROLLBACK_BATCH as BATCH, PoisonAt, RegressionModel, poisonable, regression_data,
                         rollback_args as args_for)
@@ -58,7 +58,7 @@ def test_a_divergence_rolls_back_to_the_newest_checkpoint_the_check_before_its_s
     # divergence found at step 6 goes back to it
     fake_replicas(monkeypatch, every=3, diverge_at=[6])
     trainer = Trainer(model=RegressionModel(), args=args_for(tmp_path / "out"), train_dataset=regression_data())
-    with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.runtime.rollback"):
         trainer.train()
     out = str(tmp_path / "out")
     assert f"step 6: replica divergence; rolled back to {os.path.join(out, 'checkpoint-4')}" in caplog.text
@@ -98,7 +98,7 @@ def test_after_a_rollback_the_checkpoint_it_loaded_is_the_last_verified_step(tmp
     model = PoisonableModel()
     trainer = Trainer(model=model, args=args_for(out, max_steps=16, save_steps=1), train_dataset=regression_data(128),
                       callbacks=[DamageAt(out, "checkpoint-11", step=12), PoisonAfterARollback(model, step=13)])
-    with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.runtime.rollback"):
         trainer.train()
     assert f"step 12: replica divergence; rolled back to {out / 'checkpoint-10'}" in caplog.text
     assert f"step 13: non-finite gradient norm; rolled back to {out / 'checkpoint-12'}" in caplog.text
@@ -112,7 +112,7 @@ def test_a_rollback_never_goes_forward_to_a_newer_checkpoint_of_an_earlier_run(t
     model = PoisonableModel()
     trainer = Trainer(model=model, args=args_for(out), train_dataset=regression_data(),
                       callbacks=[PoisonAt(model, steps=[6])])
-    with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.runtime.rollback"):
         trainer.train(resume_from_checkpoint=str(out / "checkpoint-4"))  # checkpoint-6 and -8 lie beside it
     assert f"step 6: non-finite gradient norm; rolled back to {out / 'checkpoint-4'}" in caplog.text
     assert trainer.state.global_step == 10
@@ -124,7 +124,7 @@ def test_a_damaged_checkpoint_is_passed_over_with_a_warning_naming_it(tmp_path, 
     model = PoisonableModel()
     trainer = Trainer(model=model, args=args_for(out), train_dataset=regression_data(),
                       callbacks=[DamageAt(out, "checkpoint-4", step=6), PoisonAt(model, steps=[6])])
-    with caplog.at_level(logging.WARNING, logger="paddletrainer.rollback"):
+    with caplog.at_level(logging.WARNING, logger="paddletrainer.runtime.rollback"):
         trainer.train()
     assert (f"passed over the damaged checkpoint {out / 'checkpoint-4'} ({L.model_file_name(0, 0)} has "
             in caplog.text)

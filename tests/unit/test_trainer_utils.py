@@ -42,7 +42,7 @@ def _import_roots(module) -> set:
 def test_trainer_utils_and_seeding_import_only_stdlib_numpy_and_paddle():
     # leaves of the package's import graph, so every module may import them; trainer_utils (imported by
     # TrainingArguments, which must import without paddle) reaches seeding's names only through its PEP 562 alias
-    from paddletrainer import seeding
+    from paddletrainer.runtime import seeding
 
     assert _import_roots(trainer_utils) - set(sys.stdlib_module_names) <= {"numpy", ".seeding"}
     assert _import_roots(seeding) - set(sys.stdlib_module_names) <= {"numpy", "paddle"}

@@ -14,7 +14,7 @@ import pytest
 
 from paddletrainer.argparser import PdArgumentParser
 from paddletrainer.trainer_utils import IntervalStrategy, OptimizerNames, SchedulerType, ShardingOption
-from paddletrainer.compat import PIPELINE_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS
+from paddletrainer.config.paddlenlp_options import PIPELINE_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS
 from paddletrainer.training_args import (
     ParallelDegrees,
     TrainingArguments,
@@ -312,7 +312,7 @@ def test_a_change_after_parsing_is_checked_like_a_value_given_at_construction(tm
 
 
 def test_the_typed_configs_of_amp_rollback_and_metrics_follow_the_arguments(tmp_path):
-    from paddletrainer.configs import AmpSettings, RollbackConfig
+    from paddletrainer.config.builders import AmpSettings, RollbackConfig
 
     args = make(tmp_path, fp16=True, fp16_opt_level="O2", amp_custom_white_list=["matmul"], scale_loss=1024.0,
                 amp_on_cpu="fp32_dry_run", nan_inf_policy="rollback", nan_inf_rollback_max_retries=2,
@@ -333,7 +333,7 @@ def test_subsystems_take_their_typed_config_not_paddlenlp_option_names():
 
     package = Path(__file__).resolve().parents[2] / "paddletrainer"
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    for module in ("amp.py", "rollback.py", "metrics/callback.py", "parallel/config.py"):
+    for module in ("optim/amp.py", "runtime/rollback.py", "metrics/callback.py", "parallel/config.py"):
         tree = ast.parse((package / module).read_text())
         read = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
                 and n.value.id == "args" and n.attr in fields}

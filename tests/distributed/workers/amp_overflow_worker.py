@@ -1,7 +1,7 @@
 """fp16 (CPU dry run, live GradScaler) through the public Trainer, with an inf injected on one rank at one step.
 
 The inf enters the way a real fp16 overflow does: inside the backward pass, before any gradient
-synchronisation (``paddletrainer.gpu_smoke.instrument``: a forward post-hook on this rank's first ``LlamaMLP`` routes
+synchronisation (``paddletrainer.tools.gpu_smoke.instrument``: a forward post-hook on this rank's first ``LlamaMLP`` routes
 its output through an identity whose backward multiplies the gradient by inf, on rank ``inject_rank`` during
 step ``inject_step``; a forward pre-hook on the same layer records the auto_cast settings active inside the
 model's forward, in training and in evaluation).
@@ -25,7 +25,7 @@ import paddle  # noqa: E402
 
 from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
 from paddletrainer import Trainer, TrainerCallback  # noqa: E402
-from paddletrainer.gpu_smoke import instrument, replicated_digests  # noqa: E402 - the smoke tool's injection and spy
+from paddletrainer.tools.gpu_smoke import instrument, replicated_digests  # noqa: E402 - the smoke tool's injection and spy
 from trainer_worker import build_model, token_data  # noqa: E402
 
 

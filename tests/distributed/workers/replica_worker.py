@@ -29,7 +29,7 @@ import paddle.distributed as dist  # noqa: E402
 from common import exit_cleanly, write_json  # noqa: E402
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from paddletrainer.errors import ReplicaDivergenceError  # noqa: E402
-from paddletrainer.replica_check import fingerprint, replicated_tensors  # noqa: E402
+from paddletrainer.runtime.replica_check import fingerprint, replicated_tensors  # noqa: E402
 from trainer_worker import MLP, mlp_data  # noqa: E402
 
 MAX_STEPS = 8

@@ -27,7 +27,8 @@ def main(out):
     from paddle.distributed import collective
     from paddle.distributed.fleet.layers.mpu import mp_ops
 
-    from paddletrainer.parallel import cpu_backend, init_topology
+    from paddletrainer.parallel import init_topology
+    from paddletrainer.parallel.cpu import backend as cpu_backend
 
     topo = init_topology(layout_args(tp=2, ga=1))
     group, r, n = topo.tp_group, topo.tp_rank, topo.tp_degree

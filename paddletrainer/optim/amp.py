@@ -28,8 +28,8 @@ from typing import List, Optional
 import paddle
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
-from .configs import AmpSettings
-from .device import has_accelerator
+from ..config.builders import AmpSettings
+from ..runtime.device import has_accelerator
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ import threading
 import uuid
 from typing import Dict, Optional, Tuple
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["LOCK_NAME", "OutputDirLock", "OutputDirLockedError", "check_still_held", "describe", "job_id",
            "live_holder", "lock_path"]

@@ -43,7 +43,7 @@ import logging
 import re
 from typing import Any, Dict, FrozenSet, List
 
-from .trainer_utils import ShardingOption
+from ..trainer_utils import ShardingOption
 
 __all__ = [
     "DEGREE_OPTIONS",

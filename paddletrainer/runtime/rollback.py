@@ -21,7 +21,7 @@ see ``overflow.nonfinite_action``) — the same on every rank, because the norm 
 6. after ``nan_inf_rollback_max_retries`` rollbacks in one ``train()`` call, the next non-finite step raises
    ``NonFiniteLossError`` saying so, and so does a rollback with no checkpoint to go back to.
 
-A replica divergence (``replica_check_steps``, :mod:`paddletrainer.replica_check`) takes the same path: the
+A replica divergence (``replica_check_steps``, :mod:`paddletrainer.runtime.replica_check`) takes the same path: the
 check step's update is already applied and counted, and is discarded with the rest of the window.
 
 The loop calls :meth:`Rollback.recover` where ``_optimizer_step`` or the replica check raised; this module never
@@ -35,8 +35,8 @@ import logging
 import os
 from typing import List, Optional, Tuple
 
-from .checkpoint.files import newest_sound_checkpoint
-from .configs import RollbackConfig  # built by TrainingArguments: args.rollback_config
+from ..checkpoint.files import newest_sound_checkpoint
+from ..config.builders import RollbackConfig  # built by TrainingArguments: args.rollback_config
 
 logger = logging.getLogger(__name__)
 

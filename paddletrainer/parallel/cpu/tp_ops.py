@@ -1,4 +1,4 @@
-"""CPU fill 2 of :mod:`paddletrainer.parallel.cpu_backend`: the tensor-parallel ops as autograd functions.
+"""CPU fill 2 of :mod:`paddletrainer.parallel.cpu.backend`: the tensor-parallel ops as autograd functions.
 
 Paddle's CPU build has no kernels for ``c_identity``, ``c_split``, ``c_concat`` and
 ``c_softmax_with_cross_entropy`` (and ``_mp_allreduce``'s backward calls ``c_identity``). Megatron's

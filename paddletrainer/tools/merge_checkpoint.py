@@ -2,7 +2,7 @@
 
     paddletrainer-merge-checkpoint output/checkpoint-100 merged/ [--config-from path/to/model]
     paddletrainer-merge-checkpoint lora_run/checkpoint-100 merged/ --base-model path/to/base   # a LoRA run
-    python -m paddletrainer.merge_checkpoint ...      (or python scripts/merge_checkpoint.py ... in a checkout)
+    python -m paddletrainer.tools.merge_checkpoint ...      (or python scripts/merge_checkpoint.py ... in a checkout)
 
 A LoRA run's checkpoint holds the adapters only: --base-model names the base model's from_pretrained
 directory, and the output is that model with LoRA merged (W + scaling * A @ B).
@@ -19,10 +19,10 @@ import sys
 import time
 from typing import List, Optional
 
-from .checkpoint.export import export_for_from_pretrained
-from .checkpoint.files import read_index
-from .checkpoint.peft import INDEX_KEY, export_merged_lora
-from .errors import friendly_errors
+from ..checkpoint.export import export_for_from_pretrained
+from ..checkpoint.files import read_index
+from ..checkpoint.peft import INDEX_KEY, export_merged_lora
+from ..errors import friendly_errors
 
 
 @friendly_errors

@@ -34,9 +34,9 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from .configs import ReplicaCheckConfig  # built by TrainingArguments: args.replica_check_config
-from .errors import ReplicaDivergenceError
-from .parallel.wrappers import unwrap_model
+from ..config.builders import ReplicaCheckConfig  # built by TrainingArguments: args.replica_check_config
+from ..errors import ReplicaDivergenceError
+from ..parallel.wrappers import unwrap_model
 
 __all__ = ["ReplicaCheck", "fingerprint", "replicated_tensors", "first_divergence"]
 

@@ -19,7 +19,7 @@ needs PaddleNLP's Llama: ``pip install "paddletrainer[paddlenlp]"``):
     paddletrainer-gpu-smoke --layouts dp2 pp2 --precisions fp16 --work_dir /tmp/smoke
     paddletrainer-gpu-smoke --lock /tmp/paddletrainer-mp.lock   # CPU, on a machine shared with other runs
 
-(``python -m paddletrainer.gpu_smoke`` and, in a checkout, ``python scripts/gpu_smoke.py`` are the same tool.)
+(``python -m paddletrainer.tools.gpu_smoke`` and, in a checkout, ``python scripts/gpu_smoke.py`` are the same tool.)
 """
 from __future__ import annotations
 
@@ -32,14 +32,14 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 
-from .argparser import PdArgumentParser
-from .callbacks import TrainerCallback
-from .trainer import Trainer
-from .training_args import TrainingArguments
+from ..argparser import PdArgumentParser
+from ..trainer_callback import TrainerCallback
+from ..trainer import Trainer
+from ..training_args import TrainingArguments
 
 # the directory holding this paddletrainer package: the workers import the same one (a checkout or an install)
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER_STUB = "import sys\nfrom paddletrainer.gpu_smoke import run_worker\nrun_worker(sys.argv[1:])\n"
+WORKER_STUB = "import sys\nfrom paddletrainer.tools.gpu_smoke import run_worker\nrun_worker(sys.argv[1:])\n"
 INJECT_STEP, SAVE_STEP, MAX_STEPS = 3, 2, 4
 VOCAB, SEQ = 96, 16
 

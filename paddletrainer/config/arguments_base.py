@@ -9,7 +9,7 @@ from dataclasses import asdict
 from enum import Enum
 from typing import Any, Dict
 
-from .argparser import PdArgumentParser
+from ..argparser import PdArgumentParser
 
 __all__ = ["ArgumentsRanksAndSerialization", "view"]
 

@@ -41,7 +41,7 @@ from typing import Dict, Optional
 import paddle
 from paddle import _legacy_C_ops
 
-from .errors import NonFiniteLossError
+from ..errors import NonFiniteLossError
 
 __all__ = ["STEP", "SKIP", "RAISE", "NonfiniteGuard", "nonfinite_action", "unscale_gradients", "update_loss_scale", "loss_scale",
            "scaler_logs", "delayed_loss_divisor"]

@@ -1,4 +1,4 @@
-"""CPU fill 9 of :mod:`paddletrainer.parallel.cpu_backend`: an exact reduce-scatter for gloo.
+"""CPU fill 9 of :mod:`paddletrainer.parallel.cpu.backend`: an exact reduce-scatter for gloo.
 
 Paddle's gloo process group has no reduce-scatter ("Unimplemented cpu kernel for CReduceScatterOp"; its
 ``reduce_scatter_tensor`` binding exists but gloo rejects it) and no all-to-all, so Megatron-style sequence

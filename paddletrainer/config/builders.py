@@ -17,10 +17,10 @@ import dataclasses
 import os
 from typing import Optional, Tuple
 
-from . import compat
-from .parallel.config import ParallelConfig, sharding_stage_of
-from .parallel.layout import Layout, option_axes
-from .trainer_utils import default_logdir, normalize_report_to
+from . import paddlenlp_options as compat
+from ..parallel.config import ParallelConfig, sharding_stage_of
+from ..parallel.layout import Layout, option_axes
+from ..trainer_utils import default_logdir, normalize_report_to
 
 __all__ = ["AmpSettings", "RollbackConfig", "MetricsConfig", "ReplicaCheckConfig", "PARALLEL_INPUTS", "parallel_inputs",
            "parallel_config_of", "amp_settings_of", "rollback_config_of", "metrics_config_of",
@@ -59,7 +59,7 @@ class AmpSettings:
 
 @dataclasses.dataclass(frozen=True)
 class RollbackConfig:
-    """What ``nan_inf_policy=rollback`` does (see :mod:`paddletrainer.rollback`)."""
+    """What ``nan_inf_policy=rollback`` does (see :mod:`paddletrainer.runtime.rollback`)."""
 
     output_dir: str
     max_retries: int
@@ -78,7 +78,7 @@ class MetricsConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ReplicaCheckConfig:
-    """The replica-divergence check (see :mod:`paddletrainer.replica_check`): every ``every_steps`` optimizer
+    """The replica-divergence check (see :mod:`paddletrainer.runtime.replica_check`): every ``every_steps`` optimizer
     steps (0: off); ``sharding_stage`` decides which ranks hold identical weights (stage 3: the dp group only)."""
 
     every_steps: int

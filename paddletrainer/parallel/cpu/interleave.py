@@ -1,4 +1,4 @@
-"""Fill 8 of the CPU backend (:mod:`paddletrainer.parallel.cpu_backend`): the interleaved pipeline on gloo.
+"""Fill 8 of the CPU backend (:mod:`paddletrainer.parallel.cpu.backend`): the interleaved pipeline on gloo.
 
 ``virtual_pp_degree`` > 1 runs Paddle's ``PipelineParallelWithInterleave`` (or its F-then-B variant). Their p2p
 assumes NCCL's grouped, non-blocking send/recv; this module makes the same exchanges work over gloo's blocking
@@ -116,7 +116,7 @@ def _interleave_f_then_b_sanity(self):
 
 
 def install_interleave():
-    """Apply fill 8 (called once by :func:`paddletrainer.parallel.cpu_backend.install`)."""
+    """Apply fill 8 (called once by :func:`paddletrainer.parallel.cpu.backend.install`)."""
     p2p._batched_p2p_ops = _make_batched_p2p_ops(p2p._batched_p2p_ops)
     for name in ("send_forward_recv_forward", "send_forward_backward_recv_forward_backward"):
         setattr(p2p.P2pHelper, name, _make_split_exchange(getattr(p2p.P2pHelper, name)))

@@ -32,7 +32,7 @@ from paddle.distributed.auto_parallel.auto_dp_utils import in_auto_dp_mode
 from paddle.distributed.auto_parallel.fully_shard_fusion import get_fsdp_context
 from paddle.optimizer import optimizer as _paddle_optimizer
 
-from .trainer_utils import OptimizerNames, SchedulerType
+from ..trainer_utils import OptimizerNames, SchedulerType
 
 # GroupShardedStage3's name for the stand-in parameter holding a sliced parameter's local slice.
 STAGE3_SLICE_PREFIX = "slice@"

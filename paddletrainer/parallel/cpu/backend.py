@@ -12,7 +12,7 @@ The fills:
 
 1. one gloo TCP store per process group (``collective._new_process_group_impl``),
 2. tensor-parallel ops as autograd functions over all_reduce / all_gather (``mp_ops._c_identity``, ...;
-   they live in :mod:`paddletrainer.parallel.cpu_tp_ops`),
+   they live in :mod:`paddletrainer.parallel.cpu.tp_ops`),
 3. ``hybrid_parallel_util.broadcast_input_data`` is a no-op,
 4. ``ParallelEnv.device_id`` defaults to 0 and pipeline p2p uses plain blocking send/recv,
 5. sharding stage 2/3 construction (:func:`group_sharded_construction`, a scoped context manager),
@@ -22,10 +22,10 @@ The fills:
 8. the interleaved pipeline (virtual stages): p2p batches and shape metadata in a ring-safe order for
    gloo's blocking send/recv (``p2p_communication._batched_p2p_ops``, ``P2pHelper``), which also makes two
    stages correct, so Paddle's "pp degree > 2" sanity check is relaxed to 2 (they live in
-   :mod:`paddletrainer.parallel.cpu_interleave`),
+   :mod:`paddletrainer.parallel.cpu.interleave`),
 9. an exact reduce-scatter over ``all_reduce`` for gloo, which has none (``stream.reduce_scatter``'s
    ``_reduce_scatter_tensor_in_dygraph`` / ``_reduce_scatter_in_dygraph`` and ``paddle.distributed.reduce_scatter``;
-   it lives in :mod:`paddletrainer.parallel.cpu_sp_ops`): sequence parallel's ``ReduceScatterOp`` / ``AllGatherOp``
+   it lives in :mod:`paddletrainer.parallel.cpu.reduce_scatter`): sequence parallel's ``ReduceScatterOp`` / ``AllGatherOp``
    backward and sharding stage1 V2's gradient buffers run on it,
 10. sharding stage1 V2 (``split_param``): ``tensor_fusion_helper.alignment`` gets an entry for the device type
    it reports on CPU ("unknown"), with the GPU's 256 bytes, so the comm buffers (and the slices each rank
@@ -43,10 +43,10 @@ import threading
 import paddle
 import paddle.distributed as dist
 
-from .cpu_interleave import install_interleave
-from .cpu_sp_ops import STREAM_MODULE as _REDUCE_SCATTER_MODULE, install_reduce_scatter
-from .cpu_tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
-from .tcp_store import prime_disconnect_logging
+from .interleave import install_interleave
+from .reduce_scatter import STREAM_MODULE as _REDUCE_SCATTER_MODULE, install_reduce_scatter
+from .tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
+from ..tcp_store import prime_disconnect_logging
 
 __all__ = [
     "install",

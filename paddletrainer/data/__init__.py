@@ -27,8 +27,8 @@ import numpy as np
 import paddle
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
-from .parallel.collectives import all_gather_object_over_data_group
-from .trainer_utils import has_length
+from ..parallel.collectives import all_gather_object_over_data_group
+from ..trainer_utils import has_length
 
 logger = logging.getLogger(__name__)
 

@@ -203,7 +203,7 @@ class TrainerEvaluation:
 
     def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
         """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only
-        (:func:`paddletrainer.evaluation.predict_batch`; the loss comes from ``compute_loss``)."""
+        (:func:`paddletrainer.trainer_evaluation.predict_batch`; the loss comes from ``compute_loss``)."""
         return predict_batch(model, self._prepare_inputs(inputs), compute_loss=self.compute_loss,
                              label_names=self.label_names, autocast=self.autocast_smart_context_manager(),
                              prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys)
@@ -232,7 +232,7 @@ class TrainerEvaluation:
         max_eval_iters: int = -1,
     ) -> EvalLoopOutput:
         """Run ``prediction_step`` over this rank's share, then combine the data ranks in dataset order
-        (see :mod:`paddletrainer.evaluation`)."""
+        (see :mod:`paddletrainer.trainer_evaluation`)."""
         if prediction_loss_only is None:
             prediction_loss_only = self.args.prediction_loss_only
         model = self.model_wrapped

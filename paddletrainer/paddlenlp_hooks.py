@@ -65,7 +65,7 @@ class PaddleNLPHooks:
         collective over the data group). Sets ``trained_effective_tokens`` and ``trained_tokens``."""
         if not self.args.count_trained_tokens:
             return
-        effective, total = sum_over_data_ranks(list(self._token_counter.totals()), self.topology)
+        effective, total = sum_over_data_ranks(list(self._loop.tokens.totals()), self.topology)
         self.trained_effective_tokens, self.trained_tokens = int(effective), int(total)
         if self.args.should_log:
             logger.info("Update to now, trained_effective_tokens: %d, trained_tokens: %d",

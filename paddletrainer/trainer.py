@@ -12,9 +12,9 @@ backward â€” clip, NaN policy, optimizer, schedule, callbacks, logging, saving â
 Override points (PaddleNLP/HF names): create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step, log here;
 get_train_dataloader, get_eval_dataloader, get_test_dataloader and the samplers from ``trainer_data.TrainerData``;
 evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; resume, save and
-load of checkpoints from ``trainer_checkpoints.TrainerCheckpoints``; save_model,
-export_model, log_metrics, save_metrics, save_state ... from ``paddlenlp_hooks.PaddleNLPHooks`` (all of them
-methods of ``Trainer``, their bodies in the modules that own them).
+load of checkpoints, save_model, save_state, export_model from ``trainer_checkpoints.TrainerCheckpoints``;
+log_metrics, save_metrics, metrics_format, log_trained_tokens from ``metrics.results.TrainerResults`` (all of
+them methods of ``Trainer``, their bodies in the modules that own them).
 """
 from __future__ import annotations
 
@@ -47,8 +47,8 @@ from .evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
 from .metrics.memory_tracker import MemoryTracker
 from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
+from .metrics.results import TrainerResults
 from .metrics.writers import check_report_to
-from .paddlenlp_hooks import PaddleNLPHooks
 from .optimization import create_optimizer, get_scheduler
 from .loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
@@ -71,7 +71,7 @@ DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
-class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
+class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -177,6 +177,15 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory.stop("init")
+
+    # ----------------------------------------------------------------------------------- process identity
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the global rank 0 process (the one that writes logs and shared files)."""
+        return self.topology.rank == 0
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is rank 0 on its node."""
+        return self.topology.local_rank == 0
 
     # ----------------------------------------------------------------------------------- callbacks
     def add_callback(self, callback):

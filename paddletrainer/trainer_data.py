@@ -3,7 +3,7 @@
 A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
 Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
 points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
-``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``; ``_plan_epochs`` turns the training
+``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``, ``num_examples``; ``_plan_epochs`` turns the training
 sampler into the run's steps and epochs. The samplers themselves are in ``data``.
 """
 from __future__ import annotations
@@ -95,6 +95,15 @@ class TrainerData:
         if steps_per_epoch == 0:
             raise ValueError("the train dataset is smaller than one global batch with dataloader_drop_last=True")
         return steps_per_epoch, max_steps, num_epochs
+
+    def num_examples(self, dataloader) -> int:
+        """Samples in ``dataloader``'s dataset (a sharded stream: its whole stream's length), else the loader's
+        batches × ``per_device_train_batch_size``."""
+        dataset = getattr(dataloader, "dataset", None)
+        if isinstance(dataset, IterableDatasetShard):
+            dataset = dataset.dataset
+        return len(dataset) if dataset is not None and has_length(dataset) else \
+            len(dataloader) * self.args.per_device_train_batch_size
 
     def _get_eval_sampler(self, eval_dataset) -> Optional[paddle.io.BatchSampler]:
         """The evaluation/prediction batch sampler (PaddleNLP's hook): every sample once, gathered back in dataset

@@ -12,15 +12,14 @@ backward — clip, NaN policy, optimizer, schedule, callbacks, logging, saving �
 Override points (PaddleNLP/HF names): create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step, log here;
 get_train_dataloader, get_eval_dataloader, get_test_dataloader and the samplers from ``trainer_data.TrainerData``;
 evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; resume, save and
-load of checkpoints from ``trainer_checkpoints.TrainerCheckpoints``; save_model,
-export_model, log_metrics, save_metrics, save_state ... from ``paddlenlp_hooks.PaddleNLPHooks`` (all of them
-methods of ``Trainer``, their bodies in the modules that own them).
+load of checkpoints, save_model, save_state, export_model from ``trainer_checkpoints.TrainerCheckpoints``;
+log_metrics, save_metrics, metrics_format, log_trained_tokens from ``metrics.results.TrainerResults`` (all of
+them methods of ``Trainer``, their bodies in the modules that own them).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
@@ -48,22 +47,20 @@ from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (pu
 from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
 from .metrics.memory_tracker import MemoryTracker
-from .metrics import (PhaseTimers, ThroughputMeter, TokenCounter, flops_per_token_of_model, peak_memory_bytes,
-                      reporting_callbacks)
+from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
+from .metrics.results import TrainerResults
 from .metrics.writers import check_report_to
-from .paddlenlp_hooks import PaddleNLPHooks
 from .optim.optimization import create_optimizer, get_scheduler
 from .optim.loss import batch_loss
-from .parallel import collectives, init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
+from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
 from .runtime.device import resolve_device
-from .runtime.replica_check import ReplicaCheck
-from .runtime.rollback import Rollback
 from .runtime.seeding import set_seed
 from .runtime.signals import GracefulStop, check_interval
 from .trainer_checkpoints import TrainerCheckpoints
+from .trainer_loop_state import LoopState
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
@@ -75,7 +72,7 @@ DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
-class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks):
+class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -94,6 +91,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         model_init: builds the model (called after seeding) when ``model`` is None.
     """
 
+    # over 80 lines only through its signature (PaddleNLP's 12 parameters, one a line); the body is about 70
     def __init__(
         self,
         model: Optional[paddle.nn.Layer] = None,
@@ -157,6 +155,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self._wrapped = False
         self._wrapped_accumulation: Optional[int] = None  # the GA the wrapped model counts in, when it counts
         self._checkpointer = ckpt.Checkpointer()  # the save in flight (async saves); see _save_checkpoint
+        self._loop: Optional[LoopState] = None  # the running state of a train() call, fresh for each call
 
         self.state = TrainerState(
             is_local_process_zero=self.topology.local_rank == 0,
@@ -179,6 +178,15 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory.stop("init")
+
+    # ----------------------------------------------------------------------------------- process identity
+    def is_world_process_zero(self) -> bool:
+        """Whether this is the global rank 0 process (the one that writes logs and shared files)."""
+        return self.topology.rank == 0
+
+    def is_local_process_zero(self) -> bool:
+        """Whether this is rank 0 on its node."""
+        return self.topology.local_rank == 0
 
     # ----------------------------------------------------------------------------------- callbacks
     def add_callback(self, callback):
@@ -323,7 +331,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         divisor = overflow.delayed_loss_divisor(self.model_wrapped)
         found_inf = overflow.unscale_gradients(self.scaler, optimizer, divisor)
         grad_norm = clip_gradients(optimizer, self.topology, self.gradient_clip, nonfinite=found_inf)
-        action = self._nonfinite.decide(grad_norm, self.state)  # may raise NonFiniteLossError
+        action = self._loop.nonfinite.decide(grad_norm, self.state)  # may raise NonFiniteLossError
         self._checkpointer.wait_for_snapshot()  # an async save's host copy is taken before the step writes weights
         with self.timers("optimizer"):
             if action == overflow.STEP:
@@ -355,19 +363,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         self._keep_saved_global_batch(resume)  # before the sampler and the step count, which are counted in it
         self._check_wrapped_accumulation()
         train_dataloader = self.get_train_dataloader()
-        ga = args.gradient_accumulation_steps
         sampler = train_dataloader.batch_sampler if isinstance(train_dataloader.batch_sampler, GlobalBatchSampler) else None
-        steps_per_epoch = sampler.samples_per_epoch() // sampler.step_span if sampler else None
-        if args.max_steps > 0:
-            max_steps = args.max_steps
-            num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else 1 << 31
-        else:
-            if steps_per_epoch is None:
-                raise ValueError("an IterableDataset needs max_steps > 0")
-            num_epochs = math.ceil(args.num_train_epochs)
-            max_steps = math.ceil(args.num_train_epochs * steps_per_epoch)
-        if steps_per_epoch == 0:
-            raise ValueError("the train dataset is smaller than one global batch with dataloader_drop_last=True")
+        plan = self._plan_epochs(sampler)
+        steps_per_epoch, max_steps, num_epochs = plan
         self._apply_minimum_eval_times(max_steps)
         self.create_optimizer_and_scheduler(num_training_steps=max_steps)
         self._wrap_model_and_optimizer()
@@ -376,121 +374,141 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
         if resume is not None:
             resume = self._load_resume_checkpoint(resume)  # auto: an older one if this one is corrupt
         checks.check_checkpoint_collisions(args.output_dir, self.state.global_step, max_steps, resume)
-        applied_steps = 0  # optimizer steps taken in this call (a rollback sets global_step back, not this)
-        global_batch = args.per_device_train_batch_size * ga * self.topology.data_world_size
-        step_fn = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
-        flops_per_token = self._flops_per_token()
-        meter = ThroughputMeter()
-        self._tr_loss = paddle.zeros([], dtype="float32")
-        self._loss_steps = 0
-        self._total_loss = 0.0
-        self._last_grad_norm = None
-        self._nonfinite = overflow.NonfiniteGuard(args.nan_inf_policy, self.scaler)
-        self._stop.every = check_interval(args.logging_strategy, args.logging_steps)
-        rollback_config = args.rollback_config
-        rollback = Rollback(rollback_config) if rollback_config is not None else None
-        replicas = ReplicaCheck(args.replica_check_config, self.topology, self.model_wrapped, self.state.global_step)
-        self._token_counter = TokenCounter(args.pad_token_id)
+        forward_backward = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
+        self._loop = LoopState.start(args, self.topology, self.model_wrapped, self.scaler, self.state.global_step,
+                                     forward_backward, self._flops_per_token())
         start_time = time.time()
         self._memory.start("train")
-        self._stop.listening = True
-        batches = None  # the epoch's batch iterator, closed when the loop leaves it
+        self._stop.start(check_interval(args.logging_strategy, args.logging_steps))
         try:
-            self.callback_handler.train_dataloader = train_dataloader
-            self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
-            consumed = self._data_start(resume, steps_per_epoch, global_batch)
-
-            for epoch in range(num_epochs):
-                if steps_per_epoch is not None:
-                    samples_per_epoch = steps_per_epoch * global_batch
-                    if consumed >= (epoch + 1) * samples_per_epoch:
-                        continue  # epoch finished before the resume point
-                    sampler.set_epoch(epoch, consumed - epoch * samples_per_epoch if consumed > epoch * samples_per_epoch else 0)
-                elif epoch == 0 and consumed:
-                    train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
-                self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
-                batches, epoch_steps = iter(train_dataloader), 0
-                while True:
-                    micro_batches = self._read_step(batches, ga)
-                    if micro_batches is None:
-                        break  # end of the epoch (the sampler yields whole steps)
-                    epoch_steps += 1
-                    if args.count_trained_tokens:
-                        self._token_counter.update(micro_batches)
-                    with self.timers("forward_backward"):
-                        step_loss = step_fn(micro_batches)  # Σ_m loss_m / GA on the device; grads summed over m
-                    self.control = self.callback_handler.on_optimizer_begin(
-                        args, self.state, self.control, scaler=self.scaler
-                    )
-                    self.optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
-                    try:  # g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step
-                        self._last_grad_norm = self._optimizer_step()  # no host read unless skip/rollback/fp16
-                    except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
-                        if rollback is None:
-                            raise
-                        rollback.recover(self, err, data_position=self.state.consumed_samples + global_batch,
-                                         verified_step=replicas.rollback_limit)
-                        replicas.restart(self.state.global_step)
-                        continue
-                    self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
-                    if args.logging_nan_inf_filter:  # HF: a nan/inf step counts as the mean since the last log
-                        mean = (self._tr_loss / max(self._loss_steps, 1)).astype(step_loss.dtype)
-                        step_loss = paddle.where(paddle.isfinite(step_loss), step_loss, mean)
-                    self._tr_loss += step_loss  # summed on the device, read at the next logging step
-                    self._loss_steps += 1
-                    meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
-                    self.state.global_step += 1
-                    applied_steps += 1
-                    self.state.consumed_samples += global_batch
-                    self.state.epoch = (
-                        self.state.consumed_samples / (steps_per_epoch * global_batch) if steps_per_epoch else float(epoch)
-                    )
-                    if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
-                        self.control.should_save = True
-                        self.control.should_training_stop = True
-                    self.control = self.callback_handler.on_step_end(args, self.state, self.control)
-                    # every replica_check_steps and before every save (so each checkpoint is of verified weights and
-                    # a rollback can go back to it): one all_gather of the weights' fingerprints, one host read
-                    if replicas.due(self.state.global_step, saving=self.control.should_save):
-                        try:
-                            replicas.check(self.state.global_step)
-                        except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica
-                            if rollback is None:
-                                raise
-                            rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
-                                             cause="replica divergence", verified_step=replicas.rollback_limit)
-                            replicas.restart(self.state.global_step)
-                            self.control.should_log = self.control.should_evaluate = self.control.should_save = False
-                            continue
-                    self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
-                    if self.control.should_epoch_stop or self.control.should_training_stop:
-                        break
-                close_batches(batches)  # a loop left before the end leaves no reader thread blocked
-                if epoch_steps == 0:  # a finite stream ran out; every data rank reads the same stream: same step
-                    logger.warning("the epoch yielded no batch: training stops at step %d of max_steps=%d (a finite "
-                                   "stream has fewer steps than max_steps)", self.state.global_step, max_steps)
-                    self.control.should_training_stop = True
-                consumed = self.state.consumed_samples
-                self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
-                self._maybe_log_save_evaluate(meter, flops_per_token, ignore_keys_for_eval)
-                if self.control.should_training_stop or self.state.global_step >= max_steps:
-                    break
-            self._nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
+            self._run_epochs(train_dataloader, sampler, plan, resume, ignore_keys_for_eval)
         except BaseException as err:
-            close_batches(batches)
-            self._stop.listening = False  # nobody checks the flag now: a signal goes to the previous handler
+            self._stop.stop()  # nobody checks the flag now: a signal goes to the previous handler
             self._memory.stop("train")  # ends its sampler thread; the error propagates unchanged
             self._checkpointer.finish_after_error(
                 same_on_every_rank=isinstance(err, (NonFiniteLossError, ReplicaDivergenceError)))
             raise
+        return self._end_training(start_time)
 
-        if self._loss_steps:  # fold the loss not yet logged into the total
-            self._total_loss += self._reduce_loss()
+    def _run_epochs(self, train_dataloader, sampler, plan, resume, ignore_keys_for_eval) -> None:
+        """``on_train_begin``, then the epochs from the data position; each ends with ``on_epoch_end`` and a
+        log/save/evaluate check. The loop: PaddleNLP's event order (``callbacks`` module docstring)."""
+        args, loop = self.args, self._loop
+        steps_per_epoch, max_steps, num_epochs = plan
+        self.callback_handler.train_dataloader = train_dataloader
+        self.control = self.callback_handler.on_train_begin(args, self.state, self.control)
+        consumed = self._data_start(resume, steps_per_epoch, loop.global_batch)
+        for epoch in range(num_epochs):
+            if steps_per_epoch is not None:
+                samples_per_epoch = steps_per_epoch * loop.global_batch
+                if consumed >= (epoch + 1) * samples_per_epoch:
+                    continue  # epoch finished before the resume point
+                sampler.set_epoch(epoch, consumed - epoch * samples_per_epoch if consumed > epoch * samples_per_epoch else 0)
+            elif epoch == 0 and consumed:
+                train_dataloader.dataset.skip_items = consumed  # stream: skip the items already trained on
+            self.control = self.callback_handler.on_epoch_begin(args, self.state, self.control)
+            if self._train_epoch(iter(train_dataloader), epoch, steps_per_epoch, ignore_keys_for_eval) == 0:
+                # a finite stream ran out; every data rank reads the same stream: the same step
+                logger.warning("the epoch yielded no batch: training stops at step %d of max_steps=%d (a finite "
+                               "stream has fewer steps than max_steps)", self.state.global_step, max_steps)
+                self.control.should_training_stop = True
+            consumed = self.state.consumed_samples
+            self.control = self.callback_handler.on_epoch_end(args, self.state, self.control)
+            self._maybe_log_save_evaluate(loop.meter, loop.flops_per_token, ignore_keys_for_eval)
+            if self.control.should_training_stop or self.state.global_step >= max_steps:
+                break
+        loop.nonfinite.raise_if_seen(self.state)  # nan_inf_policy=error: the steps since the last log
+
+    def _train_epoch(self, batches, epoch: int, steps_per_epoch: Optional[int], ignore_keys_for_eval) -> int:
+        """The steps of one epoch read from ``batches`` (closed when the epoch is left, by an error too, so no
+        reader thread stays blocked); returns the steps read."""
+        loop, epoch_steps = self._loop, 0
+        try:
+            while True:
+                micro_batches = self._read_step(batches, loop.accumulation)
+                if micro_batches is None:
+                    return epoch_steps  # end of the epoch (the sampler yields whole steps)
+                epoch_steps += 1
+                step_loss = self._train_step(micro_batches)
+                if step_loss is None or not self._end_step(micro_batches, step_loss, epoch, steps_per_epoch):
+                    continue  # rolled back: the step is discarded
+                self._maybe_log_save_evaluate(loop.meter, loop.flops_per_token, ignore_keys_for_eval)
+                if self.control.should_epoch_stop or self.control.should_training_stop:
+                    return epoch_steps
+        finally:
+            close_batches(batches)
+
+    def _train_step(self, micro_batches: List[Dict[str, Any]]) -> Optional[paddle.Tensor]:
+        """One optimizer step: forward/backward of the micro-batches, gradient sync, then unscale, clip, the
+        non-finite verdict and the update (``_optimizer_step``). Returns the step's loss (Σ_m loss_m / GA, on the
+        device), or None when a non-finite gradient norm rolled the run back (``nan_inf_policy=rollback``)."""
+        args, loop = self.args, self._loop
+        if args.count_trained_tokens:
+            loop.tokens.update(micro_batches)
+        with self.timers("forward_backward"):
+            step_loss = loop.forward_backward(micro_batches)  # grads summed over the micro-batches
+        self.control = self.callback_handler.on_optimizer_begin(args, self.state, self.control, scaler=self.scaler)
+        self.optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
+        try:  # g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step
+            loop.grad_norm = self._optimizer_step()  # no host read unless skip/rollback/fp16
+        except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
+            if loop.rollback is None:
+                raise
+            loop.rollback.recover(self, err, data_position=self.state.consumed_samples + loop.global_batch,
+                                  verified_step=loop.replicas.rollback_limit)
+            loop.replicas.restart(self.state.global_step)  # the loaded state's step (recover replaced self.state)
+            return None
+        self.control = self.callback_handler.on_optimizer_end(args, self.state, self.control, scaler=self.scaler)
+        return step_loss
+
+    def _end_step(self, micro_batches, step_loss: paddle.Tensor, epoch: int, steps_per_epoch: Optional[int]) -> bool:
+        """Count the applied step (loss, throughput, step, data position, epoch), agree on a stop, ``on_step_end``,
+        then the replica check when due; False when that check rolled the run back (the step is discarded)."""
+        args, loop = self.args, self._loop
+        loop.losses.add(step_loss, replace_nonfinite=args.logging_nan_inf_filter)  # read at the next logging step
+        loop.meter.update(micro_batches, per_rank_to_global=self.topology.data_world_size)
+        self.state.global_step += 1
+        loop.applied_steps += 1
+        self.state.consumed_samples += loop.global_batch
+        self.state.epoch = (
+            self.state.consumed_samples / (steps_per_epoch * loop.global_batch) if steps_per_epoch else float(epoch)
+        )
+        if self._stop.agreed(self.topology, self.state.global_step):  # all-reduce every `every` steps
+            self.control.should_save = True
+            self.control.should_training_stop = True
+        self.control = self.callback_handler.on_step_end(args, self.state, self.control)
+        return self._check_replicas()
+
+    def _check_replicas(self) -> bool:
+        """Every replica_check_steps and before every save (so each checkpoint is of verified weights and a rollback
+        can go back to it): one all_gather of the weights' fingerprints, one host read. False when a divergence
+        rolled the run back (``nan_inf_policy=rollback``)."""
+        loop = self._loop
+        if not loop.replicas.due(self.state.global_step, saving=self.control.should_save):
+            return True
+        try:
+            loop.replicas.check(self.state.global_step)
+        except ReplicaDivergenceError as err:  # the same table, so the same verdict, on every replica
+            if loop.rollback is None:
+                raise
+            loop.rollback.recover(self, err, data_position=self.state.consumed_samples, step_applied=True,
+                                  cause="replica divergence", verified_step=loop.replicas.rollback_limit)
+            loop.replicas.restart(self.state.global_step)
+            self.control.should_log = self.control.should_evaluate = self.control.should_save = False
+            return False
+        return True
+
+    def _end_training(self, start_time: float) -> TrainOutput:
+        """After the loop: the loss not yet logged, the save in flight, the token count, the best model, and the
+        run's metrics (``on_train_end``)."""
+        args, loop = self.args, self._loop
+        if loop.losses.steps:  # fold the loss not yet logged into the total
+            loop.losses.reduce_and_reset(self.topology)
         self._finish_checkpoints()
         self.log_trained_tokens()
         if args.load_best_model_at_end and self.state.best_model_checkpoint is not None:
             self._load_best_model()
-        train_loss = self._total_loss / max(applied_steps, 1)
+        train_loss = loop.losses.total / max(loop.applied_steps, 1)
         metrics = speed_metrics("train", start_time, num_samples=self.state.consumed_samples, num_steps=self.state.global_step)
         metrics["train_loss"] = train_loss
         metrics.update(self._memory.stop("train"))
@@ -517,32 +535,24 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, PaddleNLPHooks
                     self.control = self.callback_handler.on_step_begin(self.args, self.state, self.control)
         return micro_batches
 
-    def _reduce_loss(self) -> float:
-        """Σ of step losses since the last log, averaged over the data ranks (one all-reduce, one host read)."""
-        total = collectives.mean_over_data_group(self._tr_loss, self.topology)
-        value = float(total)
-        self._tr_loss = paddle.zeros([], dtype="float32")
-        self._loss_steps = 0
-        return value
-
     def _flops_per_token(self) -> Optional[float]:
         return flops_per_token_of_model(self.model)
 
     def _maybe_log_save_evaluate(self, meter: ThroughputMeter, flops_per_token, ignore_keys_for_eval):
         args, control = self.args, self.control
+        loop = self._loop
         if control.should_log or control.should_evaluate or control.should_save:
-            self._nonfinite.raise_if_seen(self.state)  # before a non-finite model is logged, evaluated or saved
-        if control.should_log and self._loss_steps:
-            steps = self._loss_steps
-            loss_sum = self._reduce_loss()
-            self._total_loss += loss_sum
+            loop.nonfinite.raise_if_seen(self.state)  # before a non-finite model is logged, evaluated or saved
+        if control.should_log and loop.losses.steps:
+            steps = loop.losses.steps
+            loss_sum = loop.losses.reduce_and_reset(self.topology)  # also added to the run's total
             logs: Dict[str, float] = {
                 "loss": round(loss_sum / steps, 8),
                 "learning_rate": float(self.optimizer.get_lr()),
                 "global_step": self.state.global_step,
             }
-            if self._last_grad_norm is not None:
-                logs["grad_norm"] = float(self._last_grad_norm)
+            if loop.grad_norm is not None:
+                logs["grad_norm"] = float(loop.grad_norm)
             logs.update(
                 meter.report(
                     flops_per_token=flops_per_token,

@@ -1,5 +1,6 @@
 """The Trainer's checkpoints: which one to resume from, saving ``checkpoint-<step>``, loading one back into the
-run (weights, optimizer, schedule, scaler, RNG, state and data position) and the best-model bookkeeping.
+run (weights, optimizer, schedule, scaler, RNG, state and data position), the best-model bookkeeping, rotation,
+and PaddleNLP's ``save_model``, ``save_state`` and ``export_model``.
 
 A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
 Trainer's ``args``, ``state``, ``model``, ``optimizer``, ``lr_scheduler``, ``scaler``, ``topology`` and its
@@ -11,19 +12,23 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shutil
 from typing import Callable, Dict, Iterator, Optional
+
+import paddle
 
 from . import checkpoint as ckpt
 from .trainer_callback import TrainerState
+from .checkpoint import peft
 from .checkpoint.files import newest_sound_checkpoint, read_index, read_json, set_aside_damaged
 from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
-from .data import resume_position
+from .data import forward_argument_names, resume_position
 from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
-from .trainer_utils import (RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
+from .trainer_utils import (PREFIX_CHECKPOINT_DIR, RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
                             is_paddlenlp_unified_checkpoint, parse_checkpoint_step, requested_resume,
                             resolve_resume_checkpoint)
 
@@ -33,7 +38,7 @@ logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one
 
 
 class TrainerCheckpoints:
-    """Resume, save and load for the Trainer (see the module docstring)."""
+    """Resume, save, load and export for the Trainer (see the module docstring)."""
 
     _named_checkpoint: Optional[str] = None  # the resume path the user gave (set by _resolve_resume)
 
@@ -307,6 +312,59 @@ class TrainerCheckpoints:
 
     def _finish_checkpoints(self) -> None:
         self._checkpointer.finish()  # an async save is on disk (and published) before train() returns
+
+    def _rotate_checkpoints(self, use_mtime: bool = False, output_dir: Optional[str] = None) -> None:
+        """Delete the oldest complete checkpoints beyond ``save_total_limit`` (never the best nor the newest;
+        main process only). Age is the step number in the name, so ``use_mtime`` has no effect."""
+        if self.args.save_total_limit and self.args.save_total_limit > 0 and self.args.should_save:
+            ckpt.rotate_checkpoints(output_dir or self.args.output_dir, self.args.save_total_limit,
+                                    self.state.best_model_checkpoint)
+
+    def save_model(self, output_dir: Optional[str] = None) -> None:
+        """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``.
+
+        Works on every layout: each rank contributes its shards to a weights-only checkpoint, which the
+        main process merges into full tensors. A ``paddlenlp.peft.LoRAModel`` gets what
+        ``LoRAModel.from_pretrained(base, output_dir)`` reads, as PaddleNLP saves it: ``lora_config.json``, the
+        config and the adapters only (safetensors, merged over tensor-parallel ranks; ``checkpoint.peft``).
+        """
+        output_dir = output_dir or self.args.output_dir
+        staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
+        # the Trainer's checkpointer: an async save in flight is published first (this save clears tmp dirs)
+        self._checkpointer.save(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
+        if self.args.should_save:
+            if peft.peft_type(self.model) is not None:
+                peft.export_adapters(staging, output_dir)
+            else:
+                ckpt.export_for_from_pretrained(staging, output_dir, require_config=False)
+            shutil.rmtree(staging, ignore_errors=True)
+            if self.tokenizer is not None and hasattr(self.tokenizer, "save_pretrained"):
+                self.tokenizer.save_pretrained(output_dir)
+            with open(os.path.join(output_dir, "training_args.json"), "w") as f:
+                f.write(self.args.to_json_string())
+
+    def export_model(self, input_spec=None, output_dir: Optional[str] = None) -> str:
+        """``paddle.jit.save`` an inference model (``do_export``); the spec is read from one eval batch if absent."""
+        output_dir = output_dir or os.path.join(self.args.output_dir, "export")
+        if input_spec is None:
+            dataset = self.eval_dataset if self.eval_dataset is not None else self.train_dataset
+            batch = next(iter(self.get_eval_dataloader(dataset)))
+            names = [n for n in (forward_argument_names(self.model) or batch) if n in batch and n not in self.label_names]
+            input_spec = [
+                paddle.static.InputSpec(shape=[None] + list(batch[n].shape[1:]), dtype=str(batch[n].dtype).split(".")[-1], name=n)
+                for n in names
+            ]
+        self.model.eval()
+        path = os.path.join(output_dir, "inference")
+        if self.args.should_save:
+            paddle.jit.save(self.model, path, input_spec=input_spec)
+        return path
+
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` in output_dir."""
+        if self.args.should_save:
+            os.makedirs(self.args.output_dir, exist_ok=True)
+            self.state.save_to_json(os.path.join(self.args.output_dir, "trainer_state.json"))
 
 
 def _not_overwritten(failed: str, fallback: str) -> Optional[str]:

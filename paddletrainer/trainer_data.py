@@ -3,11 +3,13 @@
 A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
 Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
 points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
-``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``. The samplers themselves are in ``data``.
+``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``, ``num_examples``; ``_plan_epochs`` turns the training
+sampler into the run's steps and epochs. The samplers themselves are in ``data``.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import math
+from typing import Callable, Optional, Tuple
 
 import paddle
 
@@ -75,6 +77,33 @@ class TrainerData:
             sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
                                            args.global_batch_size)
         return self._loader(dataset, batch_sampler=sampler)
+
+    def _plan_epochs(self, sampler: Optional[GlobalBatchSampler]) -> Tuple[Optional[int], int, int]:
+        """``(steps_per_epoch, max_steps, num_epochs)``: ``max_steps`` when set (epochs enough to reach it), else
+        ``num_train_epochs`` of the sampler's whole steps. ``steps_per_epoch`` is None for a stream (no sampler of
+        ours), which needs ``max_steps``."""
+        args = self.args
+        steps_per_epoch = sampler.samples_per_epoch() // sampler.step_span if sampler else None
+        if args.max_steps > 0:
+            max_steps = args.max_steps
+            num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else 1 << 31
+        else:
+            if steps_per_epoch is None:
+                raise ValueError("an IterableDataset needs max_steps > 0")
+            num_epochs = math.ceil(args.num_train_epochs)
+            max_steps = math.ceil(args.num_train_epochs * steps_per_epoch)
+        if steps_per_epoch == 0:
+            raise ValueError("the train dataset is smaller than one global batch with dataloader_drop_last=True")
+        return steps_per_epoch, max_steps, num_epochs
+
+    def num_examples(self, dataloader) -> int:
+        """Samples in ``dataloader``'s dataset (a sharded stream: its whole stream's length), else the loader's
+        batches × ``per_device_train_batch_size``."""
+        dataset = getattr(dataloader, "dataset", None)
+        if isinstance(dataset, IterableDatasetShard):
+            dataset = dataset.dataset
+        return len(dataset) if dataset is not None and has_length(dataset) else \
+            len(dataloader) * self.args.per_device_train_batch_size
 
     def _get_eval_sampler(self, eval_dataset) -> Optional[paddle.io.BatchSampler]:
         """The evaluation/prediction batch sampler (PaddleNLP's hook): every sample once, gathered back in dataset

@@ -12,6 +12,7 @@ collects what they return and :meth:`EvalAccumulator.finish` turns it into an ``
 """
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -19,11 +20,14 @@ import numpy as np
 import paddle
 
 from .data import EvalBatchSampler, IterableDatasetShard, gather_in_dataset_order, sum_over_data_ranks
+from .data.nested import distributed_concat
 from .parallel import pipeline
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
 __all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "to_numpy", "labels_of", "predict_batch",
            "run_loop"]
+
+logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one place to configure or silence
 
 
 def to_numpy(value):
@@ -157,8 +161,9 @@ def run_loop(dataloader, step: Callable, *, preprocess_logits: Optional[Callable
 
 class TrainerEvaluation:
     """The Trainer's evaluation override points (PaddleNLP's names and signatures): ``evaluate``, ``predict``,
-    ``evaluation_loop``, ``prediction_step``. ``Trainer`` inherits them; they use its ``args``, ``topology``,
-    ``state``, ``control``, ``callback_handler``, models and data loaders, and the functions above."""
+    ``evaluation_loop``, ``prediction_step``, ``_nested_gather``, and the evaluation schedule rule
+    ``_apply_minimum_eval_times``. ``Trainer`` inherits them; they use its ``args``, ``topology``, ``state``,
+    ``control``, ``callback_handler``, models and data loaders, and the functions above."""
 
     def evaluate(self, eval_dataset=None, ignore_keys: Optional[List[str]] = None, metric_key_prefix: str = "eval") -> Dict[str, float]:
         """Loss (and ``compute_metrics``) over the eval set; logs the metrics and fires ``on_evaluate``."""
@@ -250,3 +255,21 @@ class TrainerEvaluation:
         return run_loop(dataloader, step, preprocess_logits=self.preprocess_logits_for_metrics, after_step=after_step,
                         max_eval_iters=max_eval_iters, topology=self.topology, compute_metrics=self.compute_metrics,
                         metric_key_prefix=metric_key_prefix)
+
+    def _nested_gather(self, tensors):
+        """``tensors`` (nested) from every process, concatenated on axis 0 in rank order (collective when more
+        than one process; None stays None)."""
+        if tensors is None or self.topology.world_size == 1:
+            return tensors
+        return distributed_concat(tensors)
+
+    def _apply_minimum_eval_times(self, max_steps: int) -> None:
+        """PaddleNLP's ``minimum_eval_times``: lower ``eval_steps`` (to a multiple of 10, at least 10) so that a
+        run of ``max_steps`` evaluates at least that many times."""
+        args = self.args
+        if not args.minimum_eval_times or args.minimum_eval_times <= 0 or not args.eval_steps:
+            return
+        if max_steps // args.eval_steps < args.minimum_eval_times:
+            every = max_steps / args.minimum_eval_times
+            args.eval_steps = max(int(every - every % 10), 10)
+            logger.info("minimum_eval_times=%d: eval_steps set to %d", args.minimum_eval_times, args.eval_steps)

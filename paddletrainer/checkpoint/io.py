@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import logging
 import os
@@ -162,38 +163,37 @@ class Checkpointer:
         ``ckpt_dir``, the best nor the newest sound checkpoint: :func:`~.files.rotate_checkpoints`).
         ``data_state`` is the layout-free data position, e.g. ``{"consumed_samples": n}``.
         """
-        self.finish()
+        self.finish()  # publish the previous async save (collective)
         topo = topology_info(topology)
         ckpt_dir = os.path.abspath(ckpt_dir)
-        parent = os.path.dirname(ckpt_dir)
         t0 = time.perf_counter()
+        local, mine, uid, error = _plan_pieces(ckpt_dir, topo, model, optimizer)  # plan: no collective
+        plan = self._gather_writers(topo, mine, uid, error)  # gather: one all_gather, or one all-reduce on a repeat
+        plan.saves += 1
+        tmp_dir = ckpt_dir + L.TMP_INFIX + f"{plan.run_id}-{plan.saves}"
+        # 4. what this rank writes: tensors (copied later when async, see snapshot), small state as bytes now
+        mine_by_file: Dict[str, dict] = {}
+        for e in plan.assigned[topo.rank]:
+            mine_by_file.setdefault(e.file, {})[L.file_key(e.key)] = local[e.key]
+        snapshot = HostSnapshot(mine_by_file, deferred=async_save, buffers=self._buffers if async_save else None)
+        small = _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_state, save_rng)
+        call_s = time.perf_counter() - t0
+        self._pending = _PendingSave(
+            topo=topo, tmp_dir=tmp_dir, ckpt_dir=ckpt_dir, pieces=[e for ents in plan.assigned for e in ents],
+            index_extra={"layout": layout_dict(topo), "rng_files": save_rng, **peft.index_entry(model),
+                         "timing": {"save_call_s": round(call_s, 4)}},
+            save_total_limit=save_total_limit, best_checkpoint=best_checkpoint, t0=t0, snapshot=snapshot,
+        )
+        self._writer.submit(functools.partial(self._write, tmp_dir, snapshot, small, async_save))  # write: no collective
+        if not async_save:
+            self.finish()  # publish (collective)
+        return ckpt_dir
 
-        # 2. stale tmp dirs (crashed saves) go first, before anyone can write: every rank waits at the
-        # collective below (the metadata gather, or the flag of a repeat save) before it writes
-        # 3. candidates -> writers (metadata only crosses the wire)
-        uid = None
-        try:  # rank 0's failures too (an unreadable lock file, a foreign target) reach every rank at the gather
-            if topo.rank == 0:
-                os.makedirs(parent, exist_ok=True)
-                remove_stale_tmp_dirs(parent)
-                uid = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
-                refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it below
-                check_still_held(parent)  # output_dir's lock taken over by another run: save no more
-            models, by_param = model_tensors(model, topo)
-            models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, not the frozen base
-            optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
-            if optimizer is not None:
-                optims.update({k: master for k, (master, _) in offload_master_weights(model, by_param).items()})
-            local = {**models, **optims}
-            mine = [
-                L.PieceEntry(k, dtype_name(lt.tensor), lt.placement, topo.rank,
-                             "optimizer" if k.startswith(L.OPTIM_PREFIX) else "model")
-                for k, lt in local.items()
-            ]
-        except Exception as e:  # still join the gather below, so the other ranks fail too instead of hanging
-            mine, error = None, e
-        else:
-            error = None
+    def _gather_writers(self, topo, mine, uid, error) -> "_WriterPlan":
+        """3. Gather (collective): every rank's candidate pieces (metadata only; rank 0's tmp-dir id travels with
+        them) -> the lowest rank writes each distinct piece (:func:`layout.assign_writers`), in files named per
+        writer. A repeat save whose candidates are unchanged on every rank reuses the last plan
+        (:meth:`_reusable_plan`). Raises on every rank when any rank failed to plan (``error``)."""
         coords = (topo.tp_rank, topo.pp_rank, topo.sharding_rank, topo.dp_rank)
         plan = self._reusable_plan(topo, coords, mine)
         if plan is None:
@@ -204,42 +204,23 @@ class Checkpointer:
             assigned = [[dataclasses.replace(e, file=files[r][e.file]) for e in ents]
                         for r, ents in enumerate(assigned)]
             plan = self._plan = _WriterPlan(topo.rank, topo.world_size, coords, mine, assigned, gathered[0][2])
-        plan.saves += 1
-        tmp_dir = ckpt_dir + L.TMP_INFIX + f"{plan.run_id}-{plan.saves}"
-        assigned = plan.assigned
+        return plan
 
-        # 4. what this rank writes: tensors (copied later when async, see snapshot), small state as bytes now
-        mine_by_file: Dict[str, dict] = {}
-        for e in assigned[topo.rank]:
-            mine_by_file.setdefault(e.file, {})[L.file_key(e.key)] = local[e.key]
-        snapshot = HostSnapshot(mine_by_file, deferred=async_save, buffers=self._buffers if async_save else None)
-        small = _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_state, save_rng)
-        call_s = time.perf_counter() - t0
-
-        # 5. write (this rank's files only; metadata of what everybody wrote is kept for publishing)
-        def write() -> Dict[str, Dict[str, int]]:
-            if async_save:
-                self._buffers = snapshot.take()
-            os.makedirs(tmp_dir, exist_ok=True)
-            names = sorted(snapshot.arrays)
-            # this rank's shard files and its small files side by side: their writes and fsyncs overlap
-            with ThreadPoolExecutor(max_workers=len(names) + 1) as pool:
-                smalls = pool.submit(lambda: {f: write_file(os.path.join(tmp_dir, f), b) for f, b in small.items()})
-                shards = pool.map(lambda f: write_safetensors(os.path.join(tmp_dir, f), snapshot.arrays[f]), names)
-                records = dict(zip(names, shards))
-                records.update(smalls.result())
-            return records
-
-        self._pending = _PendingSave(
-            topo=topo, tmp_dir=tmp_dir, ckpt_dir=ckpt_dir, pieces=[e for ents in assigned for e in ents],
-            index_extra={"layout": layout_dict(topo), "rng_files": save_rng, **peft.index_entry(model),
-                         "timing": {"save_call_s": round(call_s, 4)}},
-            save_total_limit=save_total_limit, best_checkpoint=best_checkpoint, t0=t0, snapshot=snapshot,
-        )
-        self._writer.submit(write)
-        if not async_save:
-            self.finish()
-        return ckpt_dir
+    def _write(self, tmp_dir: str, snapshot: HostSnapshot, small: Dict[str, bytes],
+               async_save: bool) -> Dict[str, Dict[str, int]]:
+        """5. Write (the writer thread; no collective): this rank's files only, each recorded with size + crc32
+        for publishing. An async save takes its host copy here first."""
+        if async_save:
+            self._buffers = snapshot.take()
+        os.makedirs(tmp_dir, exist_ok=True)
+        names = sorted(snapshot.arrays)
+        # this rank's shard files and its small files side by side: their writes and fsyncs overlap
+        with ThreadPoolExecutor(max_workers=len(names) + 1) as pool:
+            smalls = pool.submit(lambda: {f: write_file(os.path.join(tmp_dir, f), b) for f, b in small.items()})
+            shards = pool.map(lambda f: write_safetensors(os.path.join(tmp_dir, f), snapshot.arrays[f]), names)
+            records = dict(zip(names, shards))
+            records.update(smalls.result())
+        return records
 
     def _reusable_plan(self, topo, coords, mine) -> Optional["_WriterPlan"]:
         """The last save's writer assignment when no rank's tensors changed since (one small all-reduce
@@ -310,6 +291,37 @@ class Checkpointer:
             logger.warning("the checkpoint saved before the error could not be published: %s: %s",
                            type(e).__name__, e)
             return None
+
+
+def _plan_pieces(ckpt_dir: str, topo, model, optimizer):
+    """2. Plan (no collective): rank 0 removes stale tmp dirs (crashed saves) and picks the save's id before anyone
+    can write (every rank waits at the gather that follows before it writes), and refuses a foreign target or a
+    lost ``output_dir`` lock; every rank lists the pieces it could write. Returns ``(local tensors, candidate
+    pieces, rank 0's id, error)``: a failure is returned, not raised, so this rank still joins the gather and the
+    other ranks fail with it instead of hanging."""
+    uid = None
+    try:  # rank 0's failures too (an unreadable lock file, a foreign target) reach every rank at the gather
+        if topo.rank == 0:
+            parent = os.path.dirname(ckpt_dir)
+            os.makedirs(parent, exist_ok=True)
+            remove_stale_tmp_dirs(parent)
+            uid = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
+            refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it at the gather
+            check_still_held(parent)  # output_dir's lock taken over by another run: save no more
+        models, by_param = model_tensors(model, topo)
+        models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, not the frozen base
+        optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
+        if optimizer is not None:
+            optims.update({k: master for k, (master, _) in offload_master_weights(model, by_param).items()})
+        local = {**models, **optims}
+        mine = [
+            L.PieceEntry(k, dtype_name(lt.tensor), lt.placement, topo.rank,
+                         "optimizer" if k.startswith(L.OPTIM_PREFIX) else "model")
+            for k, lt in local.items()
+        ]
+    except Exception as e:  # still join the gather, so the other ranks fail too instead of hanging
+        return None, None, uid, e
+    return local, mine, uid, None
 
 
 def save_checkpoint(ckpt_dir: str, **kwargs) -> str:

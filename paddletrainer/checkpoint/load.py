@@ -62,7 +62,19 @@ def load_checkpoint(
     topo = topology_info(topology)
     index = read_index(ckpt_dir)
     warnings: List[str] = []
+    targets, masters, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topo, warnings)
+    _read_tensors(ckpt_dir, index, targets, masters)
+    trainer_state, data_state = _restore_small_state(ckpt_dir, index, lr_scheduler, scaler, warnings)
+    rng_restored = _restore_rng(ckpt_dir, index, topo, warnings) if load_rng else False
+    for w in warnings:
+        logging.getLogger(__name__).warning(w)
+    return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
 
+
+def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: List[str]):
+    """Plan: this rank's tensors to fill (model, then optimizer states when the checkpoint holds them) checked
+    against the index; raises :class:`~.layout.CheckpointMismatchError` listing every misfit. Returns
+    ``(targets by key, offload master weights, optimizer_restored)``."""
     peft.check_index_for_model(ckpt_dir, index, model)
     models, by_param = model_tensors(model, topo)
     models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, its base is the user's
@@ -77,28 +89,42 @@ def load_checkpoint(
     optimizer_restored = False
     if optimizer is not None:
         if any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
-            ensure_accumulators(optimizer)
-            optims = optimizer_tensors(optimizer, by_param)
-            optims.update({k: m for k, (m, _) in masters.items() if k in index["tensors"]})
-            problems += L.compare_to_index(
-                index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()},
-                complete_model=False, prefix=L.OPTIM_PREFIX,
-            )
-            targets.update(optims)
+            problems += _optimizer_targets(index, optimizer, by_param, models, masters, targets, warnings)
             optimizer_restored = True
-            unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), targets)
-            if unplaced:
-                warnings.append(
-                    f"{len(unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
-                    f"although its optimizer updates their parameters, and are not restored: "
-                    f"{', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''} (a different optimizer or "
-                    "precision than the checkpoint's, or states this optimizer has not created)"
-                )
         else:
             warnings.append("checkpoint has no optimizer state; the optimizer starts fresh")
     if problems:
         raise L.CheckpointMismatchError(problems)
+    return targets, masters, optimizer_restored
 
+
+def _optimizer_targets(index: dict, optimizer, by_param, models, masters, targets, warnings: List[str]) -> list:
+    """Add the optimizer's states (and offload master weights the checkpoint holds) to ``targets``; returns the
+    misfits against the index. States the checkpoint holds for parameters this optimizer updates but which have
+    no local tensor to go to are listed in a warning."""
+    ensure_accumulators(optimizer)
+    optims = optimizer_tensors(optimizer, by_param)
+    optims.update({k: m for k, (m, _) in masters.items() if k in index["tensors"]})
+    problems = L.compare_to_index(
+        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()},
+        complete_model=False, prefix=L.OPTIM_PREFIX,
+    )
+    targets.update(optims)
+    unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), targets)
+    if unplaced:
+        warnings.append(
+            f"{len(unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
+            f"although its optimizer updates their parameters, and are not restored: "
+            f"{', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''} (a different optimizer or "
+            "precision than the checkpoint's, or states this optimizer has not created)"
+        )
+    return problems
+
+
+def _read_tensors(ckpt_dir: str, index: dict, targets: Dict[str, LocalTensor], masters: dict) -> None:
+    """Read: the stored pieces overlapping each target, from files whose size and crc32 are verified; bytes go
+    straight into the tensors a stored piece fills exactly, the rest is assembled or converted from the buffers.
+    Offload master weights the checkpoint lacks start from their loaded weight."""
     wanted = {k: lt.placement for k, lt in targets.items()}
     direct, keep_alive = _direct_targets(index, targets)
     needed: Dict[str, set] = {}
@@ -114,6 +140,10 @@ def load_checkpoint(
         if key not in targets:
             master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
 
+
+def _restore_small_state(ckpt_dir: str, index: dict, lr_scheduler, scaler, warnings: List[str]):
+    """The schedule and the loss scaler restored in place; returns ``(trainer_state, data_state)`` (each JSON file
+    checked by its schema)."""
     if lr_scheduler is not None:
         raw = _read_valid(ckpt_dir, index, L.SCHEDULER_NAME)
         if raw is None:
@@ -125,33 +155,34 @@ def load_checkpoint(
         state = from_json(raw) if raw else {}
         if state:
             scaler.load_state_dict(state)
-    trainer_state = _read_valid(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}
-    data_state = _read_valid(ckpt_dir, index, L.DATA_STATE_NAME)
+    return _read_valid(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}, _read_valid(ckpt_dir, index, L.DATA_STATE_NAME)
 
-    rng_restored = False
-    if load_rng and index.get("rng_files"):
-        coords = topo.layout.cell_name(topo.coords)
-        name = L.rng_file_name(coords)
-        if index.get("topology") != layout_dict(topo):
-            warnings.append(
-                f"RNG state skipped: saved with layout {index.get('topology')}, loading with {layout_dict(topo)}"
-            )
-        elif name not in index["files"] and L.legacy_rng_file_name(coords) in index["files"]:
-            # an older checkpoint of ours: its RNG state is a pickle, which is never loaded (it could run code)
-            warnings.append(
-                f"RNG state skipped: {L.legacy_rng_file_name(coords)} is a pickle (written by an older paddletrainer) "
-                "and pickles are never loaded; training resumes with fresh random streams (dropout and other random "
-                "ops differ from an uninterrupted run; weights, optimizer, schedule and data order are restored)"
-            )
-        else:
-            raw = read_small(ckpt_dir, index, name)
-            if raw is None:
-                raise L.CheckpointError(f"{ckpt_dir}: the index lists RNG files but not {name}")
-            rng_mod.restore_rng_state(rng_mod.loads(raw, source=f"{ckpt_dir}/{name}"))
-            rng_restored = True
-    for w in warnings:
-        logging.getLogger(__name__).warning(w)
-    return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
+
+def _restore_rng(ckpt_dir: str, index: dict, topo, warnings: List[str]) -> bool:
+    """This rank's RNG state when the checkpoint has one for this layout; whether it was restored (a layout change
+    or an older checkpoint's pickled RNG state: skipped with a warning)."""
+    if not index.get("rng_files"):
+        return False
+    coords = topo.layout.cell_name(topo.coords)
+    name = L.rng_file_name(coords)
+    if index.get("topology") != layout_dict(topo):
+        warnings.append(
+            f"RNG state skipped: saved with layout {index.get('topology')}, loading with {layout_dict(topo)}"
+        )
+        return False
+    if name not in index["files"] and L.legacy_rng_file_name(coords) in index["files"]:
+        # an older checkpoint of ours: its RNG state is a pickle, which is never loaded (it could run code)
+        warnings.append(
+            f"RNG state skipped: {L.legacy_rng_file_name(coords)} is a pickle (written by an older paddletrainer) "
+            "and pickles are never loaded; training resumes with fresh random streams (dropout and other random "
+            "ops differ from an uninterrupted run; weights, optimizer, schedule and data order are restored)"
+        )
+        return False
+    raw = read_small(ckpt_dir, index, name)
+    if raw is None:
+        raise L.CheckpointError(f"{ckpt_dir}: the index lists RNG files but not {name}")
+    rng_mod.restore_rng_state(rng_mod.loads(raw, source=f"{ckpt_dir}/{name}"))
+    return True
 
 
 _VALIDATORS = {L.SCHEDULER_NAME: V.validate_scheduler_state, L.SCALER_NAME: V.validate_scaler_state,

@@ -1,13 +1,19 @@
 """Final metrics of a split (``train``/``eval``/``test``): display formatting, the console table and the JSON
-files in ``output_dir`` (the bodies of PaddleNLP's ``Trainer.metrics_format``/``log_metrics``/``save_metrics``)."""
+files in ``output_dir``; :class:`TrainerResults`, the Trainer's reporting methods with PaddleNLP's names
+(``metrics_format``, ``log_metrics``, ``save_metrics``, ``log_trained_tokens``)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any, Dict
 
-__all__ = ["format_metrics", "print_metrics", "save_metrics"]
+from ..data import sum_over_data_ranks
+
+__all__ = ["TrainerResults", "format_metrics", "print_metrics", "save_metrics"]
+
+logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one place to configure or silence
 
 
 def format_metrics(metrics: Dict[str, float]) -> Dict[str, Any]:
@@ -46,3 +52,33 @@ def save_metrics(output_dir: str, split: str, metrics: Dict[str, float], combine
         merged.update(metrics)
         with open(path, "w") as f:
             json.dump(merged, f, indent=2, sort_keys=True)
+
+
+class TrainerResults:
+    """The Trainer's reporting methods (PaddleNLP's names and signatures). ``Trainer`` inherits them; they use its
+    ``args``, ``topology`` and the running state of its ``train()`` call (``_loop``)."""
+
+    def metrics_format(self, metrics: Dict[str, float]) -> Dict[str, Any]:
+        """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
+        return format_metrics(metrics)
+
+    def log_metrics(self, split: str, metrics: Dict[str, float]) -> None:
+        """Print ``metrics`` as an aligned table on the main process."""
+        if self.args.should_log:
+            print_metrics(split, metrics)
+
+    def save_metrics(self, split: str, metrics: Dict[str, float], combined: bool = True) -> None:
+        """Write ``<split>_results.json`` (and merge into ``all_results.json``) in output_dir."""
+        if self.args.should_save:
+            save_metrics(self.args.output_dir, split, metrics, combined)
+
+    def log_trained_tokens(self) -> None:
+        """Log the tokens trained so far in this ``train()`` over all data ranks (at each save and at the end;
+        collective over the data group). Sets ``trained_effective_tokens`` and ``trained_tokens``."""
+        if not self.args.count_trained_tokens:
+            return
+        effective, total = sum_over_data_ranks(list(self._loop.tokens.totals()), self.topology)
+        self.trained_effective_tokens, self.trained_tokens = int(effective), int(total)
+        if self.args.should_log:
+            logger.info("Update to now, trained_effective_tokens: %d, trained_tokens: %d",
+                        self.trained_effective_tokens, self.trained_tokens)

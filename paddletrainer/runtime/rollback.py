@@ -88,8 +88,7 @@ class Rollback:
         self.count += 1
         self.lr_scale *= self.config.lr_factor
         self._scale_lr(trainer.lr_scheduler)
-        trainer._tr_loss.zero_()  # the losses of the discarded steps are not logged
-        trainer._loss_steps = 0
+        trainer._loop.losses.discard()  # the losses of the discarded steps are not logged
         logger.warning(
             "step %d: %s; rolled back to %s (rollback %d of at most %d), skipping samples "
             "[%d, %d) trained on since it%s", bad_step, cause, path, self.count, self.config.max_retries, skipped_from,

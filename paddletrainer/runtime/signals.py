@@ -6,7 +6,7 @@ step. In one process that only looks at the flag. In a multi-process run the ran
 the flag over the whole world and a host read of the result, so every rank stops at the *same* step — no rank
 leaves the loop alone while the others wait for it in a collective. That read would stall the device every
 step, so it runs only at steps that are multiples of :attr:`GracefulStop.every` (the same steps on every rank,
-since they all count the same ``global_step``); the Trainer sets ``every`` to its logging interval, which
+since they all count the same ``global_step``); the Trainer's ``start(every)`` sets it to its logging interval, which
 already reads the loss, capped at :data:`MAX_CHECK_INTERVAL` steps so a pre-emption notice is not missed. A
 second signal while a stop is pending falls back to the previous handler (a second Ctrl-C kills at once).
 
@@ -56,14 +56,15 @@ class GracefulStop:
     Use as a context manager (or ``install()`` / ``uninstall()``). Handlers can only be installed from the
     main thread; elsewhere ``install()`` logs a warning and the flag can still be set with :meth:`request`.
 
-    ``listening``: whether a loop will still check the flag (default True). The Trainer clears it when ``train()``
-    is left by an exception with the handlers still installed: nobody will ever check the flag then, so the
-    handler uninstalls itself and passes the signal to the previous handler — Ctrl-C is never swallowed by a stale
-    handler.
+    ``listening``: whether a loop will still check the flag (default True; :meth:`start` sets it, :meth:`stop`
+    clears it). The Trainer calls :meth:`stop` when ``train()`` is left by an exception with the handlers still
+    installed: nobody will ever check the flag then, so the handler uninstalls itself and passes the signal to the
+    previous handler — Ctrl-C is never swallowed by a stale handler.
 
     ``stopping``: set by :meth:`agreed` once the ranks agreed to stop; the stop checkpoint is then the last step.
 
-    ``every``: in a multi-process run, :meth:`agreed` communicates only at steps that are multiples of it.
+    ``every``: in a multi-process run, :meth:`agreed` communicates only at steps that are multiples of it
+    (:meth:`start` sets it).
     """
 
     def __init__(self, signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT), every: int = MAX_CHECK_INTERVAL):
@@ -124,6 +125,17 @@ class GracefulStop:
                         f"stopping (send it again to stop at once)\n".encode())
         except OSError:
             pass
+
+    # -------------------------------------------------------------------------- the loop that checks the flag
+    def start(self, every: int) -> None:
+        """A loop checks the flag from now on, with :meth:`agreed` communicating every ``every`` steps."""
+        self.every = int(every)
+        self.listening = True
+
+    def stop(self) -> None:
+        """No loop checks the flag any more (it was left by an exception): a signal goes to the previous handler.
+        Stops listening only; it does not ask for a stop (that is :meth:`request`)."""
+        self.listening = False
 
     # -------------------------------------------------------------------------- the flag
     @property

@@ -8,7 +8,7 @@ import os
 import paddle
 import pytest
 
-import paddletrainer.trainer as trainer_module
+import paddletrainer.trainer_loop_state as loop_state_module
 from paddletrainer import Trainer
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.errors import ReplicaDivergenceError
@@ -38,7 +38,7 @@ def fake_replicas(monkeypatch, every, diverge_at):
                 return ReplicaDivergenceError(f"step {step}: the replicas' weights diverged", step=step, ranks=[1])
             return None
 
-    monkeypatch.setattr(trainer_module, "ReplicaCheck", OneRankReplicas)
+    monkeypatch.setattr(loop_state_module, "ReplicaCheck", OneRankReplicas)
 
 
 class DamageAt(TrainerCallback):

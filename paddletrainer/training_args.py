@@ -33,7 +33,7 @@ from .configs import (amp_settings_of, metrics_config_of, parallel_config_of, pa
 from .hf_options import HFOptions
 from .training_args_ranks import ArgumentsRanksAndSerialization, view as _view
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
-from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
+from .parallel.layout import DEFAULT_TOPO_ORDER, Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
                             ShardingOption, default_logdir, normalize_report_to, resolve_resume_checkpoint)
 
@@ -420,8 +420,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
             raise ValueError(f"nan_inf_rollback_lr_factor={self.nan_inf_rollback_lr_factor!r} is invalid: must lie "
                              "in (0, 1]")
         _choice(self.amp_on_cpu, ("error", "fp32_dry_run"), "amp_on_cpu")
-        if self.hybrid_parallel_topo_order is None:
-            self.hybrid_parallel_topo_order = "pp_first"
+        if self.hybrid_parallel_topo_order is None:  # as PaddleNLP: the field reads the default after parsing
+            self.hybrid_parallel_topo_order = DEFAULT_TOPO_ORDER
         _choice(self.hybrid_parallel_topo_order, ("pp_first", "sharding_first"), "hybrid_parallel_topo_order")
         # As PaddleNLP: an evaluation strategy implies do_eval, and do_eval alone implies evaluating by steps.
         if self.evaluation_strategy != IntervalStrategy.NO:
@@ -532,7 +532,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         self.sharding = []
 
     def _normalize_checkpoint_and_misc(self) -> None:
-        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)
+        # the stage of the config just built (not the view, which would compare every input again)
+        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self._parallel.sharding_stage)
         self.report_to = normalize_report_to(self.report_to)
         self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
 

@@ -8,7 +8,7 @@ check and is redone when a script changes a field it is built from; ``amp_config
 ``metrics_config``), built by :mod:`paddletrainer.configs`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
-``paddletrainer.parallel.topology.init_topology(self)``. That function-level import (in
+``paddletrainer.parallel.topology.init_topology(self.parallel_config)``. That function-level import (in
 :mod:`paddletrainer.training_args_ranks`, the base class with the ranks and the serialization) is the one place
 where the arguments reach into ``parallel.topology`` (which imports paddle; they stay importable without it).
 

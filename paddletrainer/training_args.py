@@ -8,7 +8,7 @@ check and is redone when a script changes a field it is built from; ``amp_config
 ``metrics_config``), built by :mod:`paddletrainer.config.builders`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
-``paddletrainer.parallel.topology.init_topology(self)``. That function-level import (in
+``paddletrainer.parallel.topology.init_topology(self.parallel_config)``. That function-level import (in
 :mod:`paddletrainer.config.arguments_base`, the base class with the ranks and the serialization) is the one place
 where the arguments reach into ``parallel.topology`` (which imports paddle; they stay importable without it).
 
@@ -34,7 +34,7 @@ from .config.builders import (amp_settings_of, metrics_config_of, parallel_confi
 from .config.hf_options import HFOptions
 from .config.arguments_base import ArgumentsRanksAndSerialization, view as _view
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
-from .parallel.layout import Layout, launch_local_rank, launch_world_size, option_axes
+from .parallel.layout import DEFAULT_TOPO_ORDER, Layout, launch_local_rank, launch_world_size, option_axes
 from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
                             ShardingOption, default_logdir, normalize_report_to, resolve_resume_checkpoint)
 
@@ -421,8 +421,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
             raise ValueError(f"nan_inf_rollback_lr_factor={self.nan_inf_rollback_lr_factor!r} is invalid: must lie "
                              "in (0, 1]")
         _choice(self.amp_on_cpu, ("error", "fp32_dry_run"), "amp_on_cpu")
-        if self.hybrid_parallel_topo_order is None:
-            self.hybrid_parallel_topo_order = "pp_first"
+        if self.hybrid_parallel_topo_order is None:  # as PaddleNLP: the field reads the default after parsing
+            self.hybrid_parallel_topo_order = DEFAULT_TOPO_ORDER
         _choice(self.hybrid_parallel_topo_order, ("pp_first", "sharding_first"), "hybrid_parallel_topo_order")
         # As PaddleNLP: an evaluation strategy implies do_eval, and do_eval alone implies evaluating by steps.
         if self.evaluation_strategy != IntervalStrategy.NO:
@@ -533,7 +533,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         self.sharding = []
 
     def _normalize_checkpoint_and_misc(self) -> None:
-        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self.sharding_stage)
+        # the stage of the config just built (not the view, which would compare every input again)
+        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self._parallel.sharding_stage)
         self.report_to = normalize_report_to(self.report_to)
         self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
 

@@ -73,7 +73,7 @@ def worker(a) -> None:
                              # the largest m: PipelineParallel sizes its per-micro-batch hook slots at construction
                              gradient_accumulation_steps=max(sh["ms"]), per_device_train_batch_size=sh["micro_batch"],
                              report_to="none", disable_tqdm=True, seed=5)
-    topo = init_topology(args)
+    topo = init_topology(args.parallel_config)
 
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLMPipe
 
@@ -85,7 +85,7 @@ def worker(a) -> None:
     paddle.seed(5)
     model = LlamaForCausalLMPipe(cfg)
     opt = paddle.optimizer.AdamW(learning_rate=1e-4, parameters=model.parameters())
-    model, opt = parallelize(model, opt, topo, args)
+    model, opt = parallelize(model, opt, topo, args.parallel_config)
 
     # time every blocking p2p call (the CPU backend's fills are module globals, looked up per call)
     idle = [0.0]

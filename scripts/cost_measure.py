@@ -174,16 +174,13 @@ def _wchar() -> int:
 
 def measure_worker(a) -> None:
     """One layout, inside paddle.distributed.launch: train, count the measured steps, write rank<r>.json."""
-    import functools
     import logging
 
     import numpy as np
     import paddle
 
-    import paddletrainer.trainer as pt_trainer
     from paddletrainer import Trainer, TrainerCallback, TrainingArguments
     from paddletrainer.checkpoint.local_state import model_tensors, topology_info, unwrap_optimizer
-    from paddletrainer.parallel import parallelize
 
     logging.disable(logging.WARNING)
     from paddletrainer.runtime.device import has_accelerator
@@ -192,13 +189,12 @@ def measure_worker(a) -> None:
     counter = CommCounter()
     if not has_accelerator():
         counter.count_cpu_reduce_scatter()
-    # Trainer exposes no stage-3 segment size; the tiny model's matrices are below Paddle's 2**20 default,
-    # so without this nothing would be sliced under stage 3.
-    pt_trainer.parallelize = functools.partial(parallelize, stage3_segment_size=MEASURE["stage3_segment"])
     total_steps = MEASURE["warmup_steps"] + MEASURE["steps"]
     kw = dict(output_dir=tempfile.mkdtemp(), max_steps=total_steps, per_device_train_batch_size=MEASURE["micro_batch"],
               gradient_accumulation_steps=MEASURE["grad_accum"], logging_steps=10_000, save_strategy="no",
               disable_tqdm=True, report_to="none", max_grad_norm=1.0, learning_rate=1e-4, seed=3,
+              # the tiny model's matrices are below Paddle's 2**20 default: nothing would be sliced under stage 3
+              sharding_stage3_segment_size=MEASURE["stage3_segment"],
               tensor_parallel_degree=lay.get("tp", 1), pipeline_parallel_degree=lay.get("pp", 1),
               # a PipelineLayer's forward takes `input`, so the default column filter would drop input_ids
               remove_unused_columns=False)

@@ -31,7 +31,7 @@ class ArgumentsRanksAndSerialization:
         # Function-level import on purpose: parallel imports training_args, not the reverse (see module doc).
         from paddletrainer.parallel.topology import init_topology
 
-        return init_topology(self)
+        return init_topology(self._parallel_config())
 
     def _rank(self, attribute: str) -> int:
         if self._parallel_config().layout.world_size == 1:

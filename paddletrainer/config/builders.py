@@ -18,12 +18,12 @@ import os
 from typing import Optional, Tuple
 
 from . import paddlenlp_options as compat
-from ..parallel.config import ParallelConfig, sharding_stage_of
+from ..parallel.config import ParallelConfig
 from ..parallel.layout import Layout, option_axes
 from ..trainer_utils import default_logdir, normalize_report_to
 
 __all__ = ["AmpSettings", "RollbackConfig", "MetricsConfig", "ReplicaCheckConfig", "PARALLEL_INPUTS", "parallel_inputs",
-           "parallel_config_of", "amp_settings_of", "rollback_config_of", "metrics_config_of",
+           "parallel_config_of", "sharding_stage_of", "amp_settings_of", "rollback_config_of", "metrics_config_of",
            "replica_check_config_of"]
 
 # The fields a ParallelConfig (and its Layout) is built from besides the axes' degree options (parallel_inputs()
@@ -85,11 +85,23 @@ class ReplicaCheckConfig:
     sharding_stage: int = 0
 
 
+def sharding_stage_of(options) -> int:
+    """The stage number of a parsed ``sharding`` option list (``["stage2", "offload"]`` → 2; none → 0)."""
+    stages = [int(str(o)[len("stage"):]) for o in options if str(o).startswith("stage")]
+    return max(stages, default=0)
+
+
 def parallel_config_of(args, layout: Layout) -> ParallelConfig:
-    """The :class:`ParallelConfig` of ``args`` (``sharding`` already parsed) for its resolved ``layout``."""
-    return ParallelConfig(
+    """The :class:`ParallelConfig` of ``args`` (``sharding`` already parsed) for its resolved ``layout``.
+
+    ``args.sharding`` is empty when the layout leaves no sharding group (``TrainingArguments`` drops it, as
+    PaddleNLP does), so the stage is read as given: ``ParallelConfig`` refuses a stage without a group. Its
+    construction checks the layout; then the ``REFUSED_PARALLEL_OPTIONS`` of the active axes are refused
+    here, where PaddleNLP's option names are known (in that order, so a bad layout is reported first).
+    """
+    config = ParallelConfig(
         layout=layout,
-        sharding_stage=sharding_stage_of(args.sharding) if layout.sharding > 1 else 0,
+        sharding_stage=sharding_stage_of(args.sharding),
         sharding_offload=any(str(o) == "offload" for o in args.sharding),
         sharding_options=compat.parse_parallel_config(
             args.sharding_parallel_config, compat.SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config"),
@@ -107,6 +119,9 @@ def parallel_config_of(args, layout: Layout) -> ParallelConfig:
         seed=args.seed,
         find_unused_parameters=args.ddp_find_unused_parameters,
     )
+    compat.refuse_unproven_parallel_options(layout, config.pipeline_options, config.sharding_options,
+                                            config.tensor_options)
+    return config
 
 
 def amp_settings_of(args) -> AmpSettings:

@@ -29,7 +29,7 @@ from typing import Optional
 
 from paddle.distributed import fleet
 
-from .config import ParallelConfig
+from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
@@ -93,20 +93,20 @@ def _find_unused_parameters(model, chosen: Optional[bool]) -> bool:
     return not any(getattr(layer, "enable_recompute", False) for layer in model.sublayers(include_self=True))
 
 
-def parallelize(model, optimizer, topology, config=None, *, stage3_segment_size: Optional[int] = None):
+def parallelize(model, optimizer, topology, config: ParallelConfig):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
-    ``config``: the :class:`~.config.ParallelConfig` (or the ``TrainingArguments`` whose ``parallel_config``
-    it is; None: every option's default); it supplies the sharding stage and offload, sequence parallel, the
-    virtual pipeline degree and ``stage3_segment_size`` (under sharding stage 3, parameters with more elements
-    than this are sliced across the sharding group; the keyword overrides it). The model must already be built for the layout: tp-split
-    layers when tp > 1 (PaddleNLP models do this from their config), a ``PipelineLayer`` when pp > 1. See the
-    module docstring for the order of the axis functions.
+    ``config``: the :class:`~.config.ParallelConfig` the topology was built from (``args.parallel_config``; a
+    tool builds one, ``ParallelConfig(layout=topology.layout)`` for every option's default). It supplies the
+    sharding stage, offload and ``stage3_segment_size``, sequence parallel and the virtual pipeline degree,
+    and its construction has checked their combinations: nothing here checks them again. The model must
+    already be built for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their
+    config), a ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
     """
-    if config is None:
-        config = ParallelConfig(layout=topology.layout)  # the defaults of every option
-    elif not isinstance(config, ParallelConfig):
-        config = config.parallel_config
+    expect_config(config, "parallelize")
+    if config.layout != topology.layout:
+        raise ValueError(f"parallelize: the config's layout {config.layout.describe()} is not the topology's "
+                         f"{topology.layout.describe()}; pass the ParallelConfig init_topology was called with")
     _check_optimizer(optimizer)
     if topology.tp_degree > 1:
         check_sequence_parallel_model(model, config.sequence_parallel)
@@ -119,24 +119,19 @@ def parallelize(model, optimizer, topology, config=None, *, stage3_segment_size:
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
 
-    # ParallelConfig checked every combination (stage 2/3 with pp, stage 3 with tp, offload) at construction.
-    stage = config.sharding_stage if topology.sharding_degree > 1 else 0
-    if stage3_segment_size is None:
-        stage3_segment_size = config.stage3_segment_size
-
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,
                                           virtual_pp_degree=config.virtual_pp_degree)
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
     model = apply_tensor_parallel(model, topology=topology)
+    stage = config.sharding_stage  # 0 unless the layout has a sharding group (ParallelConfig's check)
     if stage in (2, 3):
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, stage=stage,
-                                          offload=config.sharding_offload, segment_size=stage3_segment_size)
+        model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3
         return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
     if stage == 1:
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, stage=1,
+        model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config,
                                           wrap_model=topology.tp_degree == 1)
     else:
         optimizer = fleet.distributed_optimizer(optimizer)

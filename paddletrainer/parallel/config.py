@@ -2,9 +2,14 @@
 
 Built by ``TrainingArguments`` from its fields (``args.parallel_config``; the builder is
 ``paddletrainer.config.builders.parallel_config_of``, rebuilt when a script changes one of those fields), so each check
-here raises before any process group exists, with one line naming the option. Pure: no paddle; the checks that depend on
+here raises before any process group exists, with one line naming the option. Pure: no paddle, and nothing from the
+arguments layer (the PaddleNLP option tables and their refusals are the builder's); the checks that depend on
 the device (:meth:`ParallelConfig.check_device`) take the device as an argument and are called by
 ``init_topology`` before it creates a group.
+
+A ``ParallelConfig`` is the one way into the parallel package: ``init_topology``, ``build_strategy``,
+``parallelize`` and ``apply_sharding`` take one (:func:`expect_config` refuses anything else) and trust its
+checks; none of them checks a combination again.
 
 The degrees themselves are a :class:`~paddletrainer.parallel.layout.Layout` (``config.layout``); the
 arithmetic that resolves them from PaddleNLP's options is :func:`resolve_layout`.
@@ -15,10 +20,9 @@ import dataclasses
 import math
 from typing import FrozenSet, Mapping, Optional
 
-from ..config import paddlenlp_options as compat
-from .layout import Layout, option_axes
+from .layout import DEFAULT_TOPO_ORDER, Layout, option_axes
 
-__all__ = ["ParallelConfig", "resolve_layout", "STAGE3_DEFAULT_SEGMENT_SIZE"]
+__all__ = ["ParallelConfig", "expect_config", "resolve_layout", "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 # Under sharding stage 3, parameters with more elements than this are sliced across the sharding group;
 # smaller ones stay whole on every rank (Paddle's default). On CPU every slice is padded to a 4096-byte
@@ -27,7 +31,7 @@ STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 
 def resolve_layout(world_size: int, sharding_requested: bool, requested: Mapping[str, int],
-                   topo_order: Optional[str] = None) -> Layout:
+                   topo_order: str = DEFAULT_TOPO_ORDER) -> Layout:
     """PaddleNLP's topology arithmetic over the axes an option sets (``layout.option_axes()``; ``requested``
     maps their names to the option values, a missing one is -1): degrees are ``max(x, 1)``; an unset (-1)
     sharding degree with sharding requested takes what the other axes leave; dp is the rest. Raises if a
@@ -57,12 +61,16 @@ def resolve_layout(world_size: int, sharding_requested: bool, requested: Mapping
             f"{' x '.join(f'{a.option}={degrees[a.name]}' for a in axes)} = {size} does not divide the world size "
             f"{world_size} (PADDLE_TRAINERS_NUM)"
         )
-    return Layout(world_size=world_size, dp=world_size // size, **degrees, topo_order=topo_order or "pp_first")
+    return Layout(world_size=world_size, dp=world_size // size, **degrees, topo_order=topo_order)
 
 
 @dataclasses.dataclass(frozen=True)
 class ParallelConfig:
-    """The layout and every per-axis option the parallel package reads (see each field)."""
+    """The layout and every per-axis option the parallel package reads (see each field).
+
+    Construction is the one verdict on the layout: the sharding stage against its degree, pp and tp, offload,
+    and the pipeline's micro-batches. The option names PaddleNLP accepts but paddletrainer refuses
+    (``REFUSED_PARALLEL_OPTIONS``) are the builder's (``configs.parallel_config_of``), which reads those names."""
 
     layout: Layout
     sharding_stage: int = 0  # 0 (off), 1, 2 or 3
@@ -82,8 +90,6 @@ class ParallelConfig:
     def __post_init__(self):
         self._check_sharding()
         self._check_pipeline()
-        compat.refuse_unproven_parallel_options(self.layout, self.pipeline_options, self.sharding_options,
-                                                self.tensor_options)
 
     def _check_sharding(self) -> None:
         d, stage = self.layout, self.sharding_stage
@@ -142,7 +148,10 @@ class ParallelConfig:
             raise NotImplementedError("tensor_parallel_config async/fused options need CUDA kernels; not on CPU")
 
 
-def sharding_stage_of(options) -> int:
-    """The stage number of a parsed ``sharding`` option list (``["stage2", "offload"]`` → 2; none → 0)."""
-    stages = [int(str(o)[len("stage"):]) for o in options if str(o).startswith("stage")]
-    return max(stages, default=0)
+def expect_config(config, caller: str) -> ParallelConfig:
+    """``config`` if it is a :class:`ParallelConfig`; a ``TypeError`` naming ``caller`` otherwise (the
+    ``TrainingArguments`` themselves are not accepted: pass ``args.parallel_config``)."""
+    if not isinstance(config, ParallelConfig):
+        raise TypeError(f"{caller} takes a ParallelConfig (TrainingArguments.parallel_config), got "
+                        f"{type(config).__name__}")
+    return config

@@ -20,8 +20,8 @@ import dataclasses
 import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["AXES", "Axis", "Layout", "axis", "coordinates_of", "hybrid_order", "launch_world_size",
-           "launch_rank", "launch_local_rank", "option_axes"]
+__all__ = ["AXES", "Axis", "Layout", "DEFAULT_TOPO_ORDER", "axis", "coordinates_of", "hybrid_order",
+           "launch_world_size", "launch_rank", "launch_local_rank", "option_axes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,10 @@ AXES: Tuple[Axis, ...] = (
 # grid has the same shape fleet builds by default.
 PP_FIRST = ("dp", "pp", "sharding", "sep", "cp", "mp")
 SHARDING_FIRST = ("dp", "sharding", "pp", "sep", "cp", "mp")
+TOPO_ORDERS = {"pp_first": PP_FIRST, "sharding_first": SHARDING_FIRST}  # hybrid_parallel_topo_order's values
+# hybrid_parallel_topo_order when none is given (PaddleNLP's): the Layout's default, and what TrainingArguments
+# writes into a None field.
+DEFAULT_TOPO_ORDER = "pp_first"
 
 
 def axis(name: str) -> Axis:
@@ -73,13 +77,11 @@ def option_axes() -> Tuple[Axis, ...]:
     return tuple(a for a in AXES if not a.remainder)
 
 
-def hybrid_order(topo_order: Optional[str]) -> tuple:
-    """fleet's axis order for ``hybrid_parallel_topo_order`` ("pp_first" (default) or "sharding_first")."""
-    if topo_order in (None, "", "pp_first"):
-        return PP_FIRST
-    if topo_order == "sharding_first":
-        return SHARDING_FIRST
-    raise ValueError(f"hybrid_parallel_topo_order must be 'pp_first' or 'sharding_first', got {topo_order!r}")
+def hybrid_order(topo_order: str) -> tuple:
+    """fleet's axis order for ``hybrid_parallel_topo_order`` ("pp_first" or "sharding_first")."""
+    if topo_order not in TOPO_ORDERS:
+        raise ValueError(f"hybrid_parallel_topo_order must be 'pp_first' or 'sharding_first', got {topo_order!r}")
+    return TOPO_ORDERS[topo_order]
 
 
 def coordinates_of(rank: int, degrees: Mapping[str, int], order: Sequence[str]) -> dict:
@@ -115,7 +117,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     # Not part of equality: two layouts with the same degrees compare equal; init_topology compares it itself.
-    topo_order: str = dataclasses.field(default="pp_first", compare=False)
+    topo_order: str = dataclasses.field(default=DEFAULT_TOPO_ORDER, compare=False)
 
     def __post_init__(self):
         product = 1

@@ -39,10 +39,10 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
 from .cpu import backend as cpu_backend
-from .config import STAGE3_DEFAULT_SEGMENT_SIZE  # defined once there; re-exported here
+from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
 
-__all__ = ["apply_sharding", "check_stage2_offload", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
+__all__ = ["apply_sharding", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
            "STAGE3_DEFAULT_SEGMENT_SIZE"]
 
 
@@ -52,57 +52,30 @@ def _construction_scope():
     return cpu_backend.group_sharded_construction()
 
 
-def check_stage2_offload(dp_degree: int, *, fp16_parameters: bool) -> None:
-    """Raise unless Paddle's stage-2 offload can run: it keeps fp32 masters of *half-precision* parameters
-    on the host (it asserts AMP O2 fp16/bf16 weights) and refuses a dp group next to the sharding group."""
-    if dp_degree > 1:
-        raise ValueError(f"sharding 'stage2 offload' cannot be combined with data parallel (dp degree {dp_degree}); "
-                         "use 'stage3 offload', or stage2 without offload")
-    if not fp16_parameters:
-        raise ValueError("sharding 'stage2 offload' needs fp16/bf16 parameters (--fp16/--bf16 with --fp16_opt_level O2), "
-                         "which a CPU-only Paddle cannot train; use 'stage3 offload', or stage2 without offload")
-
-
-def _has_half_parameters(model) -> bool:
-    return any(p.dtype in (paddle.float16, paddle.bfloat16) for p in model.parameters())
-
-
 def _device() -> str:
     return paddle.get_device().split(":")[0]
 
 
-def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = False,
-                   segment_size: int = STAGE3_DEFAULT_SEGMENT_SIZE, wrap_model: bool = True):
-    """Shard ``optimizer`` (and, for stage 2/3, ``model``) over the sharding group.
+def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_model: bool = True):
+    """Shard ``optimizer`` (and, for stage 2/3, ``model``) over the sharding group, as ``config`` says.
 
-    Args:
-        stage: 1, 2 or 3.
-        offload: keep the sharded fp32 master weights and optimizer state in host memory (Paddle's
-            offload path). Stage 3 runs it on every device (on CPU through ``cpu_backend`` fill 7, with
-            host and device the same memory); stage 2 needs fp16/bf16 parameters and no dp, see
-            :func:`check_stage2_offload`.
-        segment_size: stage 3 slicing threshold in elements (see ``STAGE3_DEFAULT_SEGMENT_SIZE``).
-        wrap_model: stage 1 only: also wrap the model with ``fleet.distributed_model`` (``ShardingParallel``,
-            which broadcasts the initial parameters). False when another axis already wrapped it.
+    ``config`` (a :class:`~.config.ParallelConfig` of ``topology``'s layout) gives the stage, ``offload`` (keep
+    the sharded fp32 master weights and optimizer state in host memory, Paddle's offload path: stage 3, on CPU
+    through ``cpu_backend`` fill 7, with host and device the same memory) and ``stage3_segment_size`` (the
+    stage-3 slicing threshold in elements). Its construction refused every combination Paddle or a checkpoint
+    cannot run (stage 2/3 with pp, stage 3 with tp, stage 1 and stage 2 offload): nothing is checked again here.
+    ``wrap_model``: stage 1 only: also wrap the model with ``fleet.distributed_model`` (``ShardingParallel``,
+    which broadcasts the initial parameters). False when another axis already wrapped it.
 
     Returns ``(model, optimizer)`` as Paddle returns them.
     """
-    if topology.sharding_degree == 1:
-        raise ValueError("apply_sharding needs sharding_degree > 1")
+    stage, offload = expect_config(config, "apply_sharding").sharding_stage, config.sharding_offload
+    if stage == 0:
+        raise ValueError("apply_sharding: the config has no sharding stage (sharding_parallel_degree 1)")
     if stage == 1:
-        if offload:
-            raise ValueError("sharding stage1 has no offload; use stage2/stage3 offload")
         if wrap_model:
             model = fleet.distributed_model(model)
         return model, fleet.distributed_optimizer(optimizer)
-    if stage not in (2, 3):
-        raise ValueError(f"sharding stage must be 1, 2 or 3, got {stage}")
-    if topology.pp_degree > 1:
-        raise ValueError(f"sharding stage{stage} cannot be combined with pipeline parallel (use stage1)")
-    if stage == 3 and topology.tp_degree > 1:
-        raise ValueError("sharding stage3 cannot be combined with tensor parallel (use stage1 or stage2)")
-    if offload and stage == 2:
-        check_stage2_offload(topology.dp_degree, fp16_parameters=_has_half_parameters(model))
     if offload and needs_cpu_backend():
         if not cpu_backend.is_installed():  # without fill 7 Paddle's offload moves free the only copy
             raise RuntimeError("sharding offload on CPU needs paddletrainer's CPU backend: create the topology "
@@ -117,8 +90,8 @@ def apply_sharding(model, optimizer, *, topology, stage: int, offload: bool = Fa
                                        device=device)
         else:
             model = _ReduceScatterStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
-                                         segment_size=segment_size, offload=offload, dp_group=dp_group,
-                                         device=device, exclude_layer=["GroupNorm"])
+                                         segment_size=config.stage3_segment_size, offload=offload,
+                                         dp_group=dp_group, device=device, exclude_layer=["GroupNorm"])
     return model, optimizer
 
 

@@ -24,8 +24,9 @@ from paddle.distributed import fleet
 
 from ..runtime.device import has_accelerator
 from .cpu import backend as cpu_backend
-from .config import ParallelConfig
-from .layout import AXES, Layout, axis, coordinates_of, hybrid_order, launch_local_rank, launch_rank, launch_world_size
+from .config import ParallelConfig, expect_config
+from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
+                     launch_rank, launch_world_size)
 from .tcp_store import prime_launcher_store
 
 __all__ = [
@@ -66,7 +67,7 @@ class Topology:
 
     @classmethod
     def of(cls, rank: int = 0, local_rank: int = 0, groups: Optional[Mapping[str, Any]] = None, hcg=None,
-           topo_order: str = "pp_first", **axes: int) -> "Topology":
+           topo_order: str = DEFAULT_TOPO_ORDER, **axes: int) -> "Topology":
         """A Topology from keyword degrees and ranks: ``Topology.of(dp_degree=2, tp_degree=2, tp_rank=1)``
         (missing degrees are 1; missing ranks follow from ``rank``). For tests and tools."""
         degrees = {a.name: int(axes.pop(f"{a.name}_degree", 1)) for a in AXES}
@@ -151,14 +152,8 @@ def get_topology() -> Optional[Topology]:
     return _TOPOLOGY
 
 
-def _config_of(args) -> ParallelConfig:
-    """``args`` may be a :class:`ParallelConfig` or the ``TrainingArguments`` that built one."""
-    return args if isinstance(args, ParallelConfig) else args.parallel_config
-
-
-def build_strategy(config, on_cpu: bool):
-    """The ``fleet.DistributedStrategy`` for a :class:`ParallelConfig` (or ``TrainingArguments``), PaddleNLP's
-    construction:
+def build_strategy(config: ParallelConfig, on_cpu: bool):
+    """The ``fleet.DistributedStrategy`` for a :class:`ParallelConfig`, PaddleNLP's construction:
 
     * hybrid_configs: the degrees, the axis order and pp_configs, set in one assignment (the setter
       works once per key group), then ``sharding_configs`` and ``mp_configs`` fields by attribute mutation:
@@ -167,8 +162,7 @@ def build_strategy(config, on_cpu: bool):
       per_device_train_batch_size; partial send/recv off on CPU (gloo has no all_gather_partial).
     * tensor_parallel_configs: tensor_init_seed = seed, so tp ranks draw the same init streams.
     """
-    config = _config_of(config)
-    layout = config.layout
+    layout = expect_config(config, "build_strategy").layout
     pp_options, sharding_options, tp_options = config.pipeline_options, config.sharding_options, config.tensor_options
     strategy = fleet.DistributedStrategy()
     if layout.pp > 1:
@@ -210,9 +204,9 @@ def build_strategy(config, on_cpu: bool):
     return strategy
 
 
-def check_cpu_options(config) -> None:
+def check_cpu_options(config: ParallelConfig) -> None:
     """Raise for options Paddle's CPU build cannot run (``ParallelConfig.check_device``; before any group)."""
-    _config_of(config).check_device(on_cpu=True)
+    expect_config(config, "check_cpu_options").check_device(on_cpu=True)
 
 
 def needs_cpu_backend() -> bool:
@@ -273,15 +267,15 @@ def _data_group(rank: int, layout: Layout, groups):
     return mine
 
 
-def init_topology(args) -> Topology:
-    """Build (once per process) the process groups for a :class:`ParallelConfig` (or the ``TrainingArguments``
-    whose ``parallel_config`` it is) and return the Topology.
+def init_topology(config: ParallelConfig) -> Topology:
+    """Build (once per process) the process groups for a :class:`ParallelConfig` (``args.parallel_config``) and
+    return the Topology.
 
     Installs the CPU backend first on a CPU-only Paddle. Calling it again returns the same object; calling it
     with a different layout raises.
     """
     global _TOPOLOGY
-    config = _config_of(args)
+    expect_config(config, "init_topology")
     if _TOPOLOGY is not None:
         if (_TOPOLOGY.layout, _TOPOLOGY.layout.topo_order) != (config.layout, config.layout.topo_order):
             raise RuntimeError(f"init_topology already ran with {_TOPOLOGY.layout}; got {config.layout}")

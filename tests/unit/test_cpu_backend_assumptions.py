@@ -74,28 +74,16 @@ def test_a_changed_sequence_parallel_reduce_scatter_path_fails_the_assumption_ch
         cpu_backend.check_paddle_assumptions()
 
 
-def _two_rank_sharding_topology(dp=1):
-    return Topology.of(rank=0, dp_degree=dp, sharding_degree=2)
-
-
-@pytest.mark.parametrize("dp, match", [(1, "needs fp16/bf16 parameters"), (2, "cannot be combined with data parallel")])
-def test_stage2_offload_without_half_parameters_or_with_dp_is_rejected_before_any_communication(dp, match):
-    from paddletrainer.parallel.sharding import apply_sharding
-
-    model = paddle.nn.Linear(2, 2)
-    opt = paddle.optimizer.AdamW(parameters=model.parameters())
-    with pytest.raises(ValueError, match=match):
-        apply_sharding(model, opt, topology=_two_rank_sharding_topology(dp), stage=2, offload=True)
-
-
 def test_stage3_offload_without_the_cpu_backend_is_refused_before_paddle_frees_anything(monkeypatch):
     from paddletrainer.parallel.sharding import apply_sharding
 
     monkeypatch.setattr(cpu_backend, "_INSTALLED", False)
     model = paddle.nn.Linear(2, 2)
     opt = paddle.optimizer.AdamW(parameters=model.parameters())
+    topology = Topology.of(rank=0, sharding_degree=2)
+    config = ParallelConfig(layout=topology.layout, sharding_stage=3, sharding_offload=True)
     with pytest.raises(RuntimeError, match="init_topology"):
-        apply_sharding(model, opt, topology=_two_rank_sharding_topology(), stage=3, offload=True)
+        apply_sharding(model, opt, topology=topology, config=config)
 
 
 def test_paddles_own_offload_move_destroys_the_tensor_on_cpu_and_the_fill_copies():

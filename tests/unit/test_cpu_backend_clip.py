@@ -4,6 +4,7 @@ import paddle
 
 from paddletrainer.parallel import clip_grad_norm, parallelize
 from paddletrainer.parallel.collectives import _scale_in_place
+from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.topology import Topology
 
 ONE = Topology.of()  # one process
@@ -15,7 +16,7 @@ def _train(clip_with_paddle: bool, max_norm: float, steps: int = 3):
     clip = paddle.nn.ClipGradByGlobalNorm(max_norm) if clip_with_paddle else None
     opt = paddle.optimizer.AdamW(learning_rate=0.05, parameters=model.parameters(), grad_clip=clip)
     if not clip_with_paddle:
-        model, opt = parallelize(model, opt, ONE, None)
+        model, opt = parallelize(model, opt, ONE, ParallelConfig(layout=ONE.layout))
     rng = np.random.RandomState(0)
     norms = []
     for _ in range(steps):

@@ -12,6 +12,11 @@ LAZY_ALLOWED = {
     # PEP 562 alias at PaddleNLP's module path: set_seed needs paddle, trainer_utils must import without it
     ("paddletrainer.trainer_utils", "paddletrainer.runtime.seeding"),
 }
+# What parallel/ must not import (a module or a package and everything under it): the arguments layer (PaddleNLP's
+# option tables and their checks in config/paddlenlp_options; the builders; the arguments) and the layers that use
+# parallel/ (the Trainer, checkpoint, metrics). parallel/ takes a ParallelConfig instead.
+FORBIDDEN_FROM_PARALLEL = ("paddletrainer.config", "paddletrainer.training_args", "paddletrainer.trainer",
+                           "paddletrainer.checkpoint", "paddletrainer.metrics")
 # parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
 # import statements do not show, read from its tables and allowed as function-level imports
 LAZY_TABLES = ("_NAME_MODULES", "_SUBMODULES")
@@ -125,3 +130,33 @@ def test_a_module_importing_the_parallel_package_closes_a_cycle_through_the_lazy
     graph["paddletrainer.parallel.collectives"] = {**graph["paddletrainer.parallel.collectives"],
                                                   "paddletrainer.parallel": "module"}
     assert find_cycle(graph) is not None
+
+
+def upward_edges_of_parallel(graph):
+    """``(importer, imported)`` for every edge from ``paddletrainer.parallel`` (or below) into
+    ``FORBIDDEN_FROM_PARALLEL``, sorted."""
+    def inside(module, package):
+        return module == package or module.startswith(package + ".")
+
+    return sorted((src, dst) for src, edges in graph.items() if inside(src, "paddletrainer.parallel")
+                  for dst in edges if any(inside(dst, p) for p in FORBIDDEN_FROM_PARALLEL))
+
+
+def test_parallel_imports_neither_the_arguments_layer_nor_the_layers_above_it():
+    assert upward_edges_of_parallel(import_graph()) == []
+
+
+def test_the_upward_edge_check_sees_module_and_function_level_edges_and_spares_lookalikes():
+    graph = {
+        "paddletrainer.parallel.config": {"paddletrainer.config.paddlenlp_options": "module",
+                                          "paddletrainer.parallel.layout": "module"},
+        "paddletrainer.parallel.apply": {"paddletrainer.checkpoint.io": "function",
+                                         "paddletrainer.trainer_utils": "module"},  # not paddletrainer.trainer
+        "paddletrainer.parallel": {"paddletrainer.config.builders": "module"},
+        "paddletrainer.checks": {"paddletrainer.config.builders": "module"},  # not parallel/
+    }
+    assert upward_edges_of_parallel(graph) == [
+        ("paddletrainer.parallel", "paddletrainer.config.builders"),
+        ("paddletrainer.parallel.apply", "paddletrainer.checkpoint.io"),
+        ("paddletrainer.parallel.config", "paddletrainer.config.paddlenlp_options"),
+    ]

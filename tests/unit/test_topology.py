@@ -40,7 +40,7 @@ def test_coordinates_of_worked_example_and_tp_alias():
 
 def test_coordinates_of_rejects_rank_outside_world():
     with pytest.raises(ValueError, match="outside a world of 4"):
-        coordinates_of(4, {"dp": 2, "mp": 2}, hybrid_order(None))
+        coordinates_of(4, {"dp": 2, "mp": 2}, hybrid_order("pp_first"))
 
 
 def test_hybrid_order_rejects_unknown_name():

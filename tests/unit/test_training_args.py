@@ -449,7 +449,7 @@ def test_rank_properties_come_from_init_topology(tmp_path, world, fake_topology)
     assert (args.process_index, args.local_process_index) == (5, 1)
     assert (args.data_parallel_rank, args.sharding_parallel_rank) == (1, 0)
     assert (args.tensor_parallel_rank, args.pipeline_parallel_rank, args.dataset_rank) == (1, 0, 2)
-    assert all(a is args for a in fake_topology)
+    assert fake_topology and all(a is args.parallel_config for a in fake_topology)  # the config, not the args
     assert args.dataset_world_size == FakeTopology.data_world_size and args.world_size == FakeTopology.world_size
 
 

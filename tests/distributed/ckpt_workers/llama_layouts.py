@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import faulthandler
 import json
 import os
@@ -113,12 +114,13 @@ def main():
     from paddletrainer.parallel import init_topology, parallelize
 
     args = layout_args(a.dp, a.sharding, a.tp, a.pp, a.stage)
+    if a.segment_size is not None:  # stage 3's slicing threshold is a config field like any other
+        args = dataclasses.replace(args, stage3_segment_size=a.segment_size)
     topo = init_topology(args)
     model = build(a.weights, topo)
     sched = paddle.optimizer.lr.LinearWarmup(1e-2, warmup_steps=4, start_lr=1e-3, end_lr=1e-2)
     optimizer = paddle.optimizer.AdamW(learning_rate=sched, parameters=model.parameters(), weight_decay=0.01)
-    kwargs = {} if a.segment_size is None else {"stage3_segment_size": a.segment_size}
-    model, optimizer = parallelize(model, optimizer, topo, args, **kwargs)
+    model, optimizer = parallelize(model, optimizer, topo, args)
 
     result = {"rank": topo.rank}
     if a.mode == "save":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -134,11 +135,12 @@ def main():
 
     started = time.time()
     args = layout_args(dp=a.dp, sharding=a.sharding, tp=a.tp, pp=a.pp, stage=a.stage, offload=a.offload, ga=a.ga)
+    if a.segment_size is not None:  # stage 3's slicing threshold is a config field like any other
+        args = dataclasses.replace(args, stage3_segment_size=a.segment_size)
     topo = init_topology(args)
     model = build_mlp() if a.model == "mlp" else build_llama(a.weights, topo)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-2, parameters=model.parameters(), weight_decay=0.01)
-    kwargs = {} if a.segment_size is None else {"stage3_segment_size": a.segment_size}
-    model, optimizer = parallelize(model, optimizer, topo, args, **kwargs)
+    model, optimizer = parallelize(model, optimizer, topo, args)
     data = regression_data(a.steps) if a.model == "mlp" else token_data(a.steps)
 
     losses, norms = [], []

@@ -1,0 +1,1 @@
+"""The gloo fills: CPU-build replacements for collectives and kernels Paddle's CPU build lacks."""

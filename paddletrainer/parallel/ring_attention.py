@@ -18,9 +18,11 @@ training=True)`` and ``[batch, seq/cp, heads, head_dim]`` tensors, built from pl
 * K/V move one hop per step with blocking send/recv, even ranks sending first and odd ranks receiving
   first: gloo's send blocks until the peer posts its receive, and this order resolves the ring from any even
   rank (``rotation="p2p"``, the default: two K/V blocks in memory per rank). It needs an even ring size:
-  Paddle's gloo pairs a send with the receive of the same position in the peer's sequence of operations on
-  the group (measured: a 3-rank ring times out in ``recv`` while its peer is in the matching ``send``; 2 and 4
-  ranks run), and on an odd cycle the send/receive positions cannot alternate. ``rotation="allgather"``
+  Paddle's gloo pairs a send only with the receive at the same position of the peer's sequence of p2p
+  operations on the group (measured on 3 ranks: rank 0's first operation, a send to rank 2, never met rank 2's
+  receive from rank 0 issued as its second operation — TIMEOUT — with no circular wait), so every send must
+  sit at its receiver's position; even/odd ordering does that on an even ring (2 and 4 ranks run) but cannot
+  on an odd cycle (a 3-rank ring timed out in ``recv`` while its peer was in the matching ``send``). ``rotation="allgather"``
   all-gathers K/V once (and all-reduces their gradients) and runs on any ring size, trading memory (every
   rank holds all K/V) for fewer, larger collectives.
 

@@ -30,7 +30,7 @@ def _map(fn, value):
 
 
 def concat_padded(parts: Sequence[Any], padding_index: int = -100):
-    """``parts`` (all paddle Tensors or all NumPy arrays of one rank) joined on axis 0.
+    """``parts`` (all paddle Tensors or all NumPy arrays, with the same number of axes) joined on axis 0.
 
     When the later axes differ (variable sequence lengths across batches), every part is placed at the start of
     each later axis of the largest size and the rest is ``padding_index`` (-100, the label value losses
@@ -38,7 +38,9 @@ def concat_padded(parts: Sequence[Any], padding_index: int = -100):
     """
     first = parts[0]
     if any(len(p.shape) != len(first.shape) for p in parts):
-        raise ValueError(f"cannot concatenate outputs of different ranks: shapes {[list(p.shape) for p in parts]}")
+        raise ValueError(f"cannot concatenate outputs with different numbers of axes: shapes "
+                         f"{[list(p.shape) for p in parts]}; every batch's output needs the same number of axes "
+                         f"(the sizes after axis 0 may differ: they are padded with {padding_index})")
     is_tensor = isinstance(first, paddle.Tensor)
     if all(list(p.shape[1:]) == list(first.shape[1:]) for p in parts):
         return paddle.concat(list(parts), axis=0) if is_tensor else np.concatenate(parts, axis=0)

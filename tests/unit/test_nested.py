@@ -27,6 +27,6 @@ def test_every_later_axis_is_padded_and_the_gathering_keeps_dataset_order():
     assert concat_padded([np.zeros((1, 2)), np.ones((1, 2))]).tolist() == [[0, 0], [1, 1]]
 
 
-def test_outputs_of_different_ranks_are_refused_with_their_shapes():
-    with pytest.raises(ValueError, match=r"different ranks: shapes \[\[2, 3\], \[1, 3, 4\]\]"):
+def test_outputs_with_different_numbers_of_axes_are_refused_with_their_shapes():
+    with pytest.raises(ValueError, match=r"different numbers of axes: shapes \[\[2, 3\], \[1, 3, 4\]\]; every batch"):
         nested_concat(np.zeros((2, 3)), np.zeros((1, 3, 4)))

@@ -68,7 +68,7 @@ class TrainerData:
         sampler = self._get_train_sampler()
         if not isinstance(sampler, GlobalBatchSampler):
             sampler = WholeStepBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
-                                           args.global_batch_size)
+                                            args.global_batch_size)
         return self._loader(dataset, batch_sampler=sampler)
 
     def _plan_epochs(self, sampler: Optional[GlobalBatchSampler]) -> Tuple[Optional[int], int, int]:

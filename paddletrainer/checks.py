@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
-from .data import forward_parameters
+from .data.collate import forward_parameters
 from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
 
 __all__ = [

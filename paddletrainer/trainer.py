@@ -42,7 +42,9 @@ from .trainer_callback import (
     TrainerState,
 )
 from .runtime.callback import RobustnessCallback
-from .data import DataCollatorWithPadding, GlobalBatchSampler, close_batches, default_data_collator
+from .data.collate import DataCollatorWithPadding, default_data_collator
+from .data.loader import close_batches
+from .data.sampling import GlobalBatchSampler
 from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (public here as paddletrainer.trainer.*)
 from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
@@ -50,7 +52,8 @@ from .metrics.memory_tracker import MemoryTracker
 from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
 from .metrics.results import TrainerResults
 from .metrics.writers import check_report_to
-from .optim.optimization import create_optimizer, get_scheduler
+from .optim.optimization import create_optimizer
+from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip

@@ -25,7 +25,8 @@ from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRA
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
-from .data import forward_argument_names, resume_position
+from .data.collate import forward_argument_names
+from .data.sampling import resume_position
 from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
 from .trainer_utils import (PREFIX_CHECKPOINT_DIR, RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,

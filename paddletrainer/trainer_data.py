@@ -4,7 +4,7 @@ A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEva
 Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
 points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
 ``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``, ``num_examples``; ``_plan_epochs`` turns the training
-sampler into the run's steps and epochs. The samplers themselves are in ``data``.
+sampler into the run's steps and epochs. The samplers themselves are in ``data.sampling``.
 """
 from __future__ import annotations
 
@@ -14,16 +14,9 @@ from typing import Callable, Optional, Tuple
 import paddle
 
 from . import checks
-from .data import (
-    ColumnFilter,
-    DataLoader,
-    EvalBatchSampler,
-    GlobalBatchSampler,
-    IterableDatasetShard,
-    SubclassBatchSampler,
-    forward_argument_names,
-    remove_unused_columns,
-)
+from .data.collate import ColumnFilter, forward_argument_names, remove_unused_columns
+from .data.loader import DataLoader, IterableDatasetShard
+from .data.sampling import EvalBatchSampler, GlobalBatchSampler, WholeStepBatchSampler
 from .trainer_utils import has_length
 
 __all__ = ["TrainerData"]
@@ -74,8 +67,8 @@ class TrainerData:
             return self._loader(shard, batch_size=args.per_device_train_batch_size)
         sampler = self._get_train_sampler()
         if not isinstance(sampler, GlobalBatchSampler):
-            sampler = SubclassBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
-                                           args.global_batch_size)
+            sampler = WholeStepBatchSampler(sampler, args.per_device_train_batch_size, topo.data_world_size,
+                                            args.global_batch_size)
         return self._loader(dataset, batch_sampler=sampler)
 
     def _plan_epochs(self, sampler: Optional[GlobalBatchSampler]) -> Tuple[Optional[int], int, int]:

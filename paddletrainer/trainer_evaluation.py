@@ -16,29 +16,19 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
-import numpy as np
 import paddle
 
-from .data import EvalBatchSampler, IterableDatasetShard, gather_in_dataset_order, sum_over_data_ranks
-from .data.nested import distributed_concat
+from .data.gather import gather_in_dataset_order, sum_over_data_ranks
+from .data.loader import IterableDatasetShard
+from .data.nested import distributed_concat, nested_numpify
+from .data.sampling import EvalBatchSampler
 from .parallel import pipeline
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
-__all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "to_numpy", "labels_of", "predict_batch",
+__all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "labels_of", "predict_batch",
            "run_loop"]
 
 logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one place to configure or silence
-
-
-def to_numpy(value):
-    """Tensors (or nested tuples/lists of them) as NumPy arrays."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_numpy(v) for v in value)
-    if isinstance(value, paddle.Tensor):
-        if value.dtype in (paddle.bfloat16, paddle.float16):
-            value = value.astype("float32")  # a bf16 tensor's .numpy() is its raw uint16 bits, not its values
-        return value.numpy()
-    return np.asarray(value)
 
 
 RealBatches = Union[None, int, Callable[[], Optional[int]]]
@@ -76,8 +66,8 @@ class EvalAccumulator:
         if isinstance(self.real_batches, int) and self.batches > self.real_batches:
             return
         self._records.append((None if loss is None else float(loss) * batch_size, batch_size,
-                              None if logits is None else to_numpy(logits),
-                              None if labels is None else to_numpy(labels)))
+                              None if logits is None else nested_numpify(logits),
+                              None if labels is None else nested_numpify(labels)))
 
     def _counted(self) -> List[tuple]:
         real = self.real_batches() if callable(self.real_batches) else self.real_batches

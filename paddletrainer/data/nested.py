@@ -4,16 +4,20 @@ These are the helpers PaddleNLP's ``trainer.utils.helper`` exposes (``nested_con
 ``nested_truncate``, ``nested_detach``, ``distributed_concat``) and which custom evaluation loops written for
 PaddleNLP call; ``paddletrainer.utils.helper`` re-exports them under those names. Each function keeps the
 container types it was given (a tuple stays a tuple, a dict a dict).
+
+Two facts have their one home here, and the evaluation gathering (:mod:`.gather`, ``trainer_evaluation``) uses
+them too: a tensor on the host as NumPy (:func:`nested_numpify`: float16/bfloat16 through float32) and the
+concatenation of batches whose later axes differ, padded with -100 (:func:`concat_padded`).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import paddle
 
 __all__ = ["nested_concat", "nested_numpify", "nested_truncate", "nested_detach", "distributed_concat",
-           "pad_and_concatenate"]
+           "concat_padded"]
 
 
 def _map(fn, value):
@@ -25,26 +29,31 @@ def _map(fn, value):
     return fn(value)
 
 
-def pad_and_concatenate(first, second, padding_index: int = -100):
-    """``first`` and ``second`` (both paddle Tensors or both NumPy arrays) joined on axis 0.
+def concat_padded(parts: Sequence[Any], padding_index: int = -100):
+    """``parts`` (all paddle Tensors or all NumPy arrays, with the same number of axes) joined on axis 0.
 
-    When the later axes differ (variable sequence lengths across batches), both are first padded with
-    ``padding_index`` up to the larger size on every later axis.
+    When the later axes differ (variable sequence lengths across batches), every part is placed at the start of
+    each later axis of the largest size and the rest is ``padding_index`` (-100, the label value losses
+    ignore). A Tensor result keeps the first part's dtype (bfloat16 included) and device.
     """
-    if len(first.shape) <= 1 or list(first.shape[1:]) == list(second.shape[1:]):
-        return paddle.concat([first, second], axis=0) if isinstance(first, paddle.Tensor) else np.concatenate([first, second], axis=0)
-    target = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
-
-    def padded(x):
-        widths = [(0, 0)] + [(0, t - s) for s, t in zip(x.shape[1:], target)]
-        if isinstance(x, paddle.Tensor):
-            # paddle.nn.functional.pad wants NCHW-style layouts; numpy's pad takes any rank, and evaluation
-            # outputs go to the host anyway.
-            return paddle.to_tensor(np.pad(x.numpy(), widths, constant_values=padding_index))
-        return np.pad(x, widths, constant_values=padding_index)
-
-    a, b = padded(first), padded(second)
-    return paddle.concat([a, b], axis=0) if isinstance(a, paddle.Tensor) else np.concatenate([a, b], axis=0)
+    first = parts[0]
+    if any(len(p.shape) != len(first.shape) for p in parts):
+        raise ValueError(f"cannot concatenate outputs with different numbers of axes: shapes "
+                         f"{[list(p.shape) for p in parts]}; every batch's output needs the same number of axes "
+                         f"(the sizes after axis 0 may differ: they are padded with {padding_index})")
+    is_tensor = isinstance(first, paddle.Tensor)
+    if all(list(p.shape[1:]) == list(first.shape[1:]) for p in parts):
+        return paddle.concat(list(parts), axis=0) if is_tensor else np.concatenate(parts, axis=0)
+    shape = [sum(p.shape[0] for p in parts)] + [max(p.shape[i] for p in parts) for i in range(1, len(first.shape))]
+    if is_tensor:
+        out = paddle.full(shape, padding_index, dtype=first.dtype)
+    else:
+        out = np.full(shape, padding_index, dtype=np.result_type(*parts))
+    row = 0
+    for p in parts:
+        out[(slice(row, row + p.shape[0]),) + tuple(slice(0, n) for n in p.shape[1:])] = p
+        row += p.shape[0]
+    return out
 
 
 def nested_concat(tensors, new_tensors, padding_index: int = -100):
@@ -61,7 +70,7 @@ def nested_concat(tensors, new_tensors, padding_index: int = -100):
     if isinstance(tensors, dict):
         return type(tensors)((k, nested_concat(v, new_tensors[k], padding_index)) for k, v in tensors.items())
     if isinstance(tensors, (paddle.Tensor, np.ndarray)):
-        return pad_and_concatenate(tensors, new_tensors, padding_index)
+        return concat_padded([tensors, new_tensors], padding_index)
     return np.concatenate([np.atleast_1d(tensors), np.atleast_1d(new_tensors)])
 
 
@@ -76,7 +85,7 @@ def nested_numpify(tensors):
     def numpify(t):
         if isinstance(t, paddle.Tensor):
             if t.dtype in (paddle.float16, paddle.bfloat16):
-                t = t.astype("float32")
+                t = t.astype("float32")  # a bf16 tensor's .numpy() is its raw uint16 bits, not its values
             return t.numpy()
         return np.asarray(t)
 

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Dict
 
-from ..data import sum_over_data_ranks
+from ..data.gather import sum_over_data_ranks
 
 __all__ = ["TrainerResults", "format_metrics", "print_metrics", "save_metrics"]
 

@@ -14,7 +14,7 @@ import pytest
 import paddletrainer
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
-from paddletrainer.data import SubclassBatchSampler
+from paddletrainer.data import WholeStepBatchSampler
 from paddletrainer.metrics import MetricsCallback
 from paddletrainer.runtime import RobustnessCallback
 
@@ -189,12 +189,12 @@ def test_subclass_train_sampler_decides_the_data_order(tmp_path):
 
 def test_subclass_sampler_is_cut_to_whole_steps_and_skips_on_resume():
     inner = paddle.io.BatchSampler(list(range(10)), batch_size=2, shuffle=False)  # 5 micro-batches
-    sampler = SubclassBatchSampler(inner, batch_size=2, data_world_size=1, step_span=4)  # 2 per step
+    sampler = WholeStepBatchSampler(inner, batch_size=2, data_world_size=1, step_span=4)  # 2 per step
     assert sampler.samples_per_epoch() == 8 and list(sampler) == [[0, 1], [2, 3], [4, 5], [6, 7]]
     sampler.set_epoch(0, consumed_in_epoch=4)
     assert list(sampler) == [[4, 5], [6, 7]]
     with pytest.raises(ValueError, match="no len"):
-        SubclassBatchSampler(iter([[0]]), batch_size=1, data_world_size=1, step_span=1)
+        WholeStepBatchSampler(iter([[0]]), batch_size=1, data_world_size=1, step_span=1)
 
 
 def test_subclass_eval_sampler_is_used_and_evaluation_loop_takes_a_plain_iterator(tmp_path):

@@ -1,0 +1,139 @@
+"""Collation: samples → one batch (``default_data_collator``, ``DataCollatorWithPadding``), and the batch keys the
+model takes (``forward_parameters``; ``ColumnFilter`` and ``remove_unused_columns`` for ``remove_unused_columns``)."""
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+import paddle
+from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+__all__ = ["default_data_collator", "DataCollatorWithPadding", "forward_parameters", "forward_argument_names",
+           "ColumnFilter", "remove_unused_columns"]
+
+logger = logging.getLogger("paddletrainer.data")  # the package's logger name before the split: filters keep working
+
+
+def _stack(values: Sequence[Any]) -> np.ndarray:
+    first = values[0]
+    if isinstance(first, paddle.Tensor):
+        return np.stack([v.numpy() for v in values])
+    return np.stack([np.asarray(v) for v in values])
+
+
+def default_data_collator(features: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+    """Stacks equal-shaped fields of a list of dict samples into numpy arrays.
+
+    ``label``/``label_ids`` are renamed to ``labels`` (the name models take), as in PaddleNLP/HF. Non-numeric
+    fields (strings) are left out.
+    """
+    if not isinstance(features[0], dict):
+        raise TypeError(f"default_data_collator expects dict samples, got {type(features[0]).__name__}")
+    batch: Dict[str, np.ndarray] = {}
+    for key in features[0]:
+        values = [f[key] for f in features]
+        if values[0] is None or isinstance(values[0], str):
+            continue
+        name = "labels" if key in ("label", "label_ids") else key
+        batch[name] = _stack(values)
+    if "labels" in batch and batch["labels"].dtype.kind in "iub":
+        batch["labels"] = batch["labels"].astype("int64")  # class ids; float labels (regression) stay float
+    return batch
+
+
+@dataclass
+class DataCollatorWithPadding:
+    """Pads ``input_ids``/``token_type_ids``/``attention_mask``-style fields to the longest sample of the batch
+    (or ``max_length``, or a multiple of ``pad_to_multiple_of``), then stacks like ``default_data_collator``.
+
+    Uses ``tokenizer.pad_token_id`` (0 when absent) for ids and 0 for masks and type ids; labels that are
+    sequences are padded with -100 so losses ignore them.
+    """
+
+    tokenizer: Any = None
+    padding: Any = True
+    max_length: Optional[int] = None
+    pad_to_multiple_of: Optional[int] = None
+    return_tensors: str = "np"
+    label_pad_token_id: int = -100
+
+    def _pad_value(self, key: str) -> int:
+        if key in ("labels", "label", "label_ids"):
+            return self.label_pad_token_id
+        if key == "input_ids":
+            pad = getattr(self.tokenizer, "pad_token_id", None)
+            return 0 if pad is None else int(pad)
+        return 0
+
+    def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+        seq_keys = [k for k, v in features[0].items() if isinstance(v, (list, tuple, np.ndarray)) and np.ndim(v) == 1]
+        if seq_keys and self.padding:
+            longest = max(len(f[k]) for f in features for k in seq_keys)
+            target = self.max_length if self.padding == "max_length" and self.max_length else longest
+            if self.pad_to_multiple_of:
+                target = -(-target // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            padded = []
+            for f in features:
+                g = dict(f)
+                for k in seq_keys:
+                    v = list(f[k])[:target]
+                    g[k] = v + [self._pad_value(k)] * (target - len(v))
+                padded.append(g)
+            features = padded
+        return default_data_collator(features)
+
+
+def forward_parameters(model: paddle.nn.Layer) -> Optional[List[str]]:
+    """The named parameters of the model's ``forward`` in order, or None when the batch keys it accepts are
+    unknown (``**kwargs``, or a ``PipelineLayer``, whose ``forward(input, chunk_id)`` is not the batch's
+    signature) — then nothing is removed and nothing is checked."""
+    if isinstance(model, PipelineLayer):
+        return None
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind == p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind != p.VAR_POSITIONAL]
+
+
+def forward_argument_names(model: paddle.nn.Layer) -> Optional[set]:
+    """:func:`forward_parameters` as a set."""
+    names = forward_parameters(model)
+    return None if names is None else set(names)
+
+
+class ColumnFilter:
+    """Wraps a collator so the *batch* only keeps keys the model's forward accepts (``remove_unused_columns``).
+
+    The collator itself sees the dataset's samples untouched (PaddleNLP's contract: a collator may read raw
+    fields such as ``text`` that the model never takes); what it returns is filtered. Label keys are kept even
+    if the forward does not take them: a criterion needs them.
+    """
+
+    def __init__(self, collator: Callable, allowed: set, keep: Sequence[str]):
+        self.collator = collator
+        self.allowed = set(allowed) | set(keep) | {"label", "label_ids"}
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        if isinstance(batch, dict):
+            return {k: v for k, v in batch.items() if k in self.allowed}
+        return batch
+
+
+def remove_unused_columns(dataset, allowed: Optional[set], keep: Sequence[str], description: str = "training"):
+    """PaddleNLP's column removal: a Hugging Face ``datasets.Dataset`` loses the columns the model's forward
+    does not take (labels kept); any other dataset is returned as is (its samples reach the collator whole)."""
+    if allowed is None or type(dataset).__module__.split(".")[0] != "datasets" or not hasattr(dataset, "column_names"):
+        return dataset
+    wanted = set(allowed) | set(keep) | {"label", "label_ids"}
+    unused = [c for c in dataset.column_names if c not in wanted]
+    if not unused:
+        return dataset
+    logger.info("The following columns in the %s set don't have a corresponding argument in "
+                                     "the model's forward and have been ignored: %s", description, ", ".join(unused))
+    return dataset.remove_columns(unused)
+
+

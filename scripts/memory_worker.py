@@ -66,7 +66,7 @@ def mem_now() -> int:
         import paddle
 
         return int(paddle.device.cuda.memory_allocated())
-    from paddletrainer.metrics.memory_tracker import current_rss_bytes
+    from paddletrainer.metrics.process_memory import current_rss_bytes
 
     return current_rss_bytes()
 

@@ -30,6 +30,7 @@ from .layout import AXES, Axis, Layout, coordinates_of
 _PADDLE_NAMES = {
     "Topology": "topology", "init_topology": "topology", "get_topology": "topology", "hybrid_order": "topology",
     "build_strategy": "topology", "check_cpu_options": "topology", "needs_cpu_backend": "topology",
+    "reset_for_tests": "topology",
     "parallelize": "apply", "wrap_captures_accumulation": "apply",
     "ParallelOptimizer": "optimizer",
     "apply_data_parallel": "data_parallel", "no_sync": "data_parallel",

@@ -423,6 +423,13 @@ def is_installed() -> bool:
     return _INSTALLED
 
 
+def _reset_for_tests() -> None:
+    """Drop the per-group stores (``parallel.topology.reset_for_tests`` is the one caller; no group may use them).
+    ``_INSTALLED`` stays: the patches stay in Paddle, and installing again would wrap Paddle's functions twice."""
+    _GROUP_STORES.clear()
+    _PENDING_GROUP_RANKS.ranks = None
+
+
 def install() -> None:
     """Apply every CPU fill (idempotent). Call before ``fleet.init`` so the group stores take effect."""
     global _INSTALLED

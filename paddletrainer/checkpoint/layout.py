@@ -323,7 +323,7 @@ def whole_weight_map(index: dict) -> Tuple[Optional[Dict[str, str]], str]:
     "Whole" means one piece per tensor holding all of it under its bare name: no tensor-parallel split and
     no stage-3 flat slices (pipeline stages and sharding stages 1/2 keep weights whole). bfloat16 weights do
     not qualify: numpy has no bfloat16, so their files label them ``U16`` and another reader would take the
-    bits for integers (``scripts/merge_checkpoint.py`` exports them as ``model_state.pdparams``).
+    bits for integers (``paddletrainer-merge-checkpoint`` exports them as ``model_state.pdparams``).
     The map is what ``model.safetensors.index.json`` needs to make the checkpoint loadable by ``from_pretrained``.
     """
     weight_map: Dict[str, str] = {}

@@ -36,11 +36,14 @@ OPTIONAL_IMPORTS = {
     "tensorboardX": ("tensorboard", "tensorboardx"),  # report_to tensorboard
     "wandb": ("wandb", "wandb"),  # report_to wandb
     "isal": ("fast", "isal"),  # faster crc32; zlib gives the same values without it
-    "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama
+    "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama, the pretrain-data tokenizer
+    "sentencepiece": ("examples", "sentencepiece"),  # paddletrainer-build-pretrain-data --train_tokenizer
 }
 CONSOLE_SCRIPTS = {"paddletrainer-launch": "paddletrainer.launch:main",
                    "paddletrainer-merge-checkpoint": "paddletrainer.tools.merge_checkpoint:main",
-                   "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main"}
+                   "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main",
+                   "paddletrainer-build-pretrain-data": "paddletrainer.tools.build_pretrain_data:main",
+                   "paddletrainer-export-paddlenlp-unified": "paddletrainer.tools.export_paddlenlp_unified:main"}
 
 
 def normalize(name: str) -> str:

@@ -16,11 +16,11 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Union
 
-import numpy as np
 import paddle
 
 from .data import EvalBatchSampler, IterableDatasetShard, gather_in_dataset_order, sum_over_data_ranks
 from .data.nested import distributed_concat
+from .data.nested import nested_numpify as to_numpy  # the one tensor -> NumPy conversion (bf16 via float32)
 from .parallel import pipeline
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
@@ -28,17 +28,6 @@ __all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "to_numpy"
            "run_loop"]
 
 logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one place to configure or silence
-
-
-def to_numpy(value):
-    """Tensors (or nested tuples/lists of them) as NumPy arrays."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_numpy(v) for v in value)
-    if isinstance(value, paddle.Tensor):
-        if value.dtype in (paddle.bfloat16, paddle.float16):
-            value = value.astype("float32")  # a bf16 tensor's .numpy() is its raw uint16 bits, not its values
-        return value.numpy()
-    return np.asarray(value)
 
 
 RealBatches = Union[None, int, Callable[[], Optional[int]]]

@@ -29,6 +29,7 @@ from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from ..parallel.collectives import all_gather_object_over_data_group
 from ..trainer_utils import has_length
+from .nested import concat_padded
 
 logger = logging.getLogger(__name__)
 
@@ -469,18 +470,6 @@ def close_batches(batches, timeout: float = 30.0) -> None:
 
 
 # --------------------------------------------------------------------------------------- gathering
-def _concat_padded(arrays: List[np.ndarray], pad_value=-100) -> np.ndarray:
-    """Concatenate along axis 0, padding later axes to the largest size (variable sequence lengths)."""
-    if all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
-        return np.concatenate(arrays, axis=0)
-    target = np.max([a.shape for a in arrays], axis=0)
-    padded = []
-    for a in arrays:
-        widths = [(0, 0)] + [(0, int(t - s)) for s, t in zip(a.shape[1:], target[1:])]
-        padded.append(np.pad(a, widths, constant_values=pad_value))
-    return np.concatenate(padded, axis=0)
-
-
 def interleave_rank_batches(per_rank: List[List[Any]], num_samples: Optional[int] = None) -> Any:
     """Undo the eval split: batch k of rank 0, batch k of rank 1, ... is the dataset's order (see module doc).
 
@@ -490,9 +479,9 @@ def interleave_rank_batches(per_rank: List[List[Any]], num_samples: Optional[int
     ordered = [batches[k] for k in range(max(len(b) for b in per_rank)) for batches in per_rank if k < len(batches)]
     if isinstance(ordered[0], (tuple, list)):
         return type(ordered[0])(
-            _concat_padded([b[i] for b in ordered])[:num_samples] for i in range(len(ordered[0]))
+            concat_padded([b[i] for b in ordered])[:num_samples] for i in range(len(ordered[0]))
         )
-    return _concat_padded(ordered)[:num_samples]
+    return concat_padded(ordered)[:num_samples]
 
 
 def gather_in_dataset_order(batches: List[Any], topology, num_samples: Optional[int] = None) -> Any:

@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 
 __all__ = ["nested_concat", "nested_numpify", "nested_truncate", "nested_detach", "distributed_concat",
-           "pad_and_concatenate"]
+           "pad_and_concatenate", "concat_padded"]
 
 
 def _map(fn, value):
@@ -25,26 +25,27 @@ def _map(fn, value):
     return fn(value)
 
 
+def concat_padded(arrays, padding_index: int = -100) -> np.ndarray:
+    """NumPy arrays joined on axis 0. When their later axes differ (variable sequence lengths across batches), each
+    is first padded with ``padding_index`` up to the largest size on every later axis. The one home of that rule:
+    :func:`pad_and_concatenate` and the evaluation gathering (``data.interleave_rank_batches``) use it."""
+    if all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
+        return np.concatenate(arrays, axis=0)
+    target = np.max([a.shape for a in arrays], axis=0)
+    return np.concatenate([np.pad(a, [(0, 0)] + [(0, int(t - s)) for s, t in zip(a.shape[1:], target[1:])],
+                                  constant_values=padding_index) for a in arrays], axis=0)
+
+
 def pad_and_concatenate(first, second, padding_index: int = -100):
-    """``first`` and ``second`` (both paddle Tensors or both NumPy arrays) joined on axis 0.
-
-    When the later axes differ (variable sequence lengths across batches), both are first padded with
-    ``padding_index`` up to the larger size on every later axis.
-    """
+    """``first`` and ``second`` (both paddle Tensors or both NumPy arrays) joined on axis 0, later axes padded with
+    ``padding_index`` where they differ (:func:`concat_padded`)."""
+    if not isinstance(first, paddle.Tensor):
+        return concat_padded([first, second], padding_index)
     if len(first.shape) <= 1 or list(first.shape[1:]) == list(second.shape[1:]):
-        return paddle.concat([first, second], axis=0) if isinstance(first, paddle.Tensor) else np.concatenate([first, second], axis=0)
-    target = [max(a, b) for a, b in zip(first.shape[1:], second.shape[1:])]
-
-    def padded(x):
-        widths = [(0, 0)] + [(0, t - s) for s, t in zip(x.shape[1:], target)]
-        if isinstance(x, paddle.Tensor):
-            # paddle.nn.functional.pad wants NCHW-style layouts; numpy's pad takes any rank, and evaluation
-            # outputs go to the host anyway.
-            return paddle.to_tensor(np.pad(x.numpy(), widths, constant_values=padding_index))
-        return np.pad(x, widths, constant_values=padding_index)
-
-    a, b = padded(first), padded(second)
-    return paddle.concat([a, b], axis=0) if isinstance(a, paddle.Tensor) else np.concatenate([a, b], axis=0)
+        return paddle.concat([first, second], axis=0)
+    # paddle.nn.functional.pad wants NCHW-style layouts; numpy's pad takes any rank, and evaluation outputs go to
+    # the host anyway.
+    return paddle.to_tensor(concat_padded([first.numpy(), second.numpy()], padding_index))
 
 
 def nested_concat(tensors, new_tensors, padding_index: int = -100):
@@ -71,7 +72,9 @@ def nested_detach(tensors):
 
 
 def nested_numpify(tensors):
-    """Every leaf as a NumPy array on the host; float16/bfloat16 become float32 (NumPy has no bfloat16)."""
+    """Every leaf as a NumPy array on the host; float16/bfloat16 become float32 (NumPy has no bfloat16: a bf16
+    tensor's ``.numpy()`` is its raw uint16 bits, not its values). The evaluation loop's conversion too
+    (``trainer_evaluation.to_numpy`` is this function)."""
 
     def numpify(t):
         if isinstance(t, paddle.Tensor):

@@ -12,8 +12,8 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   ``parallel.sharding.SplitParamSharding``); their states are saved/loaded as that range.
 * anything else can declare itself with a ``ckpt_placement`` attribute
   holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
-* optimizer: :func:`~paddletrainer.parallel.wrappers.unwrap_optimizer` gives the Paddle optimizer, whose ``_accumulators`` hold
-  exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
+* optimizer: :func:`~paddletrainer.parallel.wrappers.unwrap_optimizer` gives the Paddle optimizer, whose
+  ``_accumulators`` hold exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
 * sharding offload: the fp32 master weights live on the parameters (``param.master_weight``), not in the
   optimizer; they are saved as the parameters' ``master_weight`` states (:func:`offload_master_weights`).
 """
@@ -31,7 +31,7 @@ from paddle.base.framework import EagerParamBase
 
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
-from ..parallel.wrappers import unwrap_model, unwrap_optimizer  # noqa: F401 (checkpoint.files imports unwrap_model here)
+from ..parallel.wrappers import unwrap_model, unwrap_optimizer  # noqa: F401 (checkpoint.files: unwrap_model)
 from .layout import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
                      tp_placement)
 

@@ -22,7 +22,8 @@ from paddletrainer.metrics import (
 
 
 def read_visualdl(logdir):
-    """The one vdlrecords file in logdir, as a LogReader (the file form: with VisualDL 2.5.3 the server-style ``LogReader(logdir=)`` returns no scalars)."""
+    """The one vdlrecords file in logdir, as a LogReader (the file form: with VisualDL 2.5.3 the server-style
+    ``LogReader(logdir=)`` returns no scalars)."""
     (path,) = glob.glob(os.path.join(logdir, "vdlrecords.*.log"))
     return LogReader(file_path=path)
 

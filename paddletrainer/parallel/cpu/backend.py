@@ -424,8 +424,7 @@ def is_installed() -> bool:
 
 
 def _reset_for_tests() -> None:
-    """Drop the per-group stores (``parallel.topology.reset_for_tests`` is the one caller; no group may use them).
-    ``_INSTALLED`` stays: the patches stay in Paddle, and installing again would wrap Paddle's functions twice."""
+    """Drop the group stores (for ``topology.reset_for_tests``; the patches and ``_INSTALLED`` stay: see there)."""
     _GROUP_STORES.clear()
     _PENDING_GROUP_RANKS.ranks = None
 

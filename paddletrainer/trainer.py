@@ -48,7 +48,7 @@ from .data.sampling import GlobalBatchSampler
 from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (public here as paddletrainer.trainer.*)
 from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
-from .metrics.memory_tracker import MemoryTracker
+from .metrics.process_memory import MemoryTracker
 from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
 from .metrics.results import TrainerResults
 from .metrics.writers import check_report_to

@@ -284,7 +284,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "Only tensor/pipeline rank 0 reads data and broadcasts it (forced off without tp or pp)."))
     unified_checkpoint: Optional[bool] = field(default=False, metadata=_help(
         "PaddleNLP's unified checkpoint. Ours are always layout-independent; PaddleNLP's unified files are not "
-        "written (a warning says so; scripts/export_paddlenlp_unified.py converts a checkpoint) and are read "
+        "written (a warning says so; paddletrainer-export-paddlenlp-unified converts a checkpoint) and are read "
         "whatever this option says."))
     to_static: Optional[bool] = field(default=False, metadata=_help(
         "Train in static-graph mode. Not supported by paddletrainer: must stay False."))

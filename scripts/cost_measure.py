@@ -180,7 +180,8 @@ def measure_worker(a) -> None:
     import paddle
 
     from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-    from paddletrainer.checkpoint.local_state import model_tensors, topology_info, unwrap_optimizer
+    from paddletrainer.checkpoint.local_state import model_tensors, topology_info
+    from paddletrainer.parallel.wrappers import unwrap_optimizer
 
     logging.disable(logging.WARNING)
     from paddletrainer.runtime.device import has_accelerator

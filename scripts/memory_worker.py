@@ -66,7 +66,7 @@ def mem_now() -> int:
         import paddle
 
         return int(paddle.device.cuda.memory_allocated())
-    from paddletrainer.metrics.memory_tracker import current_rss_bytes
+    from paddletrainer.metrics.process_memory import current_rss_bytes
 
     return current_rss_bytes()
 
@@ -161,7 +161,7 @@ def count_model_side(model_wrapped, optimizer) -> dict:
 
 
 def count_optimizer_side(optimizer, taken: list, everything: list) -> dict:
-    from paddletrainer.checkpoint.local_state import unwrap_optimizer
+    from paddletrainer.parallel.wrappers import unwrap_optimizer
 
     inner = unwrap_optimizer(optimizer)
     accs = [t for kind in (getattr(inner, "_accumulators", None) or {}).values() for t in kind.values()]

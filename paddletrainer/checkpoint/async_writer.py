@@ -22,10 +22,6 @@ class AsyncWriter:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="paddletrainer-ckpt-writer")
         self._job: Optional[Future] = None
 
-    @property
-    def busy(self) -> bool:
-        return self._job is not None
-
     def submit(self, fn: Callable[[], Any]) -> None:
         """Run ``fn`` in the background (after finishing the previous job; its errors surface here)."""
         self.wait()

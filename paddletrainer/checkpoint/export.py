@@ -61,7 +61,7 @@ def export_for_from_pretrained(
     if peft:
         raise L.CheckpointError(
             f"{ckpt_dir} is a {peft['type']} checkpoint: it holds the adapters only, not the base model; merge it into "
-            "its base with scripts/merge_checkpoint.py --base-model <base dir> (checkpoint.peft.export_merged_lora)")
+            "its base with paddletrainer-merge-checkpoint --base-model <base dir> (checkpoint.peft.export_merged_lora)")
     state = merged_model_state(ckpt_dir)
     os.makedirs(out_dir, exist_ok=True)
     if any(dt == "bfloat16" for _, dt in state.values()):

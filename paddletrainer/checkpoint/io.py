@@ -170,7 +170,7 @@ class Checkpointer:
         local, mine, uid, error = _plan_pieces(ckpt_dir, topo, model, optimizer)  # plan: no collective
         plan = self._gather_writers(topo, mine, uid, error)  # gather: one all_gather, or one all-reduce on a repeat
         plan.saves += 1
-        tmp_dir = ckpt_dir + L.TMP_INFIX + f"{plan.run_id}-{plan.saves}"
+        tmp_dir = L.tmp_dir_name(ckpt_dir, f"{plan.run_id}-{plan.saves}")
         # 4. what this rank writes: tensors (copied later when async, see snapshot), small state as bytes now
         mine_by_file: Dict[str, dict] = {}
         for e in plan.assigned[topo.rank]:

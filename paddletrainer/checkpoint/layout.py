@@ -31,7 +31,6 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 # Directory naming and the completion marker are shared with trainer_utils.get_last_checkpoint.
 from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
-from ..parallel.layout import Layout
 # defined there (the one home of checkpoint naming, importable without paddle); re-exported as L.*
 from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME, PREFIX_CHECKPOINT_DIR  # noqa: F401
 from ..trainer_utils import checkpoint_dir_name, parse_checkpoint_step  # noqa: F401
@@ -94,12 +93,6 @@ def optimizer_file_name(tp_rank: int, pp_rank: int, sharding_rank: int) -> str:
     return f"optimizer.{rank_suffix(tp_rank, pp_rank, sharding_rank)}.safetensors"
 
 
-def rank_coords(dp_rank: int, sharding_rank: int, tp_rank: int, pp_rank: int) -> str:
-    """Key of per-rank state (RNG): the full coordinates, so it can only be restored into the same cell
-    (``Layout.cell_name``, which the checkpoint calls with a topology's coordinates)."""
-    return Layout(world_size=1).cell_name({"dp": dp_rank, "sharding": sharding_rank, "tp": tp_rank, "pp": pp_rank})
-
-
 def rng_file_name(coords: str) -> str:
     return f"rng_state.{coords}.json"
 
@@ -139,8 +132,9 @@ def split_optim_key(key: str) -> Tuple[str, str]:
     return name, kind
 
 
-def tmp_dir_name(step: int, unique_id: str) -> str:
-    return f"{PREFIX_CHECKPOINT_DIR}-{step}{TMP_INFIX}{unique_id}"
+def tmp_dir_name(ckpt_dir: str, unique_id: str) -> str:
+    """Where a save into ``ckpt_dir`` writes before it is published (``checkpoint-N.tmp-<id>`` beside it)."""
+    return f"{ckpt_dir}{TMP_INFIX}{unique_id}"
 
 
 def is_tmp_dir_name(dir_name: str) -> bool:
@@ -170,10 +164,6 @@ class Placement:
     offsets: Tuple[int, ...]
     shape: Tuple[int, ...]
     flat: Optional[Tuple[int, int]] = None
-
-    @property
-    def is_full(self) -> bool:
-        return self.flat is None and tuple(self.shape) == tuple(self.global_shape)
 
     @property
     def local_numel(self) -> int:
@@ -327,21 +317,13 @@ def build_index(
     return index
 
 
-def check_index(index: dict) -> None:
-    """Reject what this code cannot read (other formats, newer versions)."""
-    if index.get("format") != FORMAT_NAME:
-        raise CheckpointError(f"not a {FORMAT_NAME} index (format={index.get('format')!r})")
-    if int(index.get("version", 0)) > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint format version {index['version']} is newer than {FORMAT_VERSION}")
-
-
 def whole_weight_map(index: dict) -> Tuple[Optional[Dict[str, str]], str]:
     """``({state_dict name: file}, "")`` when every model tensor is stored whole, else ``(None, why not)``.
 
     "Whole" means one piece per tensor holding all of it under its bare name: no tensor-parallel split and
     no stage-3 flat slices (pipeline stages and sharding stages 1/2 keep weights whole). bfloat16 weights do
     not qualify: numpy has no bfloat16, so their files label them ``U16`` and another reader would take the
-    bits for integers (``scripts/merge_checkpoint.py`` exports them as ``model_state.pdparams``).
+    bits for integers (``paddletrainer-merge-checkpoint`` exports them as ``model_state.pdparams``).
     The map is what ``model.safetensors.index.json`` needs to make the checkpoint loadable by ``from_pretrained``.
     """
     weight_map: Dict[str, str] = {}
@@ -376,11 +358,6 @@ _DTYPE_BYTES = {"float64": 8, "int64": 8, "uint64": 8, "float32": 4, "int32": 4,
                 "bfloat16": 2, "int16": 2, "uint16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
-def placement_of_piece(piece: dict, global_shape: Sequence[int]) -> Placement:
-    flat = tuple(piece["flat"]) if piece.get("flat") else None
-    return Placement(tuple(global_shape), tuple(piece["offsets"]), tuple(piece["shape"]), flat)
-
-
 def pieces_for(index: dict, key: str, target: Placement) -> List[dict]:
     """Pieces of ``key`` whose box overlaps the target's box (flat pieces are filtered by rows later)."""
     t = index["tensors"][key]
@@ -389,15 +366,6 @@ def pieces_for(index: dict, key: str, target: Placement) -> List[dict]:
         for p in t["pieces"]
         if box_overlap(p["offsets"], p["shape"], target.offsets, target.shape) is not None
     ]
-
-
-def files_for_reads(index: dict, wanted: Dict[str, Placement]) -> List[str]:
-    """Files a rank must open (and verify) to load ``wanted`` — only those, not the whole checkpoint."""
-    files = set()
-    for key, target in wanted.items():
-        if key in index["tensors"]:
-            files.update(p["file"] for p in pieces_for(index, key, target))
-    return sorted(files)
 
 
 def compare_to_index(

@@ -12,8 +12,8 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   ``parallel.sharding.SplitParamSharding``); their states are saved/loaded as that range.
 * anything else can declare itself with a ``ckpt_placement`` attribute
   holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
-* optimizer: unwrap ``_optimizer`` / ``_inner_opt`` / ``_optim`` to the Paddle optimizer, whose ``_accumulators`` hold
-  exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
+* optimizer: :func:`~paddletrainer.parallel.wrappers.unwrap_optimizer` gives the Paddle optimizer, whose
+  ``_accumulators`` hold exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
 * sharding offload: the fp32 master weights live on the parameters (``param.master_weight``), not in the
   optimizer; they are saved as the parameters' ``master_weight`` states (:func:`offload_master_weights`).
 """
@@ -31,7 +31,7 @@ from paddle.base.framework import EagerParamBase
 
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
-from ..parallel.wrappers import unwrap_model  # noqa: F401 (re-exported: checkpoint.files uses it from here)
+from ..parallel.wrappers import unwrap_model, unwrap_optimizer  # noqa: F401 (checkpoint.files: unwrap_model)
 from .layout import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
                      tp_placement)
 
@@ -235,20 +235,6 @@ def offload_master_weights(model, by_param) -> Dict[str, Tuple[LocalTensor, Loca
 
 
 # ------------------------------------------------------------------------------------ optimizer
-def unwrap_optimizer(optimizer):
-    """The Paddle optimizer that owns ``_accumulators`` (under HybridParallelOptimizer/sharding wrappers)."""
-    seen = set()
-    while optimizer is not None and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        d = vars(optimizer)  # not getattr: some wrappers forward unknown attributes to the inner optimizer
-        # paddletrainer's ParallelOptimizer, HybridParallelOptimizer / DygraphShardingOptimizer, GroupSharded*
-        inner = d.get("_optimizer") or d.get("_inner_opt") or d.get("_optim")
-        if inner is None:
-            break
-        optimizer = inner
-    return optimizer
-
-
 def ensure_accumulators(optimizer) -> None:
     """Create the accumulators of a fresh optimizer (they are lazy) so loading can fill them in place.
 

@@ -2,7 +2,8 @@
 
 The Trainer never writes PaddleNLP's unified files itself: our format is already layout-independent, and
 ``--unified_checkpoint true`` only warns (see :func:`paddletrainer.config.paddlenlp_options.parse_unified_checkpoint_options`).
-This export is how a run continues under PaddleNLP's Trainer (``scripts/export_paddlenlp_unified.py``).
+This export is how a run continues under PaddleNLP's Trainer (``paddletrainer-export-paddlenlp-unified``,
+:mod:`paddletrainer.tools.export_paddlenlp_unified`).
 
 Written into ``out_dir`` (PaddleNLP's names, one file each): ``model-00001-of-00001.safetensors`` and
 ``model.safetensors.index.json``; ``optimizer-00001-of-00001.safetensors`` with ``<structured name>/<state>_0``

@@ -10,7 +10,7 @@ from the model construction, never from a checkpoint), so:
   ``lora_config.json``, the model's ``config.json`` and the adapters, merged over tensor-parallel ranks, as
   safetensors under PaddleNLP's PEFT index ``peft_model.safetensors.index.json`` (the loader's no-pickle path;
   it splits the merged tensors again for a tensor-parallel model);
-* ``scripts/merge_checkpoint.py --base-model DIR`` turns a LoRA checkpoint into a plain ``from_pretrained``
+* ``paddletrainer-merge-checkpoint --base-model DIR`` turns a LoRA checkpoint into a plain ``from_pretrained``
   directory: the base weights with ``W + scaling · A @ B`` (:func:`export_merged_lora`).
 
 The other PEFT types PaddleNLP's Trainer special-cases (prefix tuning, VeRA, LoKr, ReFT) and LoRA variants whose
@@ -140,7 +140,7 @@ def check_index_for_model(ckpt_dir: str, index: dict, model) -> None:
     raise L.CheckpointError(
         f"{ckpt_dir} is a {saved} checkpoint: it holds the {saved} adapters only, not the frozen base; load it into "
         f"the {saved} model of the same base (paddlenlp.peft), or merge it into a plain model with "
-        "scripts/merge_checkpoint.py --base-model <base dir>")
+        "paddletrainer-merge-checkpoint --base-model <base dir>")
 
 
 def _peft_state(ckpt_dir: str) -> Dict[str, tuple]:

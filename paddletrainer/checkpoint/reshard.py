@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, List
+from typing import Callable, Dict
 
 import numpy as np
 from safetensors import safe_open
 
-from .checksum import crc32
 from .layout import (
-    CheckpointCorruptError,
     CheckpointError,
     Placement,
     box_overlap,
@@ -28,56 +25,9 @@ from .layout import (
     row_block_of_flat,
     stored_key,
 )
-from .members import CheckpointPathError, member_path, open_member
+from .members import member_path, open_member
 
-_CHUNK = 16 << 20
 _NP_DTYPES = {"bfloat16": "uint16"}  # numpy has no bfloat16: stored as its bit pattern
-
-
-def file_crc32(path: str) -> int:
-    """crc32 of a file in 16 MiB chunks (the index stores it per file)."""
-    with open(path, "rb") as f:
-        return _crc32_of(f)
-
-
-def _crc32_of(f) -> int:
-    crc = 0
-    while True:
-        b = f.read(_CHUNK)
-        if not b:
-            return crc
-        crc = crc32(b, crc)
-
-
-def verify_files(ckpt_dir: str, index: dict, files: List[str]) -> None:
-    """Size and crc32 of each file against the index; raises naming every bad file.
-
-    Files are checksummed two at a time (file reads release the GIL), which halves the wait when a
-    rank reads several files, e.g. when resharding.
-    """
-    def problem(name: str):
-        meta = index["files"].get(name)
-        if meta is None:
-            return f"{name}: not in the index"
-        try:
-            f, size = open_member(ckpt_dir, name)  # a regular file inside ckpt_dir only
-        except FileNotFoundError:
-            return f"{name}: missing"
-        except CheckpointPathError as e:
-            return e.problem
-        with f:
-            if size != meta["size"]:
-                return f"{name}: size {size} != {meta['size']}"
-            crc = _crc32_of(f)
-        if crc != meta["crc32"]:
-            return f"{name}: crc32 {crc:08x} != {meta['crc32']:08x}"
-        return None
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        found = list(pool.map(problem, files))
-    bad = [(name, detail) for name, detail in zip(files, found) if detail is not None]
-    if bad:
-        raise CheckpointCorruptError(ckpt_dir, [n for n, _ in bad], [d for _, d in bad])
 
 
 class PieceReader:

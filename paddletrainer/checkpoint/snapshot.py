@@ -22,7 +22,7 @@ Where a tensor's bytes are:
 * a device tensor (GPU): a device→host copy into pinned memory, queued on a side stream after an event
   recorded on the compute stream; the wait point makes the compute stream wait for the copy's event (no
   host stall), and the writer thread waits for that event before reading the pinned memory. This path
-  cannot run on a CPU build, so no test here covers it (``scripts/gpu_smoke.py`` saves asynchronously).
+  cannot run on a CPU build, so no test here covers it (``paddletrainer-gpu-smoke`` saves asynchronously).
 
 Host buffers are reused by the next async save when names, shapes and dtypes match: the first touch of
 fresh memory (page faults) costs several times a copy into memory already mapped.

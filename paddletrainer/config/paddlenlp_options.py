@@ -31,7 +31,7 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   ``should_load_dataset`` is true on every rank and scripts that build datasets only where it is true work.
 * Accepted without effect, because they tune machinery paddletrainer does not use or have no behaviour of
   their own: ``unified_checkpoint`` (a warning says so: our format is written, PaddleNLP's unified one is read
-  whatever it says, ``scripts/export_paddlenlp_unified.py`` converts ours), the ``unified_checkpoint_config``/
+  whatever it says, ``paddletrainer-export-paddlenlp-unified`` converts ours), the ``unified_checkpoint_config``/
   ``save_sharded_model``/``load_sharded_model``/``force_reshard_pp`` family (every checkpoint is sharded and
   loads into any layout), ``release_grads``, ``ordered_save_group_size``,
   ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``output_signal_dir``,
@@ -266,7 +266,7 @@ def refuse_unproven_parallel_options(degrees, pipeline: FrozenSet[str], sharding
 UNIFIED_CHECKPOINT_WRITES = (
     "unified_checkpoint=True: paddletrainer writes its own checkpoint format, which already loads into any layout; "
     "it does not write PaddleNLP's unified files, so PaddleNLP's Trainer cannot resume these checkpoints as they "
-    "are: convert one with `python scripts/export_paddlenlp_unified.py <checkpoint-N> <new dir>`. A PaddleNLP "
+    "are: convert one with `paddletrainer-export-paddlenlp-unified <checkpoint-N> <new dir>`. A PaddleNLP "
     "unified checkpoint named as resume_from_checkpoint is read whatever this option says")
 
 

@@ -1,4 +1,5 @@
-"""Memory-mapped causal-LM pretraining dataset over the token files of ``scripts/build_pretrain_data.py``.
+"""Memory-mapped causal-LM pretraining dataset over the token files of ``paddletrainer-build-pretrain-data``
+(:mod:`paddletrainer.tools.build_pretrain_data`).
 
 Packing: the documents (each already ending in EOS) form one token stream of length T. Sample i is the
 window ``ids[i*L : i*L + L + 1]`` with L = ``max_seq_length``; ``input_ids`` is its first L tokens and
@@ -21,12 +22,12 @@ def resolve_prefix(path):
         if len(found) != 1:
             raise FileNotFoundError(
                 f"{path} must contain exactly one *.ids.npy (found {len(found)}); build one with "
-                f"scripts/build_pretrain_data.py or pass the file prefix instead")
+                f"paddletrainer-build-pretrain-data or pass the file prefix instead")
         return found[0][: -len(".ids.npy")]
     if path.endswith(".ids.npy"):
         path = path[: -len(".ids.npy")]
     if not os.path.exists(path + ".ids.npy"):
-        raise FileNotFoundError(f"no token file {path}.ids.npy; build it with scripts/build_pretrain_data.py")
+        raise FileNotFoundError(f"no token file {path}.ids.npy; build it with paddletrainer-build-pretrain-data")
     return path
 
 

@@ -1,7 +1,7 @@
 """Metrics: writers (VisualDL, JSONL), the callback that feeds them, throughput/FLOPs/MFU, timers, memory."""
 from .callback import (MetricsCallback, TensorBoardCallback, VisualDLCallback, WandbCallback, default_logging_dir,
                        reporting_callbacks, rewrite_logs)
-from .memory import memory_logs, peak_memory_bytes
+from .process_memory import MemoryTracker, current_rss_bytes, memory_logs, peak_memory_bytes
 from .throughput import ThroughputMeter, TokenCounter, batch_counts, causal_lm_flops_per_token, flops_per_token_from_config, flops_per_token_of_model, mfu
 from .timers import PHASES, PhaseTimers
 from .writers import JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, WandbWriter, build_writers
@@ -12,5 +12,5 @@ __all__ = [
     "default_logging_dir", "rewrite_logs",
     "causal_lm_flops_per_token", "flops_per_token_from_config", "flops_per_token_of_model", "mfu", "batch_counts",
     "ThroughputMeter", "TokenCounter",
-    "PhaseTimers", "PHASES", "peak_memory_bytes", "memory_logs",
+    "PhaseTimers", "PHASES", "peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker",
 ]

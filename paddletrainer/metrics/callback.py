@@ -15,8 +15,8 @@ from ..trainer_callback import TrainerCallback
 from ..config.builders import MetricsConfig  # noqa: F401  (built by TrainingArguments: args.metrics_config)
 from ..parallel.wrappers import unwrap_model
 from ..trainer_utils import default_logdir
-from .writers import (JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, _is_number, build_writers,
-                      import_backend, writer_names)
+from .writers import (JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWriter, WandbWriter, _is_number,
+                      build_writers, writer_names)
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class MetricsCallback(TrainerCallback):
     # PaddleNLP's integration callbacks close their writer at the end of train() (and reopen it if something
     # is logged afterwards); the generic callback only flushes, so evaluate() after train() stays in one file.
     close_at_train_end = False
+    # PaddleNLP's per-backend callbacks name their writer class (INTEGRATION_TO_CALLBACK is keyed by its name)
+    writer_class: Optional[type] = None
 
     def __init__(self, report_to=None, logging_dir: Optional[str] = None,
                  writers: Optional[List[MetricsWriter]] = None, every_rank: bool = False):
@@ -161,12 +163,13 @@ class VisualDLCallback(MetricsCallback):
     """
 
     close_at_train_end = True
+    writer_class = VisualDLWriter
 
     def __init__(self, vdl_writer=None, close_at_train_end: bool = True):
         writers = None
         if vdl_writer is not None:
             writers = [VisualDLWriter(log_writer=vdl_writer)]
-        super().__init__(report_to="visualdl", writers=writers)
+        super().__init__(report_to=self.writer_class.name, writers=writers)
         self.close_at_train_end = close_at_train_end
 
     @property
@@ -180,13 +183,14 @@ class TensorBoardCallback(MetricsCallback):
     open from the first ``on_train_begin``/``on_log`` until ``on_train_end`` closes it (None before and after)."""
 
     close_at_train_end = True
+    writer_class = TensorBoardWriter
 
     def __init__(self, tb_writer=None):
-        import_backend("tensorboardX", "tensorboardX", "tensorboard")  # fail at construction, like PaddleNLP
+        self.writer_class.require()  # fail at construction, like PaddleNLP
         writers = None
         if tb_writer is not None:
             writers = [TensorBoardWriter(summary_writer=tb_writer)]
-        super().__init__(report_to="tensorboard", writers=writers)
+        super().__init__(report_to=self.writer_class.name, writers=writers)
 
     @property
     def tb_writer(self):
@@ -203,10 +207,11 @@ class WandbCallback(MetricsCallback):
     """
 
     close_at_train_end = True
+    writer_class = WandbWriter
 
     def __init__(self):
-        self._wandb = import_backend("wandb", "wandb", "wandb")
-        super().__init__(report_to="wandb")
+        self._wandb = self.writer_class.require()
+        super().__init__(report_to=self.writer_class.name)
 
     @property
     def _initialized(self) -> bool:
@@ -214,7 +219,7 @@ class WandbCallback(MetricsCallback):
 
 
 # report_to name -> the callback PaddleNLP installs for it; other names get a MetricsCallback of their own.
-INTEGRATION_TO_CALLBACK = {"visualdl": VisualDLCallback, "tensorboard": TensorBoardCallback, "wandb": WandbCallback}
+INTEGRATION_TO_CALLBACK = {cb.writer_class.name: cb for cb in (VisualDLCallback, TensorBoardCallback, WandbCallback)}
 
 
 def reporting_callbacks(report_to, metrics_output_path: Optional[str] = None, rank: int = 0) -> List[TrainerCallback]:
@@ -226,7 +231,7 @@ def reporting_callbacks(report_to, metrics_output_path: Optional[str] = None, ra
     """
     callbacks: List[TrainerCallback] = []
     for name in writer_names(report_to):
-        if name == "visualdl":  # the default: one record file per run, evaluate() after train() included
+        if name == VisualDLWriter.name:  # the default: one record file per run, evaluate() after train() included
             callbacks.append(VisualDLCallback(close_at_train_end=False))
             continue
         factory = INTEGRATION_TO_CALLBACK.get(name)

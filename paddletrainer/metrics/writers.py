@@ -6,6 +6,10 @@ that owns the run's logs should build them (``MetricsCallback`` does that on wor
 Backends: ``visualdl`` (a requirement), ``jsonl`` (standard library), ``tensorboard`` (``tensorboardX``) and
 ``wandb``. The last two are optional (the package extras ``tensorboard`` and ``wandb``): their library is
 imported when such a writer is created, and a missing one fails with a one-line hint naming the extra.
+
+Each writer class carries its own facts (``name``: its ``report_to`` value; ``library``: the optional library it
+needs; ``in_all``: whether ``report_to=all`` includes it; ``for_run``: how the Trainer builds it); ``WRITERS`` and
+the reporting callbacks' table (``metrics.callback.INTEGRATION_TO_CALLBACK``) are derived from the classes.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from typing import Any, Dict, Iterable, List, Optional, Union
 from ..trainer_utils import normalize_report_to
 
 __all__ = ["MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
-           "WRITERS", "JSONL_FILE_NAME", "import_backend"]
+           "WRITERS", "JSONL_FILE_NAME", "import_backend", "writer_names", "check_report_to"]
 
 JSONL_FILE_NAME = "metrics.jsonl"
 
@@ -54,7 +58,20 @@ def _scalar_hparams(hparams: Dict[str, Any]) -> Dict[str, Any]:
 class MetricsWriter:
     """The writer interface. Subclasses override what their backend supports; the base methods do nothing."""
 
-    name = "base"
+    name = "base"  # the report_to value that selects this writer
+    library: Optional[str] = None  # the optional library (module = pip name = extra's library) it imports
+    in_all = True  # report_to=all includes it (when its library is installed)
+
+    @classmethod
+    def for_run(cls, logdir: str, run_name: Optional[str] = None, run_group: Optional[str] = None) -> "MetricsWriter":
+        """The writer ``report_to=<name>`` opens in ``logdir`` (``run_name``/``run_group`` where the backend
+        names runs)."""
+        return cls(logdir)
+
+    @classmethod
+    def require(cls):
+        """Import this writer's optional library (returned), or fail with one line naming the extra to install."""
+        return import_backend(cls.library, cls.library, cls.name) if cls.library else None
 
     def log_scalars(self, values: Dict[str, float], step: int) -> None:
         """Record each ``tag -> number`` in ``values`` at ``step``."""
@@ -133,6 +150,10 @@ class JsonlWriter(MetricsWriter):
 
     name = "jsonl"
 
+    @classmethod
+    def for_run(cls, logdir, run_name=None, run_group=None):
+        return cls(os.path.join(logdir, JSONL_FILE_NAME))
+
     def __init__(self, path: str):
         parent = os.path.dirname(path)
         if parent:
@@ -174,10 +195,11 @@ class TensorBoardWriter(_SummaryWriter):
     """
 
     name = "tensorboard"
+    library = "tensorboardX"
 
     def __init__(self, logdir: Optional[str] = None, summary_writer=None):
         """Open a ``tensorboardX.SummaryWriter`` in ``logdir``, or wrap the given ``summary_writer``."""
-        import_backend("tensorboardX", "tensorboardX", "tensorboard")
+        self.require()
         if summary_writer is None:
             from tensorboardX import SummaryWriter
 
@@ -202,9 +224,15 @@ class WandbWriter(MetricsWriter):
     """
 
     name = "wandb"
+    library = "wandb"
+    in_all = False  # a W&B run needs an account or WANDB_MODE=offline, so it is only started when named
+
+    @classmethod
+    def for_run(cls, logdir, run_name=None, run_group=None):
+        return cls(logdir, name=run_name, group=run_group)
 
     def __init__(self, logdir: str, name: Optional[str] = None, group: Optional[str] = None):
-        self.wandb = import_backend("wandb", "wandb", "wandb")
+        self.wandb = self.require()
         os.makedirs(logdir, exist_ok=True)
         if self.wandb.run is None:
             self.wandb.init(project=os.getenv("WANDB_PROJECT", "paddletrainer"), name=name, group=group, dir=logdir)
@@ -232,29 +260,21 @@ class WandbWriter(MetricsWriter):
             self.run.finish()
 
 
-# name -> factory(logdir, name=<run name>, group=<run group>). "all" means every local writer whose library is
-# installed (not wandb: a W&B run needs an account or WANDB_MODE=offline, so it is only started when named);
-# "none" means no writer.
-WRITERS = {
-    "visualdl": lambda logdir, **run: VisualDLWriter(logdir),
-    "jsonl": lambda logdir, **run: JsonlWriter(os.path.join(logdir, JSONL_FILE_NAME)),
-    "tensorboard": lambda logdir, **run: TensorBoardWriter(logdir),
-    "wandb": lambda logdir, **run: WandbWriter(logdir, **run),
-}
-# The libraries of the optional writers; "all" skips a writer whose library is not installed.
-_OPTIONAL_LIBRARY = {"tensorboard": "tensorboardX", "wandb": "wandb"}
+# report_to name -> writer class; "all" means every writer with ``in_all`` whose library is installed, "none" no
+# writer.
+WRITERS = {cls.name: cls for cls in (VisualDLWriter, JsonlWriter, TensorBoardWriter, WandbWriter)}
 
 
-def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
-    items = normalize_report_to(report_to)
+def writer_names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
+    """The validated writer names of a ``report_to`` value, in order, without duplicates ("all" expanded)."""
     names: List[str] = []
-    for item in items:
+    for item in normalize_report_to(report_to):
         # "visualdl,jsonl" is accepted too: it is what a CLI or YAML value often looks like.
         for name in str(item).replace(",", " ").split():
             name = name.lower()
             if name == "all":
-                names.extend(n for n in WRITERS if n != "wandb" and (
-                    n not in _OPTIONAL_LIBRARY or importlib.util.find_spec(_OPTIONAL_LIBRARY[n])))
+                names.extend(n for n, cls in WRITERS.items()
+                             if cls.in_all and (cls.library is None or importlib.util.find_spec(cls.library)))
             elif name != "none" and name not in WRITERS:
                 valid = ", ".join(sorted([*WRITERS, "all", "none"]))
                 raise ValueError(f"report_to: unknown writer {name!r}; valid values are {valid}")
@@ -263,16 +283,11 @@ def _names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
     return list(dict.fromkeys(names))  # drop duplicates, keep the order
 
 
-def writer_names(report_to: Union[None, str, Iterable[str]]) -> List[str]:
-    """The validated writer names of a ``report_to`` value, in order, without duplicates ("all" expanded)."""
-    return _names(report_to)
-
-
 def check_report_to(report_to: Union[None, str, Iterable[str]]) -> None:
     """Fail now, with one line, on an unknown writer name or a named writer whose library is not installed —
     so the Trainer can check ``report_to`` before any process group exists (the writers open much later)."""
-    for name in _names(report_to):
-        library = _OPTIONAL_LIBRARY.get(name)
+    for name in writer_names(report_to):
+        library = WRITERS[name].library
         if library is not None and importlib.util.find_spec(library) is None:
             raise ImportError(_install_hint(name, library))
 
@@ -286,7 +301,7 @@ def build_writers(report_to: Union[None, str, Iterable[str]], logdir: Optional[s
     unknown name raises ``ValueError`` (listing the valid ones) without leaving files behind. ``run_name`` and
     ``run_group`` name the run where the backend has such a notion (W&B).
     """
-    names = _names(report_to)
+    names = writer_names(report_to)
     if names and not logdir:
         raise ValueError(f"report_to={report_to!r} needs a logging directory")
-    return [WRITERS[name](logdir, name=run_name, group=run_group) for name in names]
+    return [WRITERS[name].for_run(logdir, run_name=run_name, run_group=run_group) for name in names]

@@ -18,31 +18,30 @@ Typical use (what the Trainer does)::
 paddle); the names below that need paddle are resolved on first use, so importing this package (which Python
 does before any of its modules) stays paddle-free. Every name is also importable from its own module.
 """
-import ast
 import importlib
-from pathlib import Path
 
 from .config import ParallelConfig, resolve_layout
 from .layout import AXES, Axis, Layout, coordinates_of
 
-# The modules that need paddle, imported on first attribute access (PEP 562): the public names of
-# _NAME_MODULES (read from each one's ``__all__`` without importing it, so no table is written by hand) and the
-# _SUBMODULES themselves (``parallel.pipeline``).
-_NAME_MODULES = ("topology", "apply", "optimizer", "data_parallel", "collectives", "clipping")
+# The modules that need paddle, imported on first attribute access (PEP 562). A literal table, not read from
+# the modules' source at import (that breaks a .pyc-only or zipped install); tests/unit/test_parallel_package.py
+# checks it against each module's ``__all__``, and tests/unit/test_import_graph.py reads it as import edges.
+# public name -> the module that defines it
+_PADDLE_NAMES = {
+    "Topology": "topology", "init_topology": "topology", "get_topology": "topology", "hybrid_order": "topology",
+    "build_strategy": "topology", "check_cpu_options": "topology", "needs_cpu_backend": "topology",
+    "reset_for_tests": "topology",
+    "parallelize": "apply", "wrap_captures_accumulation": "apply",
+    "ParallelOptimizer": "optimizer",
+    "apply_data_parallel": "data_parallel", "no_sync": "data_parallel",
+    "mean_over_data_group": "collectives", "all_gather_object": "collectives",
+    "all_gather_object_over_data_group": "collectives", "global_grad_norm": "collectives",
+    "GradientClip": "clipping", "take_gradient_clip": "clipping", "clip_gradients": "clipping",
+    "check_gradient_clip": "clipping", "clip_grad_norm": "clipping",
+}
+# modules reachable as attributes themselves (``parallel.pipeline``)
 _SUBMODULES = ("pipeline",)
 _EAGER = {"AXES", "Axis", "Layout", "ParallelConfig", "resolve_layout", "coordinates_of"}
-
-
-def _exports(module: str):
-    tree = ast.parse((Path(__file__).parent / f"{module}.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
-            return ast.literal_eval(node.value)
-    return []
-
-
-# public name -> the module that defines it
-_PADDLE_NAMES = {name: module for module in _NAME_MODULES for name in _exports(module) if name not in _EAGER}
 
 __all__ = sorted(_EAGER | set(_SUBMODULES) | set(_PADDLE_NAMES))
 

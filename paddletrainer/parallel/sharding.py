@@ -41,6 +41,7 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import 
 from .cpu import backend as cpu_backend
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
+from .wrappers import optimizer_layers
 
 __all__ = ["apply_sharding", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
            "STAGE3_DEFAULT_SEGMENT_SIZE"]
@@ -319,6 +320,11 @@ def check_paddle_stage2_sources() -> None:
                            + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE2_SOURCES.")
 
 
+def _v2_of(optimizer):
+    """The ``DygraphShardingOptimizerV2`` among the optimizers ``optimizer`` wraps, or None."""
+    return next((o for o in optimizer_layers(optimizer) if isinstance(o, DygraphShardingOptimizerV2)), None)
+
+
 class SplitParamSharding:
     """Sharding stage 1 V2 (``split_param``) seen through its comm buffers.
 
@@ -328,11 +334,11 @@ class SplitParamSharding:
     part of that parameter (and of its padding) inside the owned range, and holds state only for it.
 
     Args:
-        optimizer: the ``HybridParallelOptimizer`` fleet returned (its ``_inner_opt`` is the V2 optimizer).
+        optimizer: the ``HybridParallelOptimizer`` fleet returned (it wraps the V2 optimizer).
     """
 
     def __init__(self, optimizer):
-        self._v2 = optimizer._inner_opt
+        self._v2 = _v2_of(optimizer)
         self._views = {}  # param name -> ShardingGradView (index, owned range, gradient slice)
         for buffer in self._v2._comm_buffer_list:
             self._views.update(buffer._sharding_param_grad_view)
@@ -346,8 +352,7 @@ class SplitParamSharding:
     @staticmethod
     def of(optimizer):
         """A :class:`SplitParamSharding` when ``optimizer`` runs V2, else None."""
-        inner = vars(optimizer).get("_inner_opt")
-        return SplitParamSharding(optimizer) if isinstance(inner, DygraphShardingOptimizerV2) else None
+        return SplitParamSharding(optimizer) if _v2_of(optimizer) is not None else None
 
     def link_slice_gradients(self) -> None:
         """Make each slice parameter's ``.grad`` a view of its owned gradient range (Paddle does this only

@@ -53,6 +53,12 @@ def prime_disconnect_logging(host: str, port: int) -> bool:
     return True
 
 
+def _reset_for_tests() -> None:
+    """Forget that this process primed a store (``parallel.topology.reset_for_tests`` is the one caller)."""
+    global _PRIMED
+    _PRIMED = False
+
+
 def prime_launcher_store(rank: int) -> bool:
     """On global rank 0, prime the launcher's store (``PADDLE_MASTER``, else the first of
     ``PADDLE_TRAINER_ENDPOINTS``: where Paddle puts it); other ranks host no launcher store. Returns whether the

@@ -27,6 +27,7 @@ from .cpu import backend as cpu_backend
 from .config import ParallelConfig, expect_config
 from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
                      launch_rank, launch_world_size)
+from . import tcp_store
 from .tcp_store import prime_launcher_store
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "build_strategy",
     "check_cpu_options",
     "needs_cpu_backend",
+    "reset_for_tests",
 ]
 
 _TOPOLOGY = None
@@ -150,6 +152,22 @@ def _product(values) -> int:
 def get_topology() -> Optional[Topology]:
     """The topology built by :func:`init_topology` in this process, or None."""
     return _TOPOLOGY
+
+
+def reset_for_tests() -> None:
+    """Forget this process's parallel state, so the next :func:`init_topology` is a first call again: the
+    Topology, the launcher store's disconnect priming (``tcp_store``) and the CPU backend's per-group stores.
+
+    The process-global state is right for a run (a process has one fleet), and the library never calls this.
+    It is for tests that build several single-process topologies in one process (``tests/unit``), instead of
+    patching private names. It undoes neither ``fleet.init`` nor the CPU backend's patches of Paddle (they stay
+    installed and ``cpu_backend.is_installed()`` stays True: installing again would wrap Paddle's functions
+    twice), so another multi-process layout still needs its own processes.
+    """
+    global _TOPOLOGY
+    _TOPOLOGY = None
+    tcp_store._reset_for_tests()
+    cpu_backend._reset_for_tests()
 
 
 def build_strategy(config: ParallelConfig, on_cpu: bool):

@@ -5,7 +5,7 @@ one and needs no etcd).
 * one launcher, dp2: rank 1 SIGKILLed after checkpoint-6; Paddle restarts the pod and the run, resumed with
   ``--resume_from_checkpoint auto``, ends on the losses of an uninterrupted run;
 * two launchers as two "nodes" (``--nnodes 1:2``): node B (launcher and worker) SIGKILLed after checkpoint-6;
-  node A goes on alone as dp1, keeping the global batch (gradient_accumulation_steps 1 -> 2, issue #27: it used to
+  node A goes on alone as dp1, keeping the global batch (gradient_accumulation_steps 1 -> 2; before 2026-11-25 it used to
   halve the batch and stop at step 26 of 30 with exit 0); node B comes back, both pods restart as dp2, and the run
   ends on the same losses.
 

@@ -1,4 +1,4 @@
-"""LoRA under tensor parallel (issue #31, 1): ``save_model`` of a tp2 LoRA run writes the adapters merged over the
+"""LoRA under tensor parallel: ``save_model`` of a tp2 LoRA run writes the adapters merged over the
 tp ranks, as PaddleNLP's ``save_pretrained(merge_tensor_parallel=True)`` does, in the safetensors layout its
 ``LoRAModel.from_pretrained`` reads; that reloads to the trained eval loss under tp2 and on one process.
 The run's checkpoints hold the adapters' tp pieces and their optimizer states only."""

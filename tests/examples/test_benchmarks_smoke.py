@@ -40,6 +40,14 @@ def test_bench_checkpoint_tiny_prints_save_load_and_raw_disk_rows(tmp_path):
     assert "async blocking <= 10% of sync save" in out and "load >= 80% of raw read bandwidth" in out
 
 
+def test_bench_checkpoint_formats_prints_a_row_per_format(tmp_path):
+    proc = run_script([SCRIPTS / "bench_checkpoint_formats.py", "--size-mb", "1", "--reps", "1"], tmp_path, timeout=300)
+    out = proc.stdout
+    assert _tables(out) == ["1 MiB, median of 1"], out[-2000:]
+    for row in ("paddle.save / paddle.load (Tensors)", "safetensors.numpy save_file / load_file"):
+        assert row in out, f"missing row {row!r}:\n{out[-2000:]}"
+
+
 def test_cost_model_tiny_prints_memory_and_communication_per_axis(tmp_path):
     proc = run_script([SCRIPTS / "cost_model.py", "--tiny"], tmp_path, timeout=120)
     out = proc.stdout

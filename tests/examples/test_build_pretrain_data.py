@@ -1,13 +1,17 @@
-"""scripts/build_pretrain_data.py: documents in, the documented .ids/.idx/.meta files out."""
+"""paddletrainer-build-pretrain-data (``paddletrainer.tools.build_pretrain_data``, also ``scripts/build_pretrain_data.py``
+in a checkout): documents in, the documented .ids/.idx/.meta files out."""
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .helpers import LLAMA, REPO, load_module
+from .helpers import LLAMA, REPO
 
-build_data = load_module(REPO / "scripts" / "build_pretrain_data.py", "build_pretrain_data")
+from paddletrainer.tools import build_pretrain_data as build_data  # noqa: E402
 
 
 class CharTokenizer:
@@ -105,3 +109,15 @@ def test_committed_llama_token_files_match_a_fresh_build(tmp_path, no_network):
     fresh, committed = (json.loads(Path(f"{p}.meta.json").read_text()) for p in (tmp_path / "corpus", shipped))
     ignore = ("tokenizer", "source")  # paths, relative or absolute depending on the build command
     assert {k: v for k, v in fresh.items() if k not in ignore} == {k: v for k, v in committed.items() if k not in ignore}
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--input", "missing.txt", "--tokenizer", ".", "--output", "o"], "--input missing.txt: no such file"),
+    (["--input", "c.txt", "--tokenizer", "nowhere", "--output", "o"], "--tokenizer nowhere: no such directory"),
+])
+def test_the_tool_refuses_a_missing_input_or_tokenizer_with_a_usage_error(tmp_path, flags, message):
+    write(tmp_path / "c.txt", "ab\n")
+    proc = subprocess.run([sys.executable, "-m", "paddletrainer.tools.build_pretrain_data", *flags], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"paddletrainer-build-pretrain-data: error: {message}")

@@ -45,7 +45,7 @@ def test_split_holds_out_a_disjoint_tail(token_files):
 def test_directory_prefix_and_file_name_all_resolve_to_the_same_files(token_files, tmp_path):
     assert resolve_prefix(str(tmp_path)) == resolve_prefix(str(token_files)) == str(token_files)
     assert resolve_prefix(str(token_files) + ".ids.npy") == str(token_files)
-    with pytest.raises(FileNotFoundError, match="build_pretrain_data"):
+    with pytest.raises(FileNotFoundError, match="build it with paddletrainer-build-pretrain-data$"):
         resolve_prefix(str(tmp_path / "missing"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="exactly one"):

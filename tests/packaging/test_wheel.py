@@ -36,11 +36,14 @@ OPTIONAL_IMPORTS = {
     "tensorboardX": ("tensorboard", "tensorboardx"),  # report_to tensorboard
     "wandb": ("wandb", "wandb"),  # report_to wandb
     "isal": ("fast", "isal"),  # faster crc32; zlib gives the same values without it
-    "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama
+    "paddlenlp": ("paddlenlp", "paddlenlp"),  # paddletrainer-gpu-smoke's tiny Llama, the pretrain-data tokenizer
+    "sentencepiece": ("examples", "sentencepiece"),  # paddletrainer-build-pretrain-data --train_tokenizer
 }
 CONSOLE_SCRIPTS = {"paddletrainer-launch": "paddletrainer.launch:main",
                    "paddletrainer-merge-checkpoint": "paddletrainer.tools.merge_checkpoint:main",
-                   "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main"}
+                   "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main",
+                   "paddletrainer-build-pretrain-data": "paddletrainer.tools.build_pretrain_data:main",
+                   "paddletrainer-export-paddlenlp-unified": "paddletrainer.tools.export_paddlenlp_unified:main"}
 
 
 def normalize(name: str) -> str:
@@ -81,7 +84,8 @@ def metadata(wheel: Path):
 
 def imported_modules() -> set:
     """Top-level third-party modules ``paddletrainer/`` imports, at module or function level (``ast``, nothing
-    imported), plus the string given to ``import_backend`` (the optional writers' libraries)."""
+    imported), plus the optional writers' libraries (``library = "<module>"`` on a writer class: the module
+    ``MetricsWriter.require`` imports)."""
     found = set()
     for path in (REPO / "paddletrainer").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -89,9 +93,10 @@ def imported_modules() -> set:
                 found.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-            elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "import_backend"
-                  and isinstance(node.args[0], ast.Constant)):
-                found.add(node.args[0].value.split(".")[0])
+            elif (isinstance(node, ast.ClassDef) and path.name == "writers.py"):
+                found.update(item.value.value.split(".")[0] for item in node.body if isinstance(item, ast.Assign)
+                             and [getattr(t, "id", None) for t in item.targets] == ["library"]
+                             and isinstance(item.value, ast.Constant) and isinstance(item.value.value, str))
     return {m for m in found if m not in sys.stdlib_module_names and m not in ("paddletrainer", "__future__")}
 
 

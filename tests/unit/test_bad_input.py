@@ -1,4 +1,4 @@
-"""Every bad input of issue #9 fails with one clear error — naming the option, the value and what is valid —
+"""Every bad input fails with one clear error — naming the option, the value and what is valid —
 before any process group is created where that is possible. ``docs/errors.md`` lists the same table.
 
 Multi-process worlds are simulated with ``PADDLE_TRAINERS_NUM`` (TrainingArguments reads it and creates no
@@ -485,10 +485,10 @@ def test_save_checkpoint_api_refuses_nothing_silently(tmp_path):
 
 
 # ========================================================================= the same rows from a plain user script
-# Every option row of docs/errors.md (table 1, the resume rows of table 2) and the values issue #20 names, given to
-# a script that only calls PdArgumentParser(...).parse_*: argparse's error path — a usage line, then
-# "error: argument --<option>: <what is wrong and what is valid>", exit status 2, no traceback. One interpreter
-# imports paddletrainer once and forks a child per case (tests/unit/fixtures/user_train_script.py).
+# Every option row of docs/errors.md (table 1, the resume rows of table 2) and common slips (--sharding stage4,
+# --warmup_ratio 2, --fp16 with --bf16), given to a script that only calls PdArgumentParser(...).parse_*: argparse's
+# error path — a usage line, then "error: argument --<option>: <what is wrong and what is valid>", exit status 2, no
+# traceback. One interpreter imports paddletrainer once and forks a child per case (fixtures/user_train_script.py).
 USER_SCRIPT = os.path.join(os.path.dirname(__file__), "fixtures", "user_train_script.py")
 
 

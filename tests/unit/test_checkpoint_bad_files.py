@@ -20,10 +20,11 @@ from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, save_checkpoint
 from paddletrainer.checkpoint import io as ckpt_io
 from paddletrainer.checkpoint.export import merged_model_state
+from paddletrainer.parallel.layout import Layout
 from toy_models import RegressionModel, regression_data
 
 SHARD = L.model_file_name(0, 0)
-RNG = L.rng_file_name(L.rank_coords(0, 0, 0, 0))
+RNG = L.rng_file_name(Layout(world_size=1).cell_name({}))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

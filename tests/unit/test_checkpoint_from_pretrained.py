@@ -4,6 +4,7 @@ format version 2 (model tensors stored as ``model/<name>`` inside the shard) sti
 import json
 import os
 import shutil
+import zlib
 
 import numpy as np
 import paddle
@@ -14,7 +15,6 @@ from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import layout as L
 from paddletrainer.checkpoint import read_index
 from paddletrainer.checkpoint.files import write_safetensors
-from paddletrainer.checkpoint.reshard import file_crc32
 
 VOCAB = 96
 
@@ -154,7 +154,7 @@ def test_the_hf_index_is_written_exactly_when_the_weights_are_whole_and_labelled
     if written:
         size = os.path.getsize(os.path.join(ckpt, L.HF_WEIGHTS_INDEX_NAME))
         assert index["files"][L.HF_WEIGHTS_INDEX_NAME] == {
-            "size": size, "crc32": file_crc32(os.path.join(ckpt, L.HF_WEIGHTS_INDEX_NAME))}
+            "size": size, "crc32": zlib.crc32(open(os.path.join(ckpt, L.HF_WEIGHTS_INDEX_NAME), "rb").read())}
     again = paddle.nn.Linear(4, 3)
     again.to(dtype=dtype)
     load_checkpoint(ckpt, model=again)

@@ -16,6 +16,7 @@ import pytest
 from paddletrainer import Trainer, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, save_checkpoint
 from paddletrainer.checkpoint import rng as rng_mod
+from paddletrainer.parallel.layout import Layout
 from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
 from toy_models import RegressionModel, regression_data
 
@@ -70,7 +71,7 @@ def plant(ckpt, name, data, rename_from=None):
 
 
 def rng_name():
-    return L.rng_file_name(L.rank_coords(0, 0, 0, 0))
+    return L.rng_file_name(Layout(world_size=1).cell_name({}))
 
 
 @pytest.mark.parametrize("target", ["rng", "trainer_state", "scheduler", "model"])
@@ -93,7 +94,7 @@ def test_a_pickle_planted_in_a_checkpoint_is_neither_run_nor_loaded_on_resume(tm
 
 def test_an_older_checkpoint_with_a_pickled_rng_state_resumes_without_rng_and_warns(tmp_path, trained, caplog):
     marker = tmp_path / "pwned"
-    legacy = L.legacy_rng_file_name(L.rank_coords(0, 0, 0, 0))
+    legacy = L.legacy_rng_file_name(Layout(world_size=1).cell_name({}))
     plant(trained, legacy, payload(marker), rename_from=rng_name())
     model = RegressionModel()
     with caplog.at_level(logging.WARNING):

@@ -77,7 +77,7 @@ def test_a_changed_sequence_parallel_reduce_scatter_path_fails_the_assumption_ch
 def test_stage3_offload_without_the_cpu_backend_is_refused_before_paddle_frees_anything(monkeypatch):
     from paddletrainer.parallel.sharding import apply_sharding
 
-    monkeypatch.setattr(cpu_backend, "_INSTALLED", False)
+    monkeypatch.setattr(cpu_backend, "is_installed", lambda: False)
     model = paddle.nn.Linear(2, 2)
     opt = paddle.optimizer.AdamW(parameters=model.parameters())
     topology = Topology.of(rank=0, sharding_degree=2)

@@ -45,3 +45,19 @@ def test_without_labels_there_is_no_loss_and_no_metrics_but_predictions():
     acc.add(None, paddle.ones([2, 3]), None, 2)
     out = acc.finish(ONE_RANK, compute_metrics=lambda p: {"never": 1})
     assert out.metrics == {} and out.label_ids is None and out.predictions.shape == (2, 3)
+
+
+def test_eval_gathering_and_nested_concat_pad_later_axes_by_one_rule():
+    import numpy as np
+
+    from paddletrainer.data import interleave_rank_batches
+    from paddletrainer.data.nested import concat_padded, nested_concat, nested_numpify
+
+    short, long = np.ones((1, 2), np.int64), np.full((2, 4), 7, np.int64)
+    expected = np.array([[1, 1, -100, -100], [7, 7, 7, 7], [7, 7, 7, 7]])
+    assert (concat_padded([short, long]) == expected).all()
+    assert (interleave_rank_batches([[short], [long]]) == expected).all()  # rank 0's batch, then rank 1's
+    assert (nested_concat(short, long) == expected).all()
+    assert (nested_concat(paddle.to_tensor(short), paddle.to_tensor(long)).numpy() == expected).all()
+    bf16 = paddle.to_tensor([1.5, -2.0]).astype("bfloat16")
+    assert nested_numpify((bf16,))[0].tolist() == [1.5, -2.0]  # the evaluation loop's one conversion

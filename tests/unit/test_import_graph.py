@@ -19,15 +19,17 @@ FORBIDDEN_FROM_PARALLEL = ("paddletrainer.config", "paddletrainer.training_args"
                            "paddletrainer.checkpoint", "paddletrainer.metrics")
 # parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
 # import statements do not show, read from its tables and allowed as function-level imports
-LAZY_TABLES = ("_NAME_MODULES", "_SUBMODULES")
+LAZY_TABLES = ("_PADDLE_NAMES", "_SUBMODULES")
 
 
 def lazy_table_edges(path: Path, package: str) -> set:
-    """The modules a package ``__init__`` names in its ``LAZY_TABLES`` (tuples of submodule names)."""
+    """The modules a package ``__init__`` names in its ``LAZY_TABLES`` (literal tuples of submodule names, or
+    dicts of public name -> submodule name)."""
     modules = set()
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) in LAZY_TABLES for t in node.targets):
-            modules.update(f"{package}.{m}" for m in ast.literal_eval(node.value))
+            table = ast.literal_eval(node.value)
+            modules.update(f"{package}.{m}" for m in (table.values() if isinstance(table, dict) else table))
     return modules
 
 
@@ -120,7 +122,7 @@ def test_function_level_imports_of_package_modules_are_only_the_documented_ones(
 def test_the_graph_has_the_edges_of_the_parallel_packages_lazy_table():
     # importlib.import_module edges: paddletrainer.parallel reaches each module of its PEP 562 table
     edges = import_graph()["paddletrainer.parallel"]
-    for module in ("topology", "apply", "optimizer", "data_parallel", "collectives", "pipeline"):
+    for module in ("topology", "apply", "optimizer", "data_parallel", "collectives", "clipping", "pipeline"):
         assert edges.get(f"paddletrainer.parallel.{module}") == "function", module
 
 

@@ -61,3 +61,21 @@ def test_cpu_peak_memory_is_the_kernels_high_water_mark_in_bytes():
         hwm_kb = int(re.search(r"VmHWM:\s+(\d+) kB", f.read()).group(1))
     assert abs(peak - hwm_kb * 1024) <= 0.05 * peak
     assert memory_logs()["peak_memory_gb"] == pytest.approx(peak / 2**30, abs=1e-3)
+
+
+def test_the_process_memory_module_holds_the_peak_the_rss_now_and_the_per_stage_tracker():
+    import numpy as np
+
+    from paddletrainer.metrics import MemoryTracker, current_rss_bytes
+    from paddletrainer.metrics import process_memory
+
+    assert {"peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker"} <= set(process_memory.__all__)
+    with open("/proc/self/status") as f:  # the RSS now, as the kernel reports it
+        rss_kb = int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
+    now = current_rss_bytes()
+    assert abs(now - rss_kb * 1024) <= 0.05 * rss_kb * 1024
+    tracker = MemoryTracker(enabled=True)
+    tracker.start("eval")
+    block = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB touched inside the stage
+    metrics = tracker.stop("eval")
+    assert metrics["eval_mem_cpu_alloc_delta"] >= (48 << 20) and block.sum() == 64 << 20

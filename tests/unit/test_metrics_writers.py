@@ -22,7 +22,8 @@ from paddletrainer.metrics import (
 
 
 def read_visualdl(logdir):
-    """The one vdlrecords file in logdir, as a LogReader (the file form; see research/visualdl.md)."""
+    """The one vdlrecords file in logdir, as a LogReader (the file form: with VisualDL 2.5.3 the server-style
+    ``LogReader(logdir=)`` returns no scalars)."""
     (path,) = glob.glob(os.path.join(logdir, "vdlrecords.*.log"))
     return LogReader(file_path=path)
 
@@ -284,3 +285,27 @@ def test_a_missing_writer_library_is_named_before_any_process_group_exists(tmp_p
     hint = r"report_to=wandb needs the 'wandb' package: pip install \"paddletrainer\[wandb\]\"$"
     with pytest.raises(ImportError, match=hint):
         Trainer(model=paddle.nn.Linear(2, 2), args=args)
+
+
+def test_each_backends_facts_live_on_its_writer_class(monkeypatch):
+    import importlib.util
+
+    from paddletrainer.metrics.callback import INTEGRATION_TO_CALLBACK, TensorBoardCallback, WandbCallback
+    from paddletrainer.metrics.writers import WRITERS, TensorBoardWriter, check_report_to, writer_names
+
+    assert all(cls.name == name for name, cls in WRITERS.items())
+    assert {name: cls.library for name, cls in WRITERS.items()} == {
+        "visualdl": None, "jsonl": None, "tensorboard": "tensorboardX", "wandb": "wandb"}
+    assert INTEGRATION_TO_CALLBACK == {"visualdl": VisualDLCallback, "tensorboard": TensorBoardCallback,
+                                       "wandb": WandbCallback}
+    assert all(cb.writer_class is WRITERS[name] for name, cb in INTEGRATION_TO_CALLBACK.items())
+    # the class's `library` decides what "all" expands to and the install hint; its `in_all` whether "all" takes it
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "tensorboardX" else real_find_spec(name, *a, **k))
+    assert writer_names("all") == ["visualdl", "jsonl"]
+    with pytest.raises(ImportError, match=r"pip install \"paddletrainer\[tensorboard\]\"$"):
+        check_report_to("tensorboard")
+    monkeypatch.setattr(importlib.util, "find_spec", real_find_spec)
+    monkeypatch.setattr(TensorBoardWriter, "in_all", False)
+    assert writer_names("all,wandb") == ["visualdl", "jsonl", "wandb"]

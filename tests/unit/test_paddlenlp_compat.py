@@ -390,7 +390,7 @@ def test_skip_memory_metrics_false_reports_host_memory_of_train_eval_and_predict
 
 
 def test_memory_tracker_sees_a_host_allocation_inside_the_stage():
-    from paddletrainer.metrics.memory_tracker import MemoryTracker
+    from paddletrainer.metrics.process_memory import MemoryTracker
 
     tracker = MemoryTracker(enabled=True)
     tracker.start("train")

@@ -147,12 +147,16 @@ def test_unified_checkpoint_says_what_it_changes_and_the_export_script_names_a_b
     with caplog.at_level("WARNING", logger="paddletrainer"):
         TrainingArguments(output_dir=str(tmp_path / "o"), unified_checkpoint=True)
     assert "does not write PaddleNLP's unified files" in caplog.text
-    assert "scripts/export_paddlenlp_unified.py" in caplog.text
-    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "export_paddlenlp_unified.py")
-    proc = subprocess.run([sys.executable, script, str(tmp_path / "missing"), str(tmp_path / "out")],
-                          capture_output=True, text=True)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "is not a complete checkpoint" in proc.stderr
+    assert "`paddletrainer-export-paddlenlp-unified <checkpoint-N> <new dir>`" in caplog.text
+    repo = os.path.join(os.path.dirname(__file__), "..", "..")
+    script = os.path.join(repo, "scripts", "export_paddlenlp_unified.py")
+    # the tool the warning names (its module; the console script runs the same main) and the checkout's wrapper
+    for command in ([sys.executable, "-m", "paddletrainer.tools.export_paddlenlp_unified"], [sys.executable, script]):
+        proc = subprocess.run([*command, str(tmp_path / "missing"), str(tmp_path / "out")], capture_output=True,
+                              text=True, env={**os.environ, "PYTHONPATH": os.path.abspath(repo)})
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert "paddletrainer-export-paddlenlp-unified: error:" in proc.stderr
+        assert "is not a complete checkpoint" in proc.stderr
 
 
 def test_a_truncated_unified_file_is_named_not_read_past_its_end(tmp_path, unified):

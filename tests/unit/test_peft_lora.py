@@ -1,6 +1,6 @@
 """LoRA runs (``paddlenlp.peft.LoRAModel``): ``save_model`` writes what ``LoRAModel.from_pretrained`` reads and
 nothing of the frozen base; checkpoints hold the adapters + optimizer state and resume exactly; a LoRA
-checkpoint merges into a plain ``from_pretrained`` model; other PEFT types are refused by name (issue #31, 1).
+checkpoint merges into a plain ``from_pretrained`` model; other PEFT types are refused by name.
 """
 import json
 import os

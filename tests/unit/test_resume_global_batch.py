@@ -1,4 +1,4 @@
-"""A resume keeps the global batch it was trained with (issue #27: an elastic scale-in from dp2 to dp1 silently
+"""A resume keeps the global batch it was trained with (before 2026-11-25, an elastic scale-in from dp2 to dp1 silently
 halved it and stopped at step 26 of 30 with exit 0).
 
 One process emulates the layout change: a checkpoint saved with per_device 4 x GA 2 (global batch 8), resumed

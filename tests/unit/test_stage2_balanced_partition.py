@@ -47,7 +47,7 @@ def totals(segs):
 
 def test_the_168m_llama_is_split_within_5_percent_over_two_ranks_where_paddles_greedy_is_not():
     params = llama_parameters()
-    assert sum(p._numel() for p in params) == 168_313_856  # the model of issue #32
+    assert sum(p._numel() for p in params) == 168_313_856  # docs/benchmarks.md, "Sharding stage 2: balanced partition"
     paddle_totals = totals(segments(GroupShardedOptimizerStage2, params, 2))
     ours = totals(segments(sharding._BalancedStage2Optimizer, params, 2))
     assert max(paddle_totals) > 1.05 * min(paddle_totals)  # 99.1M / 69.2M: what the partition fixes

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from paddletrainer.parallel import tcp_store
+from paddletrainer.parallel.topology import reset_for_tests
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,8 +65,8 @@ def test_without_priming_the_first_disconnect_is_logged_only_at_exit():
     assert EOF_LINE not in log and RESET_LINE not in log
 
 
-def test_unreachable_store_warns_and_does_not_raise(monkeypatch):
-    monkeypatch.setattr(tcp_store, "_PRIMED", False)
+def test_unreachable_store_warns_and_does_not_raise():
+    reset_for_tests()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # nothing listens here once the socket is closed

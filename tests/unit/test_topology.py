@@ -77,8 +77,14 @@ def test_partial_send_recv_stays_on_off_cpu_unless_disabled():
     assert build_strategy(off, on_cpu=False).pipeline_configs["enable_partial_send_recv"] is False
 
 
-def test_init_topology_single_process_builds_no_groups(monkeypatch):
-    monkeypatch.setattr(topo_mod, "_TOPOLOGY", None)
+@pytest.fixture
+def fresh_topology():
+    topo_mod.reset_for_tests()
+    yield
+    topo_mod.reset_for_tests()
+
+
+def test_init_topology_single_process_builds_no_groups(fresh_topology):
     t = topo_mod.init_topology(_args())
     assert (t.world_size, t.rank, t.data_rank, t.data_world_size) == (1, 0, 0, 1)
     assert t.hcg is None and t.data_group is None
@@ -87,8 +93,7 @@ def test_init_topology_single_process_builds_no_groups(monkeypatch):
         topo_mod.init_topology(_args(world=2, dp=2))
 
 
-def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch):
-    monkeypatch.setattr(topo_mod, "_TOPOLOGY", None)
+def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch, fresh_topology):
 
     def fail(*a, **k):
         raise AssertionError("fleet.init must not be reached")
@@ -141,3 +146,25 @@ def test_topology_has_degree_rank_and_group_attributes_for_every_axis():
         assert getattr(t, f"{a.name}_degree") == t.degree(a.name)
         assert getattr(t, f"{a.name}_rank") == t.coord(a.name) == t.layout.coordinates(5)[a.name]
     assert t.tp_group == t.group("tp") == "tp-group" and t.dp_group is None
+
+
+def test_reset_for_tests_forgets_the_topology_and_the_store_priming(fresh_topology):
+    import socket
+
+    from paddletrainer.parallel import tcp_store
+
+    first = topo_mod.init_topology(_args())
+    with socket.socket() as server:  # a listening socket is enough to prime against
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        assert tcp_store.prime_disconnect_logging(*server.getsockname()) is True
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    assert tcp_store.prime_disconnect_logging("127.0.0.1", closed_port) is True  # primed once per process
+    topo_mod.reset_for_tests()
+    assert topo_mod.get_topology() is None
+    with pytest.warns(UserWarning, match="could not reach the TCP store"):
+        assert tcp_store.prime_disconnect_logging("127.0.0.1", closed_port) is False
+    again = topo_mod.init_topology(_args())
+    assert again is not first and topo_mod.get_topology() is again

@@ -423,6 +423,12 @@ def is_installed() -> bool:
     return _INSTALLED
 
 
+def _reset_for_tests() -> None:
+    """Drop the group stores (for ``topology.reset_for_tests``; the patches and ``_INSTALLED`` stay: see there)."""
+    _GROUP_STORES.clear()
+    _PENDING_GROUP_RANKS.ranks = None
+
+
 def install() -> None:
     """Apply every CPU fill (idempotent). Call before ``fleet.init`` so the group stores take effect."""
     global _INSTALLED

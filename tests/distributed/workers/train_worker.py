@@ -25,6 +25,7 @@ import paddle  # noqa: E402
 
 from common import (exit_cleanly, layout_args, micro_batches, regression_data, token_data,  # noqa: E402
                     write_json)
+from paddletrainer.parallel.wrappers import unwrap_optimizer  # noqa: E402
 
 
 def parse():
@@ -62,18 +63,9 @@ def build_llama(weights, topology):
     return cls.from_pretrained(weights, config=config, dtype="float32")
 
 
-def innermost_optimizer(optimizer):
-    opt = optimizer.inner if hasattr(optimizer, "inner") else optimizer
-    while True:
-        nxt = opt.__dict__.get("_inner_opt") or opt.__dict__.get("_optim")
-        if nxt is None or nxt is opt:  # stage 3 points _inner_opt at the optimizer itself
-            return opt
-        opt = nxt
-
-
 def opt_state_bytes(optimizer):
     total = 0
-    for per_param in innermost_optimizer(optimizer)._accumulators.values():
+    for per_param in unwrap_optimizer(optimizer)._accumulators.values():
         for t in per_param.values():
             if t._is_initialized():
                 total += t._numel() * t.element_size()

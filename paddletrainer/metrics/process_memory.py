@@ -1,6 +1,10 @@
-"""Memory used by one stage (train / evaluate / predict): PaddleNLP's ``skip_memory_metrics=False`` report.
+"""This process's memory: its peak (logged as ``peak_memory_gb``), its resident set size now, and what one stage
+(train / evaluate / predict) used: PaddleNLP's ``skip_memory_metrics=False`` report.
 
-Keys, in bytes, as PaddleNLP/HF name them (``stage`` is ``train``, ``eval`` or ``test``):
+Peak: device memory on GPU, the host resident set size's high-water mark on CPU (:func:`peak_memory_bytes`).
+
+Per stage (:class:`MemoryTracker`), keys in bytes as PaddleNLP/HF name them (``stage`` is ``train``, ``eval`` or
+``test``):
 
 * ``{stage}_mem_cpu_alloc_delta``: host resident set size at the end minus at the start;
 * ``{stage}_mem_cpu_peaked_delta``: how far the RSS rose above its end value during the stage (sampled by a
@@ -16,15 +20,36 @@ the outer stage. The ``init`` stage (the Trainer's construction) has no result o
 from __future__ import annotations
 
 import os
+import resource
+import sys
 import threading
 from typing import Dict, Optional
 
 import paddle
 
 from ..runtime.device import on_cuda_device
-from .memory import peak_memory_bytes
 
-__all__ = ["MemoryTracker", "current_rss_bytes"]
+__all__ = ["peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker"]
+
+
+def peak_memory_bytes() -> int:
+    """Peak bytes since the process started (or since paddle's peak counter was last reset, on GPU).
+
+    GPU: ``paddle.device.cuda.max_memory_allocated()`` for the current device (tensors only, not the
+    allocator's cache). CPU: the peak resident set size from ``getrusage``; it is a high-water mark the OS
+    keeps and cannot be reset.
+    """
+    if on_cuda_device():
+        return int(paddle.device.cuda.max_memory_allocated())
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports kilobytes, macOS bytes.
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def memory_logs() -> dict:
+    """``{"peak_memory_gb": ...}`` (GiB, rounded to 3 decimals) for ``Trainer.log``."""
+    return {"peak_memory_gb": round(peak_memory_bytes() / 2**30, 3)}
+
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 

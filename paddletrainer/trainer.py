@@ -94,7 +94,6 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         model_init: builds the model (called after seeding) when ``model`` is None.
     """
 
-    # over 80 lines only through its signature (PaddleNLP's 12 parameters, one a line); the body is about 70
     def __init__(
         self,
         model: Optional[paddle.nn.Layer] = None,
@@ -118,12 +117,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self._memory.start("init")  # reported with the first train/evaluate/predict (PaddleNLP's init_mem_* keys)
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
-        if model is not None:
-            checks.check_model_for_layout(model, args.parallel_degrees)
-            peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
-        check_report_to(args.report_to)  # unknown names and missing writer libraries, before any group exists
-        if optimizers[0] is not None:
-            checks.check_optimizer_for_layout(optimizers[0], args.parallel_config)
+        self._check_inputs_before_groups(model, optimizers[0])
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there
             paddle.set_device("cpu")
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
@@ -165,22 +159,35 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             is_world_process_zero=self.topology.rank == 0,
         )
         self.control = TrainerControl()
-        popped = self.label_names if criterion is not None else ()
         self._stop = GracefulStop()  # asked by the loop after each optimizer step; RobustnessCallback installs it
-        defaults = [cb(self.topology, args.collective_timeout_seconds, popped_keys=popped, stopper=self._stop,
-                       remove_unused_columns=args.remove_unused_columns)
-                    if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
-        self.callback_handler = CallbackHandler(
-            defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
-            + list(callbacks or []),
-            self.model, self.tokenizer, self.optimizer, self.lr_scheduler,
-        )
+        self.callback_handler = CallbackHandler(self._default_callbacks(criterion) + list(callbacks or []),
+                                                self.model, self.tokenizer, self.optimizer, self.lr_scheduler)
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.timers = PhaseTimers(enabled=args.log_phase_timers)
         if args.should_save:
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory.stop("init")
+
+    def _check_inputs_before_groups(self, model, optimizer) -> None:
+        """The construction checks that need no process group: the model against the layout, its PEFT type, the
+        logging backends and a user optimizer against the layout (each a one-line error naming the option)."""
+        if model is not None:
+            checks.check_model_for_layout(model, self.args.parallel_degrees)
+            peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
+        check_report_to(self.args.report_to)  # unknown names and missing writer libraries, before any group exists
+        if optimizer is not None:
+            checks.check_optimizer_for_layout(optimizer, self.args.parallel_config)
+
+    def _default_callbacks(self, criterion) -> list:
+        """PaddleNLP's default callbacks (flow control, then the robustness callback built for this run: signals,
+        the collective watchdog, the first batch's keys), then the reporting callbacks of ``report_to``."""
+        args = self.args
+        robustness = RobustnessCallback(self.topology, args.collective_timeout_seconds,
+                                        popped_keys=self.label_names if criterion is not None else (),
+                                        stopper=self._stop, remove_unused_columns=args.remove_unused_columns)
+        defaults = [robustness if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
+        return defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
 
     # ----------------------------------------------------------------------------------- process identity
     def is_world_process_zero(self) -> bool:

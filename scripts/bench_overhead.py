@@ -292,7 +292,7 @@ def dp2_worker(a) -> None:
     """Inside ``paddle.distributed.launch``: :func:`paired_reps` on 2 processes; rank 0 writes the runs.
 
     Everything shares each process, so the bare loop and PaddleNLP's Trainer run with what paddletrainer's
-    Trainer set up first: the global process group and its CPU backend's fills (``cpu_backend.install``),
+    Trainer set up first: the global process group and its CPU backend's fills (``parallel.cpu.install``),
     which replace gloo's missing subgroup store, reduce-scatter and the like, not the all-reduce dp2 uses."""
     import paddle.distributed as dist
 

@@ -223,7 +223,7 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
             # backward), o_proj and down_proj reduce-scatter forward (all-gather backward): 2·(bwd + 2) per layer,
             # each moving (t-1)/t of [b,s,h] at least — the wire of the (bwd + 2) all-reduces they replace. Plus
             # the embedding's all-reduce, the scatter/gather around the layers (an all-gather each way) and the
-            # head's input-grad all-reduce. The CPU reduce-scatter is an all-reduce (cpu_sp_ops), so its wire
+            # head's input-grad all-reduce. The CPU reduce-scatter is an all-reduce (parallel/cpu/reduce_scatter.py), so its wire
             # is 2x the minimum for the reduce-scatter half: about 1.5x overall.
             # Once per step, the tp all-reduce of the norm weights' gradients (sequence-parallel parameters).
             n_ag, n_rs = (bwd + 2) * L + 2, (bwd + 2) * L

@@ -6,7 +6,7 @@ between the tensor-parallel layers along the sequence (``ScatterOp`` / ``AllGath
 layers' biases — Paddle marks them ``sequence_parallel``) gets from each rank the gradient of only that
 rank's part of the sequence. The sum over the tp group is the full gradient; Paddle's backward hooks
 all-reduce it after the step's last micro-batch, as PaddleNLP's Trainer registers them. On a CPU build the
-reduce-scatter those ops need comes from ``cpu_backend`` fill 9 (:mod:`paddletrainer.parallel.cpu.reduce_scatter`).
+reduce-scatter those ops need comes from :mod:`paddletrainer.parallel.cpu.reduce_scatter`.
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@
   gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`).
 
 Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
-``cpu_backend.group_sharded_construction()``.
+``cpu.sharding_construction.group_sharded_construction()``.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
-from .cpu import backend as cpu_backend
+from . import cpu as cpu_backend
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
 from .wrappers import optimizer_layers
@@ -50,7 +50,7 @@ __all__ = ["apply_sharding", "stage2_no_sync", "is_stage2_model", "SplitParamSha
 def _construction_scope():
     if not needs_cpu_backend():
         return contextlib.nullcontext()
-    return cpu_backend.group_sharded_construction()
+    return cpu_backend.sharding_construction.group_sharded_construction()
 
 
 def _device() -> str:
@@ -62,7 +62,7 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
 
     ``config`` (a :class:`~.config.ParallelConfig` of ``topology``'s layout) gives the stage, ``offload`` (keep
     the sharded fp32 master weights and optimizer state in host memory, Paddle's offload path: stage 3, on CPU
-    through ``cpu_backend`` fill 7, with host and device the same memory) and ``stage3_segment_size`` (the
+    through ``cpu.stage3_offload``, with host and device the same memory) and ``stage3_segment_size`` (the
     stage-3 slicing threshold in elements). Its construction refused every combination Paddle or a checkpoint
     cannot run (stage 2/3 with pp, stage 3 with tp, stage 1 and stage 2 offload): nothing is checked again here.
     ``wrap_model``: stage 1 only: also wrap the model with ``fleet.distributed_model`` (``ShardingParallel``,
@@ -78,7 +78,7 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
             model = fleet.distributed_model(model)
         return model, fleet.distributed_optimizer(optimizer)
     if offload and needs_cpu_backend():
-        if not cpu_backend.is_installed():  # without fill 7 Paddle's offload moves free the only copy
+        if not cpu_backend.is_installed():  # without cpu.stage3_offload Paddle's offload moves free the only copy
             raise RuntimeError("sharding offload on CPU needs paddletrainer's CPU backend: create the topology "
                                "with paddletrainer.parallel.init_topology before apply_sharding")
     group, dp_group, device = topology.sharding_group, topology.dp_group, _device()
@@ -178,7 +178,7 @@ class _ReduceScatterStage3(GroupShardedStage3):
     and finds no gradient left to reduce. Parameters at or below the segment size are not sliced; their
     gradients stay in Paddle's fused buffers, all-reduced once per step in ``_update_params_slice``.
 
-    On a CPU build gloo has no reduce-scatter and ``cpu_backend`` fill 9 (``cpu_sp_ops``) provides an exact one
+    On a CPU build gloo has no reduce-scatter and ``cpu.reduce_scatter`` provides an exact one
     built on an all-reduce, so the bytes on the wire stay those of an all-reduce there; with NCCL this halves
     the gradient traffic of stage 3.
     """
@@ -203,12 +203,12 @@ class _ReduceScatterStage3(GroupShardedStage3):
         start, end = self._param2buffer[param.name][self._rank]
         full_grad.scale_(scale=self._world_size_scaling)  # SUM of the 1/N-scaled gradients, as Paddle's mean
         grad_slice = paddle.empty([end - start], dtype=full_grad.dtype)
-        # looked up at call time: the CPU backend replaces dist.reduce_scatter (fill 9)
+        # looked up at call time: the CPU backend replaces dist.reduce_scatter (cpu.reduce_scatter)
         dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
         if self._dp_group is not None and self._dp_group.nranks > 1:
             grad_slice.scale_(scale=1.0 / self._dp_group.nranks)
             dist.all_reduce(grad_slice, group=self._dp_group)
-        if self._offload:  # fp32 on the host; the module attribute, which cpu_backend fill 7 replaces on CPU
+        if self._offload:  # fp32 on the host; the module attribute, which cpu.stage3_offload replaces on CPU
             grad_slice = group_sharded_stage3._device2cpu(grad_slice, True)
         if param.bw_storage is None:
             param.bw_storage = grad_slice
@@ -247,7 +247,7 @@ _PADDLE_STAGE3_SOURCES = (
 )
 
 
-_paddle_source = cpu_backend.paddle_source  # the check's source getter (the tests replace it)
+_paddle_source = cpu_backend.paddle_checks.paddle_source  # the check's source getter (the tests replace it)
 
 
 def _normalised_source(source: str) -> str:

@@ -2,7 +2,7 @@
 
 Every multi-process run has TCP store servers: the launcher's store on global rank 0 (``PADDLE_MASTER``, on every
 device) and, on a CPU-only Paddle, one store per gloo group on the group's first member
-(:mod:`.cpu_backend`, fill 1). Paddle 3.3.1's server is a libuv thread that logs each client disconnect with
+(:mod:`.cpu.group_stores`). Paddle 3.3.1's server is a libuv thread that logs each client disconnect with
 glog's ``VLOG``. A ``VLOG`` statement takes glog's module lock the first time it runs, to look up its verbosity,
 and reads a cached level afterwards. When the first disconnect a server sees arrives while its own process is
 exiting, after glog's static state has been destroyed, taking that lock aborts the process: SIGABRT, no message,

@@ -23,7 +23,7 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 
 from ..runtime.device import has_accelerator
-from .cpu import backend as cpu_backend
+from . import cpu as cpu_backend
 from .config import ParallelConfig, expect_config
 from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
                      launch_rank, launch_world_size)
@@ -229,7 +229,7 @@ def check_cpu_options(config: ParallelConfig) -> None:
 
 def needs_cpu_backend() -> bool:
     """True on a CPU-only Paddle build (:func:`paddletrainer.runtime.device.has_accelerator`): the gloo fills of
-    ``cpu_backend`` apply."""
+    :mod:`paddletrainer.parallel.cpu` apply."""
     return not has_accelerator()
 
 
@@ -256,7 +256,7 @@ def _build_topology(config: ParallelConfig) -> Topology:
     fleet.init(is_collective=True, strategy=build_strategy(config, on_cpu))
     hcg = fleet.get_hybrid_communicate_group()
     if on_cpu:
-        cpu_backend.install_pipeline_pair_groups(hcg)  # pp > 2 only
+        cpu_backend.pipeline_p2p.install_pipeline_pair_groups(hcg)  # pp > 2 only
     groups = {a.name: getattr(hcg, a.hcg_group)() if layout.degree(a.name) > 1 else None for a in AXES}
     coords = layout.coordinates(rank)
     groups["data"] = _data_group(rank, layout, groups)

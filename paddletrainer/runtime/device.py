@@ -14,7 +14,7 @@ _cpu_fallback_warned = False  # one warning per process, however many Trainers i
 def has_accelerator() -> bool:
     """True on a Paddle build with CUDA, XPU or a custom device: reduced-precision kernels and the device's
     own collectives exist. False on a CPU-only build, where AMP is a dry run at most and the parallel
-    package installs its gloo fills (``parallel.cpu_backend``)."""
+    package installs its gloo fills (``parallel.cpu``)."""
     if paddle.is_compiled_with_cuda() or paddle.is_compiled_with_xpu():
         return True
     return bool(paddle.device.get_all_custom_device_type())

@@ -74,7 +74,7 @@ def test_sharding_stage3_x2_matches_single_process_and_halves_parameters_and_sta
 
 def test_sharding_stage3_offload_x2_matches_single_process_and_halves_state(launch_layout, single_process):
     # Paddle's offload path (fp32 host masters, host gradients, step under device_guard) through
-    # cpu_backend fill 7; on CPU "host" and "device" are the same memory, so only the sharding halves.
+    # parallel/cpu/stage3_offload.py; on CPU "host" and "device" are the same memory, so only the sharding halves.
     reference = single_process("llama", max_norm=LLAMA_MAX_NORM)
     results = launch_layout("llama", 2, sharding=2, stage=3, offload=True, segment_size=STAGE3_SEGMENT,
                             max_norm=LLAMA_MAX_NORM)

@@ -7,7 +7,7 @@ from launcher import launch, read_results
 SP_OP_TOLERANCE = 1e-5
 
 CHECKS = {
-    # cpu_backend fill 9: tensor and list forms, SUM/AVG/MAX, and a buffer reduced into its own slice (V2)
+    # parallel/cpu/reduce_scatter.py: tensor and list forms, SUM/AVG/MAX, and a buffer reduced into its own slice (V2)
     "rs_stream_sum", "rs_list_sum", "rs_avg", "rs_max", "rs_into_own_slice",
     # sequence_parallel_utils' PyLayers, forward and backward
     "scatter_fwd", "scatter_bwd", "gather_fwd", "gather_bwd", "allgather_fwd", "allgather_bwd",

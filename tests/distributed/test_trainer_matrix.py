@@ -70,7 +70,7 @@ LAYOUTS = [
     *layout("s1v2x2", sharding=2, stage=1, mlp=True, sharding_parallel_config="split_param"),
     *layout("dp2_s1v2x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True,
             sharding_parallel_config="split_param"),
-    # sequence parallel inside tp (CPU: cpu_backend fill 9's reduce-scatter); the 8-process one fuses the
+    # sequence parallel inside tp (CPU: parallel/cpu/reduce_scatter.py); the 8-process one fuses the
     # allreduce of the replicated (norm) gradients
     *layout("tp2_sp", tp=2, ci=True, sequence_parallel=True),
     *layout("dp2_tp2_sp_pp2", dp=2, tp=2, pp=2, ci=True, sequence_parallel=True,

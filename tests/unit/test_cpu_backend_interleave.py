@@ -1,4 +1,4 @@
-"""Fill 8 of the CPU backend (``parallel/cpu/interleave.py``): the interleaved pipeline's p2p over blocking
+"""The CPU backend's interleaved-pipeline fill (``parallel/cpu/interleave.py``): the interleaved pipeline's p2p over blocking
 send/recv (no processes).
 
 Each pipeline stage is a thread; a fake gloo send blocks until the peer's matching recv takes the tensor, as

@@ -109,10 +109,10 @@ def test_init_topology_rejects_mismatched_degrees_before_fleet_init(monkeypatch,
 
 
 def test_cpu_only_options_are_rejected_with_clear_errors():
-    topo_mod.check_cpu_options(_args(sharding_options=frozenset({"split_param"})))  # stage1 V2 runs (fill 10)
+    topo_mod.check_cpu_options(_args(sharding_options=frozenset({"split_param"})))  # stage1 V2 runs (cpu/sharding_construction.py's alignment)
     with pytest.raises(NotImplementedError, match="enable_timer needs CUDA"):
         topo_mod.check_cpu_options(_args(pipeline_options=frozenset({"enable_timer"})))
-    topo_mod.check_cpu_options(_args(sequence_parallel=True))  # runs on the CPU reduce-scatter (fill 9)
+    topo_mod.check_cpu_options(_args(sequence_parallel=True))  # runs on the CPU reduce-scatter (cpu/reduce_scatter.py)
 
 
 # ------------------------------------------------------------------ the layout type, addressed by axis name

@@ -1,9 +1,10 @@
-"""Fill 8 of the CPU backend (:mod:`paddletrainer.parallel.cpu.backend`): the interleaved pipeline on gloo.
+"""The interleaved pipeline (virtual stages) on Paddle's CPU build: p2p in a ring-safe order, two stages allowed.
 
 ``virtual_pp_degree`` > 1 runs Paddle's ``PipelineParallelWithInterleave`` (or its F-then-B variant). Their p2p
 assumes NCCL's grouped, non-blocking send/recv; this module makes the same exchanges work over gloo's blocking
-ones, and lets two stages run the schedule. :func:`install_interleave` applies it; the Paddle symbols it
-replaces are checked by ``cpu_backend.check_paddle_assumptions``.
+ones (``p2p_communication._batched_p2p_ops`` and two ``P2pHelper`` exchanges), which also makes two stages
+correct, so Paddle's "pp degree > 2" sanity check is relaxed to 2. :func:`install` applies it;
+:func:`assumptions` lists what it relies on in Paddle. The blocking send/recv themselves are :mod:`.pipeline_p2p`.
 """
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import paddle
 from paddle.distributed.fleet.meta_parallel import pipeline_parallel as ppl
 from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication as p2p
 
-__all__ = ["install_interleave"]
+from .paddle_checks import Assumption, paddle_source, params_of
+
+__all__ = ["install", "assumptions"]
 
 # --------------------------------------------------------------------------------------------------
 # The interleaved schedules are a ring: the last stage's chunk k feeds the first stage's chunk k+1, and in the
@@ -115,8 +118,8 @@ def _interleave_f_then_b_sanity(self):
         raise RuntimeError("virtual pipeline needs a pp degree >= 2")
 
 
-def install_interleave():
-    """Apply fill 8 (called once by :func:`paddletrainer.parallel.cpu.backend.install`)."""
+def install() -> None:
+    """Apply the interleave fill (called once by :func:`paddletrainer.parallel.cpu.install`)."""
     p2p._batched_p2p_ops = _make_batched_p2p_ops(p2p._batched_p2p_ops)
     for name in ("send_forward_recv_forward", "send_forward_backward_recv_forward_backward"):
         setattr(p2p.P2pHelper, name, _make_split_exchange(getattr(p2p.P2pHelper, name)))
@@ -124,3 +127,33 @@ def install_interleave():
     ppl.PipelineParallelWithInterleave._check_sanity = _interleave_sanity
     _interleave_f_then_b_sanity.__wrapped_paddle__ = ppl.PipelineParallelWithInterleaveFthenB._check_sanity
     ppl.PipelineParallelWithInterleaveFthenB._check_sanity = _interleave_f_then_b_sanity
+
+
+# P2pHelper methods the split exchange calls (or replaces), with the parameters it passes by name.
+_HELPER_PARAMS = (
+    ("send_forward_recv_forward", ["output_tensor", "recv_prev", "batch_p2p_comm", "overlap_p2p_comm",
+                                   "skip_check_meta"]),
+    ("send_forward_backward_recv_forward_backward", ["output_tensor", "input_tensor_grad", "recv_prev", "recv_next",
+                                                     "batch_p2p_comm", "skip_check_meta"]),
+    ("send_forward", ["output_tensor", "pp_last_stage", "batch_p2p_comm", "skip_check_meta"]),
+    ("send_backward", ["input_tensor_grad", "pp_first_stage", "batch_p2p_comm"]),
+    ("recv_forward", ["pp_first_stage", "sync_recv", "batch_p2p_comm"]),
+    ("recv_backward", ["pp_last_stage", "sync_recv", "batch_p2p_comm"]),
+)
+
+
+def assumptions() -> list:
+    """What this fill relies on in Paddle (checked by :func:`paddletrainer.parallel.cpu.check_paddle_assumptions`)."""
+    return [
+        Assumption(lambda: params_of(p2p._batched_p2p_ops)
+                   == ["tensor_send_prev", "tensor_recv_prev", "tensor_send_next", "tensor_recv_next", "hcg"],
+                   "p2p_communication._batched_p2p_ops(tensor_send_prev, tensor_recv_prev, tensor_send_next, "
+                   "tensor_recv_next, hcg) signature changed"),
+        Assumption(lambda: "_batched_p2p_ops if batch_p2p_comm" in paddle_source(p2p._p2p_helper),
+                   "p2p_communication._p2p_helper no longer looks up _batched_p2p_ops by its module name"),
+        *(Assumption(lambda name=name, needed=needed: params_of(getattr(p2p.P2pHelper, name))[1:] == needed,
+                     f"P2pHelper.{name}({', '.join(needed)}) changed") for name, needed in _HELPER_PARAMS),
+        *(Assumption(lambda cls=cls: "self.num_stages > 2" in paddle_source(getattr(ppl, cls)._check_sanity),
+                     f"{cls}._check_sanity no longer requires pp > 2 (review the _check_sanity replacements)")
+          for cls in ("PipelineParallelWithInterleave", "PipelineParallelWithInterleaveFthenB")),
+    ]

@@ -1,4 +1,4 @@
-"""CPU fill 9 of :mod:`paddletrainer.parallel.cpu.backend`: an exact reduce-scatter for gloo.
+"""An exact reduce-scatter for gloo, which has none: sequence parallel and sharding stage1 V2 on Paddle's CPU build.
 
 Paddle's gloo process group has no reduce-scatter ("Unimplemented cpu kernel for CReduceScatterOp"; its
 ``reduce_scatter_tensor`` binding exists but gloo rejects it) and no all-to-all, so Megatron-style sequence
@@ -18,7 +18,7 @@ Everything else sequence parallel needs already runs on gloo: ``ScatterOp`` is a
 allreduce hooks of sequence-parallel parameters call ``all_reduce``. So the fill is the whole of sequence
 parallel's CPU support.
 
-Replaced (``cpu_backend.install`` puts them in place, ``cpu_backend.check_paddle_assumptions`` checks them):
+Replaced (:func:`install` puts them in place, :func:`assumptions` lists what that relies on in Paddle):
 
 * ``paddle.distributed.communication.stream.reduce_scatter._reduce_scatter_tensor_in_dygraph`` and
   ``._reduce_scatter_in_dygraph`` — the two functions every dygraph reduce-scatter of Paddle ends in
@@ -35,11 +35,16 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed import collective, communication
 from paddle.distributed.communication.group import _warn_cur_rank_not_in_group
+from paddle.distributed.fleet.utils import sequence_parallel_utils
 
-__all__ = ["reduce_scatter", "reduce_scatter_into", "install_reduce_scatter", "STREAM_MODULE"]
+from .paddle_checks import Assumption, paddle_source, params_of
 
-# The module (its name is shadowed by the function ``stream.reduce_scatter`` in the package namespace).
+__all__ = ["install", "assumptions", "reduce_scatter", "reduce_scatter_into", "STREAM_MODULE"]
+
+# The module, by name: the package's attribute ``stream.reduce_scatter`` is the function of the same name, which
+# shadows the module for ``import ... as`` and ``from ... import``.
 STREAM_MODULE = "paddle.distributed.communication.stream.reduce_scatter"
+_stream_module = importlib.import_module(STREAM_MODULE)
 
 
 class _DoneTask:
@@ -113,15 +118,37 @@ def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_o
     return _reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, False)
 
 
-def install_reduce_scatter() -> None:
-    """Put the fill in place of Paddle's reduce-scatter paths (idempotent)."""
-    stream_module = importlib.import_module(STREAM_MODULE)
+def install() -> None:
+    """Put the fill in place of Paddle's reduce-scatter paths (idempotent; called by :func:`.cpu.install`)."""
     for name, fill in (("_reduce_scatter_tensor_in_dygraph", _reduce_scatter_tensor_in_dygraph),
                        ("_reduce_scatter_in_dygraph", _reduce_scatter_in_dygraph)):
-        if getattr(stream_module, name) is not fill:
-            fill.__wrapped_paddle__ = getattr(stream_module, name)
-            setattr(stream_module, name, fill)
+        if getattr(_stream_module, name) is not fill:
+            fill.__wrapped_paddle__ = getattr(_stream_module, name)
+            setattr(_stream_module, name, fill)
     if dist.reduce_scatter is not reduce_scatter:
         reduce_scatter.__wrapped_paddle__ = dist.reduce_scatter
         dist.reduce_scatter = reduce_scatter
         communication.reduce_scatter = reduce_scatter
+
+
+def assumptions() -> list:
+    """What this fill relies on in Paddle (checked by :func:`paddletrainer.parallel.cpu.check_paddle_assumptions`)."""
+    return [
+        Assumption(lambda: params_of(_stream_module._reduce_scatter_tensor_in_dygraph)[:6]
+                   == ["out_tensor", "in_tensor", "op", "group", "sync_op", "use_calc_stream"],
+                   "stream.reduce_scatter._reduce_scatter_tensor_in_dygraph(out_tensor, in_tensor, op, group, sync_op, "
+                   "use_calc_stream) signature changed"),
+        Assumption(lambda: params_of(_stream_module._reduce_scatter_in_dygraph)[:6]
+                   == ["tensor", "tensor_list", "op", "group", "sync_op", "use_calc_stream"],
+                   "stream.reduce_scatter._reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, "
+                   "use_calc_stream) signature changed"),
+        Assumption(lambda: all(f"{name}(" in paddle_source(_stream_module.reduce_scatter) for name in
+                               ("_reduce_scatter_tensor_in_dygraph", "_reduce_scatter_in_dygraph")),
+                   "stream.reduce_scatter no longer ends in _reduce_scatter_(tensor_)in_dygraph"),
+        Assumption(lambda: params_of(dist.reduce_scatter)[:5] == ["tensor", "tensor_list", "op", "group", "sync_op"],
+                   "paddle.distributed.reduce_scatter(tensor, tensor_list, op, group, sync_op) signature changed"),
+        Assumption(lambda: "dist.stream.reduce_scatter(" in paddle_source(sequence_parallel_utils.reduce_scatter)
+                   and "process_group.all_gather(" in paddle_source(sequence_parallel_utils.all_gather),
+                   "sequence_parallel_utils no longer reduce-scatters via dist.stream.reduce_scatter and all-gathers "
+                   "via ProcessGroup.all_gather"),
+    ]

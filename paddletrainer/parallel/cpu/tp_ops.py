@@ -1,24 +1,31 @@
-"""CPU fill 2 of :mod:`paddletrainer.parallel.cpu.backend`: the tensor-parallel ops as autograd functions.
+"""Tensor parallel on Paddle's CPU build: the tensor-parallel ops as autograd functions, and no input broadcast.
 
 Paddle's CPU build has no kernels for ``c_identity``, ``c_split``, ``c_concat`` and
 ``c_softmax_with_cross_entropy`` (and ``_mp_allreduce``'s backward calls ``c_identity``). Megatron's
 conjugate pairs rebuild them from ``all_reduce`` / ``all_gather``, which gloo has:
 identity ↔ all-reduce (f / g) and split ↔ all-gather along the last dim. Each function keeps the signature
-of the Paddle function it replaces; ``cpu_backend.install`` puts them in place.
+of the Paddle function it replaces (``mp_ops._c_identity``, ... and their ``collective`` re-exports).
+
+``TensorParallel.forward`` also calls ``hybrid_parallel_util.broadcast_input_data``, which asserts a GPU/XPU
+device; it becomes a no-op (:func:`_broadcast_input_data`). :func:`install` puts all of them in place.
 """
 from __future__ import annotations
 
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
+from paddle.distributed import ReduceOp, collective
+from paddle.distributed.fleet.layers.mpu import mp_ops
+from paddle.distributed.fleet.meta_parallel import tensor_parallel
+from paddle.distributed.fleet.utils import hybrid_parallel_util
 
-__all__ = ["_c_identity", "_mp_allreduce", "_c_split", "_c_concat", "parallel_softmax_cross_entropy"]
+from .paddle_checks import Assumption, params_of
+
+__all__ = ["install", "assumptions", "_c_identity", "_mp_allreduce", "_c_split", "_c_concat",
+           "parallel_softmax_cross_entropy"]
 
 
-# --------------------------------------------------------------------------------------------------
 def _group_or_default(group):
-    from paddle.distributed import collective
-
     return collective._get_default_group() if group is None else group
 
 
@@ -100,8 +107,6 @@ class _ParallelSoftmaxCrossEntropy(PyLayer):
 
     @staticmethod
     def forward(ctx, logits, label, group, ignore_index):
-        from paddle.distributed import ReduceOp
-
         width = logits.shape[-1]
         start = group.rank * width
         x = logits.astype("float32")
@@ -180,3 +185,53 @@ def parallel_softmax_cross_entropy(logits, label, group=None, return_softmax=Fal
         label = label.unsqueeze(-1)
     loss, softmax = _ParallelSoftmaxCrossEntropy.apply(logits, label, group, ignore_index)
     return (loss, softmax) if return_softmax else loss
+
+
+def _broadcast_input_data(hcg, *inputs, **kwargs):
+    """Replaces hybrid_parallel_util.broadcast_input_data, which asserts a GPU/XPU device.
+
+    TensorParallel.forward calls it to copy the batch from tp-rank 0 to the other tp ranks. Our data
+    order gives every rank of a tensor-parallel group the same batch already, so there is nothing to do.
+    """
+    return inputs, kwargs
+
+
+def install() -> None:
+    """Put the ops and the no-op broadcast in place (called once by :func:`paddletrainer.parallel.cpu.install`)."""
+    mp_ops._c_identity = _c_identity
+    mp_ops._c_split = _c_split
+    mp_ops._c_concat = _c_concat
+    mp_ops._mp_allreduce = _mp_allreduce
+    mp_ops._c_softmax_with_cross_entropy = parallel_softmax_cross_entropy
+    # collective re-exports these by name; PaddleNLP's Llama head calls collective._c_identity/_c_concat.
+    collective._c_identity = _c_identity
+    collective._c_split = _c_split
+    collective._c_concat = _c_concat
+    collective._mp_allreduce = _mp_allreduce
+    hybrid_parallel_util.broadcast_input_data = _broadcast_input_data
+    tensor_parallel.broadcast_input_data = _broadcast_input_data  # imported there by name
+
+
+def assumptions() -> list:
+    """What this fill relies on in Paddle (checked by :func:`paddletrainer.parallel.cpu.check_paddle_assumptions`)."""
+    ops = ("_c_identity", "_c_split", "_c_concat", "_mp_allreduce", "_c_softmax_with_cross_entropy")
+    return [
+        *(Assumption(lambda name=name: callable(getattr(mp_ops, name, None)), f"mp_ops.{name} is gone")
+          for name in ops),
+        Assumption(lambda: params_of(mp_ops._c_identity)[:3] == ["tensor", "group", "skip_c_identity_dynamic"],
+                   "mp_ops._c_identity(tensor, group, skip_c_identity_dynamic) signature changed"),
+        Assumption(lambda: params_of(mp_ops._c_split)[:2] == ["tensor", "group"], "mp_ops._c_split signature changed"),
+        Assumption(lambda: params_of(mp_ops._c_concat)[:2] == ["tensor", "group"],
+                   "mp_ops._c_concat signature changed"),
+        Assumption(lambda: params_of(mp_ops._mp_allreduce)[:3] == ["tensor", "op", "group"],
+                   "mp_ops._mp_allreduce changed"),
+        Assumption(lambda: params_of(mp_ops._c_softmax_with_cross_entropy)[:5]
+                   == ["logits", "label", "group", "return_softmax", "ignore_index"],
+                   "mp_ops._c_softmax_with_cross_entropy signature changed"),
+        *(Assumption(lambda name=name: hasattr(collective, name), f"collective.{name} re-export is gone")
+          for name in ("_c_identity", "_c_concat", "_c_split")),
+        Assumption(lambda: params_of(hybrid_parallel_util.broadcast_input_data)[:1] == ["hcg"],
+                   "hybrid_parallel_util.broadcast_input_data(hcg, *inputs, **kwargs) changed"),
+        Assumption(lambda: "broadcast_input_data" in vars(tensor_parallel),
+                   "tensor_parallel no longer imports broadcast_input_data"),
+    ]

@@ -28,7 +28,7 @@ def main(out):
     from paddle.distributed.fleet.layers.mpu import mp_ops
 
     from paddletrainer.parallel import init_topology
-    from paddletrainer.parallel.cpu import backend as cpu_backend
+    from paddletrainer.parallel.cpu import tp_ops
 
     topo = init_topology(layout_args(tp=2, ga=1))
     group, r, n = topo.tp_group, topo.tp_rank, topo.tp_degree
@@ -37,9 +37,9 @@ def main(out):
     w = rng.randn(n, 3, 8).astype("float32")  # one weight per rank
     half = 8 // n
     chunk = slice(r * half, (r + 1) * half)
-    res = {"patched": float(mp_ops._c_identity is cpu_backend._c_identity
-                            and collective._c_identity is cpu_backend._c_identity
-                            and mp_ops._c_softmax_with_cross_entropy is cpu_backend.parallel_softmax_cross_entropy)}
+    res = {"patched": float(mp_ops._c_identity is tp_ops._c_identity
+                            and collective._c_identity is tp_ops._c_identity
+                            and mp_ops._c_softmax_with_cross_entropy is tp_ops.parallel_softmax_cross_entropy)}
 
     # identity: forward copies, backward sums the gradients of every rank: dL/dx = Σ_r w_r
     t = leaf(x)

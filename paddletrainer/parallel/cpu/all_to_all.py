@@ -36,9 +36,9 @@ import inspect
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
-from paddle.distributed import collective
 
 from ...runtime.device import has_accelerator
+from .blocking import DoneTask, group_or_world
 
 __all__ = [
     "exchange",
@@ -56,21 +56,6 @@ THIS_FILE = "paddletrainer/parallel/cpu/all_to_all.py"
 STREAM_MODULE = "paddle.distributed.communication.stream.all_to_all"
 
 
-class _DoneTask:
-    """What an asynchronous collective returns, for one that already finished (gloo collectives block)."""
-
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-    def synchronize(self):
-        return True
-
-
-def _group(group):
-    return collective._get_global_group() if group is None else group
 
 
 def _counts_of_every_rank(mine: list, group, equal: bool) -> list:
@@ -92,7 +77,7 @@ def exchange(pieces: list, group=None, equal: bool = False) -> list:
     breaks the promise gets wrong pieces, as with NCCL's equal-split all-to-all). The result is a list of 1-D
     tensors, entry ``k`` from rank ``k``. Exact: only copies (see module).
     """
-    group = _group(group)
+    group = group_or_world(group)
     n, r = group.nranks, group.rank
     if len(pieces) != n:
         raise ValueError(f"all-to-all: {len(pieces)} pieces for a group of {n} ranks (one per rank expected)")
@@ -150,7 +135,7 @@ def _all_to_all_tensor_in_dygraph(out_tensor, in_tensor, group, sync_op, use_cal
     n = group.nranks
     received = exchange(_row_pieces(in_tensor, None, n), group, equal=True)
     _copy_into(out_tensor, paddle.concat(received), "the output tensor")
-    return None if use_calc_stream else _DoneTask()
+    return None if use_calc_stream else DoneTask()
 
 
 def _all_to_all_in_dygraph(out_tensor_list, in_tensor_list, group, sync_op, use_calc_stream):
@@ -164,7 +149,7 @@ def _all_to_all_in_dygraph(out_tensor_list, in_tensor_list, group, sync_op, use_
     received = exchange(list(in_tensor_list), group, equal=False)
     for k, (out, piece) in enumerate(zip(out_tensor_list, received)):
         _copy_into(out, piece, f"out_tensor_list[{k}]")
-    return None if use_calc_stream else _DoneTask()
+    return None if use_calc_stream else DoneTask()
 
 
 def _alltoall_single_in_dygraph(out_tensor, in_tensor, out_split_sizes, in_split_sizes, group, sync_op,
@@ -182,7 +167,7 @@ def _alltoall_single_in_dygraph(out_tensor, in_tensor, out_split_sizes, in_split
                 raise ValueError(f"all-to-all: out_split_sizes[{k}] = {rows} rows but rank {k} sent "
                                  f"{int(piece.shape[0]) // max(row, 1)}")
     _copy_into(out_tensor, paddle.concat(received), "the output tensor")
-    return None if use_calc_stream else _DoneTask()
+    return None if use_calc_stream else DoneTask()
 
 
 _FILLS = (("_all_to_all_tensor_in_dygraph", _all_to_all_tensor_in_dygraph),
@@ -216,7 +201,7 @@ class AllToAll(PyLayer):
 
     @staticmethod
     def forward(ctx, x, in_split_sizes=None, group=None):
-        group = _group(group)
+        group = group_or_world(group)
         out, arrived = _rows_exchange(x, list(in_split_sizes) if in_split_sizes else None, group)
         ctx.group, ctx.arrived = group, arrived
         ctx.sent = list(in_split_sizes) if in_split_sizes else None
@@ -242,7 +227,7 @@ def reshard_qkv(x, group, split_axis=2, concat_axis=0):
     shape): split ``x`` into group-size pieces along ``split_axis``, all-to-all them (piece ``j`` to rank
     ``j``) and concatenate what arrives along ``concat_axis`` — ``[b, s/sep, h] → [b, s, h/sep]`` and back.
     Unlike PaddleNLP 3.0.0b4 it passes ``dist.alltoall`` the output list first (see module)."""
-    group = _group(group)
+    group = group_or_world(group)
     nranks = dist.get_world_size(group=group)
     if x.ndim != 3 or x.shape[split_axis] % nranks:
         raise ValueError(f"reshard_qkv: needs a 3-D tensor whose axis {split_axis} divides by {nranks}; "

@@ -33,10 +33,11 @@ import importlib
 
 import paddle
 import paddle.distributed as dist
-from paddle.distributed import collective, communication
+from paddle.distributed import communication
 from paddle.distributed.communication.group import _warn_cur_rank_not_in_group
 from paddle.distributed.fleet.utils import sequence_parallel_utils
 
+from .blocking import DoneTask, group_or_world
 from .paddle_checks import Assumption, paddle_source, params_of
 
 __all__ = ["install", "assumptions", "reduce_scatter", "reduce_scatter_into", "STREAM_MODULE"]
@@ -47,21 +48,6 @@ STREAM_MODULE = "paddle.distributed.communication.stream.reduce_scatter"
 _stream_module = importlib.import_module(STREAM_MODULE)
 
 
-class _DoneTask:
-    """What an asynchronous collective returns, for a collective that already finished (gloo is blocking)."""
-
-    def wait(self, *args, **kwargs):
-        return True
-
-    def is_completed(self):
-        return True
-
-    def synchronize(self):
-        return True
-
-
-def _group(group):
-    return collective._get_global_group() if group is None else group
 
 
 @paddle.no_grad()
@@ -75,7 +61,7 @@ def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None)
     other ranks' chunks of ``in_tensor`` keep this rank's unreduced values, as with a real reduce-scatter.
     A rank outside ``group`` takes no part: nothing is written (as Paddle's collectives skip such a rank).
     """
-    group = _group(group)
+    group = group_or_world(group)
     n, r = group.nranks, group.rank
     if r < 0:  # not a member: it must neither join the all-reduce nor take some member's chunk
         return
@@ -96,13 +82,13 @@ def _reduce_scatter_tensor_in_dygraph(out_tensor, in_tensor, op, group, sync_op,
                                       caller="reduce_scatter"):
     """Replaces ``stream.reduce_scatter._reduce_scatter_tensor_in_dygraph`` (gloo: no reduce_scatter_tensor)."""
     reduce_scatter_into(out_tensor, in_tensor, op, group)
-    return None if use_calc_stream else _DoneTask()
+    return None if use_calc_stream else DoneTask()
 
 
 def _reduce_scatter_in_dygraph(tensor, tensor_list, op, group, sync_op, use_calc_stream):
     """Replaces ``stream.reduce_scatter._reduce_scatter_in_dygraph``: the list form (entry ``r`` goes to rank ``r``)."""
     reduce_scatter_into(tensor, paddle.concat([t.flatten() for t in tensor_list]), op, group)
-    return None if use_calc_stream else _DoneTask()
+    return None if use_calc_stream else DoneTask()
 
 
 def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_op=True):

@@ -18,7 +18,7 @@ Real data / real model (a local ernie-3.0-medium-zh directory and the ChnSentiCo
 
 Same seed, same figures: on one machine every run gives the same bits (threads, hash seed and data order do
 not move them); ``pin_cpu_math`` (imported first) makes MKL compute the same on every x86 CPU, and the
-baseline converges to its unique optimum. Across seeds the test accuracy moves by about a point (README).
+baseline converges to its unique optimum. Seeds 1, 7 and 42 gave test accuracy 0.8134-0.8151 (README).
 """
 import json
 import os

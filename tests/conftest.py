@@ -1,4 +1,4 @@
-"""Markers from where a test lives (README, Tests: select the part you changed), and the run's launch summary.
+"""Markers from where a test lives (docs/testing.md: select the part you changed), and the run's launch summary.
 
 * ``launch``: every test under tests/distributed (each starts ``paddle.distributed.launch`` or compares with
   one); elsewhere a test that launches carries ``@pytest.mark.launch`` itself;

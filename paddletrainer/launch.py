@@ -17,8 +17,9 @@ option would fail again), or when this process received SIGTERM/SIGINT (forwarde
 then save and stop; see ``docs/errors.md``). Each attempt's environment has ``PADDLETRAINER_RESTART_COUNT``
 (0 for the first). Exit status: the last attempt's.
 
-With an etcd master (``--master etcd://...``, Paddle's elastic mode: the multi-node option, see the README) Paddle's
-launcher restarts the job itself (``--elastic_level 1 --max_restart N``), so this module runs the launch once:
+With an etcd master (``--master etcd://...``, Paddle's elastic mode: the multi-node option, see
+docs/fault-tolerance.md) Paddle's launcher restarts the job itself (``--elastic_level 1 --max_restart N``), so
+this module runs the launch once:
 ``--max_restart`` there is a usage error, since a second restart loop around Paddle's would stack on it.
 """
 from __future__ import annotations

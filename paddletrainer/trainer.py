@@ -86,7 +86,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         args: ``TrainingArguments``; defaults to ``output_dir="tmp_trainer"``.
         data_collator: turns a list of samples into a batch; default ``DataCollatorWithPadding(tokenizer)``
             when a tokenizer is given, else ``default_data_collator``.
-        train_dataset, eval_dataset: map-style (``__len__``/``__getitem__``) or iterable datasets.
+        train_dataset: map-style (``__len__``/``__getitem__``) or iterable dataset to train on.
+        eval_dataset: the same, for ``evaluate()``.
         compute_metrics: ``EvalPrediction -> dict`` for evaluate/predict.
         callbacks: extra ``TrainerCallback`` classes or instances.
         optimizers: ``(optimizer, lr_scheduler)`` to use instead of the ones built from ``args``.

@@ -1,8 +1,8 @@
-"""Markers from where a test lives (README, Tests: select the part you changed), and the run's launch summary.
+"""Markers from where a test lives (docs/testing.md: select the part you changed), and the run's launch summary.
 
 * ``launch``: every test under tests/distributed (each starts ``paddle.distributed.launch`` or compares with
   one); elsewhere a test that launches carries ``@pytest.mark.launch`` itself;
-* ``examples``: tests/examples; ``packaging``: tests/packaging;
+* ``examples``: tests/examples; ``packaging``: tests/packaging; ``docs``: tests/docs;
 * ``dp``, ``sharding``, ``tp``, ``pp``, ``sp``: the axes a test is about, from its file (:data:`AXES_BY_FILE`) or,
   for a test parametrized by layout, from the layout's name in its id (``llama-dp2_s1x2_tp2_pp2``);
 * ``full_matrix``: set by test_trainer_matrix.py on the layouts only the full matrix runs.
@@ -31,7 +31,7 @@ def _load_hang_retry():
 
 hang_retry = _load_hang_retry()
 
-DIRECTORY_MARKERS = {"distributed": ("launch",), "examples": ("examples",), "packaging": ("packaging",)}
+DIRECTORY_MARKERS = {"distributed": ("launch",), "examples": ("examples",), "packaging": ("packaging",), "docs": ("docs",)}
 # files about some axes whose tests are not parametrized by a layout name
 AXES_BY_FILE = {
     "test_data_parallel_and_sharding.py": ("dp", "sharding"),

@@ -21,7 +21,8 @@ per directory covers ``save_on_each_node`` too).
 * **Of this job** — the holder recorded the same Paddle launch job id (:func:`job_id`: ``PADDLE_JOB_ID`` or the
   launcher's ``--job_id``, never Paddle's ``default``): an elastic restart whose rank 0 now runs on another host
   (the old one is lost or was restarted with its pod). Taken over at once, with a warning naming the old holder;
-  a run of another job is still refused at once. Hence the README's "give each job its own ``--job_id``".
+  a run of another job is still refused at once. Hence the guide's "give each job its own ``--job_id``"
+  (docs/fault-tolerance.md).
 * **Lost** — the heartbeat finds the lock file naming another run (taken over as above, or by hand): it logs an
   error, stops renewing, and the next save refuses (:func:`check_still_held`, which the save runs on rank 0
   before its first gather, so every rank raises alike) instead of writing into a directory another run owns.

@@ -74,8 +74,11 @@ class GlobalBatchSampler(_RankBatchSampler):
     Args:
         num_samples: dataset length.
         batch_size: per-device micro-batch size B.
-        data_rank, data_world_size: this rank's position r among W = dp × sharding data ranks.
-        seed, shuffle, drop_last: the epoch order (see ``padded_epoch_order``).
+        data_rank: this rank's position r among the W data ranks.
+        data_world_size: W = dp × sharding, the number of data ranks.
+        seed: the epoch order's seed (see ``padded_epoch_order``).
+        shuffle: a seeded permutation per epoch (else dataset order).
+        drop_last: drop the epoch's incomplete tail (else it is filled by wrapping around to its first samples).
         step_span: samples one optimizer step consumes (B × A × W); epochs are padded or cut to a multiple
             of it, so every optimizer step has all its A micro-batches.
     """

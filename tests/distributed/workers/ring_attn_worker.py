@@ -1,0 +1,93 @@
+"""Check CPU ring attention (paddletrainer/parallel/ring_attention.py) against full attention on one process.
+
+Runs on n processes (2 or 4). Every rank builds the full q/k/v and output gradient from fixed seeds, computes
+plain (non-ring) attention on the whole sequence with Paddle's autograd, then runs ``RingAttention`` on its
+load-balanced part (chunks r and 2n-1-r) and compares output and q/k/v gradients with its part of the
+reference. Cases: causal MHA, causal GQA, non-causal; K/V rotation by ring p2p and by all-gather; float32 and
+float64. Writes ``<out>/rank<r>.json`` = {check name: max abs error}.
+"""
+from __future__ import annotations
+
+import faulthandler
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import numpy as np  # noqa: E402
+import paddle  # noqa: E402
+import paddle.distributed as dist  # noqa: E402
+
+from common import exit_cleanly, leaf, write_json  # noqa: E402
+from common import max_abs_error as err  # noqa: E402
+
+B, S, H, D = 2, 16, 4, 8  # S divides by 2 x 4
+
+CASES = {  # name: (kv heads, causal)
+    "causal": (H, True),
+    "causal_gqa": (H // 2, True),
+    "full": (H, False),
+}
+
+
+def reference_attention(q, k, v, causal):
+    """Plain attention over the whole sequence, [b, s, h, d] in and out; K/V heads repeated for GQA."""
+    groups = q.shape[2] // k.shape[2]
+    qh, kh, vh = (paddle.transpose(t, [0, 2, 1, 3]) for t in (q, k, v))
+    kh, vh = (paddle.repeat_interleave(t, groups, axis=1) for t in (kh, vh))
+    scores = paddle.matmul(qh, kh, transpose_y=True) / math.sqrt(q.shape[-1])
+    if causal:
+        future = paddle.triu(paddle.full([S, S], float("-inf"), dtype=q.dtype), diagonal=1)
+        scores = scores + future
+    return paddle.transpose(paddle.matmul(paddle.nn.functional.softmax(scores, axis=-1), vh), [0, 2, 1, 3])
+
+
+def case_checks(group, r, n, name, kv_heads, causal, dtype, rotation):
+    from paddletrainer.parallel.ring_attention import RingAttention, split_load_balanced
+
+    rng = np.random.RandomState(sum(map(ord, name)))
+    arrays = [rng.randn(B, S, h, D).astype(dtype) for h in (H, kv_heads, kv_heads)]
+    out_grad = rng.randn(B, S, H, D).astype(dtype)
+    full = [leaf(a) for a in arrays]
+    ref = reference_attention(*full, causal)
+    (ref * paddle.to_tensor(out_grad)).sum().backward()
+
+    mine = lambda t: split_load_balanced(paddle.to_tensor(t), r, n, axis=1).numpy()  # noqa: E731
+    local = [leaf(mine(a)) for a in arrays]
+    out = RingAttention.apply(*local, group=group, is_causal=causal, rotation=rotation)
+    (out * paddle.to_tensor(mine(out_grad))).sum().backward()
+    tag = f"{name}_{rotation}_{dtype}"
+    res = {f"{tag}_out": err(out, mine(ref.numpy()))}
+    for label, got, want in zip("qkv", local, full):
+        res[f"{tag}_d{label}"] = err(got.grad, mine(want.grad.numpy()))
+    return res
+
+
+def main(out):
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(float(os.environ.get("PT_WORKER_TIMEOUT", "120")), exit=True)
+    from paddletrainer.parallel import init_topology
+    from paddletrainer.parallel.config import ParallelConfig
+    from paddletrainer.parallel.layout import Layout
+
+    n = int(os.environ["PADDLE_TRAINERS_NUM"])
+    topo = init_topology(ParallelConfig(layout=Layout(world_size=n, dp=n)))
+    groups = [("world", dist.collective._get_global_group())]
+    if n == 4:  # a 2-rank ring inside the world: in-group ranks differ from global ones
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        groups.append(("pair", pairs[topo.rank // 2]))
+    res = {}
+    for tag, group in groups:
+        for rotation in ("p2p", "allgather"):
+            for name, (kv_heads, causal) in CASES.items():
+                for dtype in ("float32", "float64"):
+                    checks = case_checks(group, group.rank, group.nranks, name, kv_heads, causal, dtype, rotation)
+                    res.update({f"{tag}_{key}": value for key, value in checks.items()})
+    write_json(os.path.join(out, f"rank{topo.rank}.json"), res)
+    exit_cleanly(topo)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -38,7 +38,7 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 from paddle.distributed import collective
 
-from ...device import has_accelerator
+from ...runtime.device import has_accelerator
 
 __all__ = [
     "exchange",

@@ -29,7 +29,10 @@ The fills:
    backward and sharding stage1 V2's gradient buffers run on it,
 10. sharding stage1 V2 (``split_param``): ``tensor_fusion_helper.alignment`` gets an entry for the device type
    it reports on CPU ("unknown"), with the GPU's 256 bytes, so the comm buffers (and the slices each rank
-   owns) are laid out exactly as on a GPU.
+   owns) are laid out exactly as on a GPU,
+11. an exact all-to-all over ``all_gather`` for gloo, which has none (``stream.all_to_all``'s dygraph helpers;
+   it lives in :mod:`paddletrainer.parallel.cpu.all_to_all`, with its own assumption checks): the sep
+   (Ulysses) attention's all-to-all runs on it.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import threading
 import paddle
 import paddle.distributed as dist
 
+from .all_to_all import install_all_to_all
 from .interleave import install_interleave
 from .reduce_scatter import STREAM_MODULE as _REDUCE_SCATTER_MODULE, install_reduce_scatter
 from .tp_ops import _c_concat, _c_identity, _c_split, _mp_allreduce, parallel_softmax_cross_entropy
@@ -438,6 +442,7 @@ def install() -> None:
         install_interleave()
         install_reduce_scatter()
         _install_tensor_fusion_alignment()
+        install_all_to_all()  # fill 11 (sep/Ulysses): its own module, with its own assumption checks
         _INSTALLED = True
 
 

@@ -324,7 +324,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     def _pipeline_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
         """1F1B over the step's micro-batches, under autocast; the mean loss is broadcast to every stage."""
         self.model_wrapped.train()
-        batches = [self._prepare_inputs(b) for b in micro_batches]
+        batches = [self._sequence_segment(self._prepare_inputs(b)) for b in micro_batches]
         with self.autocast_smart_context_manager():
             return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
 

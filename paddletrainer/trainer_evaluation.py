@@ -227,10 +227,12 @@ class TrainerEvaluation:
         """
         labels = labels_of(inputs, self.label_names)
         with self.autocast_smart_context_manager():
-            loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
-                                               return_logits=not prediction_loss_only)
+            batch = self._sequence_segment(self._prepare_inputs(inputs))
+            loss, logits = pipeline.eval_batch(self.model_wrapped, [batch], return_logits=not prediction_loss_only)
         if prediction_loss_only:
             return loss, None, None
+        if self.topology.sep_degree > 1:
+            logits = gather_sequence(logits, self.topology.sep_group)
         return loss, logits, labels
 
     def evaluation_loop(

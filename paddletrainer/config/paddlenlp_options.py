@@ -14,7 +14,8 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
-* sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
+* context/expert parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
+  parsed but refused when switched on.
 * PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
   ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
   ``context_parallel_size``, ``expert_model_parallel_size``, ``expert_tensor_model_parallel_size``); two names of

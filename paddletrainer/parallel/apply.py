@@ -125,6 +125,7 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,
                                           virtual_pp_degree=config.virtual_pp_degree)
+        model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
     model = apply_tensor_parallel(model, topology=topology)

@@ -101,7 +101,7 @@ class ParallelConfig:
         self._check_segment()
 
     def _check_segment(self) -> None:
-        """sep (Ulysses) runs with dp, tp and sharding stage 1 (gradients summed over sep by Paddle's
+        """sep (Ulysses) runs with dp, tp, pp and sharding stage 1 (gradients summed over sep by Paddle's
         ``HybridParallelOptimizer``); the combinations not proven equal to one process are refused."""
         d = self.layout
         if d.sep == 1:
@@ -112,9 +112,6 @@ class ParallelConfig:
         if self.sharding_stage in (2, 3):
             raise ValueError(f"sharding='stage{self.sharding_stage}' cannot be combined with sep_parallel_degree="
                              f"{d.sep}: its gradient reduction skips the sep group; use sharding='stage1'")
-        if d.pp > 1:
-            raise ValueError(f"pipeline_parallel_degree={d.pp} with sep_parallel_degree={d.sep} is not supported yet: "
-                             "use sep with data, tensor or sharding stage1 parallel")
         if self.sequence_parallel:
             raise ValueError(f"sequence_parallel=True with sep_parallel_degree={d.sep} is not supported yet: use one "
                              "of them")

@@ -87,6 +87,7 @@ LAYOUTS = [
     *layout("dp2_sep2", dp=2, sep=2, ci=True),
     *layout("tp2_sep2", tp=2, sep=2, ci=True),
     *layout("s1x2_sep2", sharding=2, stage=1, sep=2),
+    *layout("pp2_sep2", pp=2, sep=2),
 ]
 
 

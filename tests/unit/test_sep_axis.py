@@ -47,7 +47,6 @@ def test_at_sep_degree_1_names_and_fleet_config_are_those_of_checkpoints_written
     (dict(sep_parallel_degree=2, context_parallel_degree=2), "cannot both be > 1"),
     (dict(sep_parallel_degree=2, sharding="stage2", sharding_parallel_degree=2),
      "sharding='stage2' cannot be combined with sep_parallel_degree=2"),
-    (dict(sep_parallel_degree=2, pipeline_parallel_degree=2, gradient_accumulation_steps=2), "pipeline_parallel_degree=2 with sep_parallel_degree=2"),
     (dict(sep_parallel_degree=2, tensor_parallel_degree=2, sequence_parallel=True),
      "sequence_parallel=True with sep_parallel_degree=2"),
     (dict(sep_parallel_degree=2, split_inputs_sequence_dim=False), "split_inputs_sequence_dim=False"),
@@ -58,9 +57,10 @@ def test_sep_combinations_are_refused_before_any_process_group(tmp_path, world, 
         TrainingArguments(output_dir=str(tmp_path), **options)
 
 
-def test_sep_runs_with_dp_tp_and_sharding_stage1(tmp_path, world):
+def test_sep_runs_with_dp_tp_pp_and_sharding_stage1(tmp_path, world):
     world(4)
-    for options in (dict(), dict(tensor_parallel_degree=2), dict(sharding="stage1", sharding_parallel_degree=2)):
+    for options in (dict(), dict(tensor_parallel_degree=2), dict(sharding="stage1", sharding_parallel_degree=2),
+                    dict(pipeline_parallel_degree=2, gradient_accumulation_steps=2)):
         config = TrainingArguments(output_dir=str(tmp_path), sep_parallel_degree=2, **options).parallel_config
         assert isinstance(config, ParallelConfig) and config.layout.sep == 2
 

@@ -17,8 +17,14 @@ training=True)`` and ``[batch, seq/cp, heads, head_dim]`` tensors, built from pl
   backward); the key/value gradients travel the ring with their K/V and one last hop brings them home;
 * K/V move one hop per step with blocking send/recv, even ranks sending first and odd ranks receiving
   first: gloo's send blocks until the peer posts its receive, and this order resolves the ring from any even
-  rank (``rotation="p2p"``, the default: two K/V blocks in memory per rank). ``rotation="allgather"``
-  all-gathers K/V once (and all-reduces their gradients), trading memory for one collective per step.
+  rank (``rotation="p2p"``, the default: two K/V blocks in memory per rank). It needs an even ring size:
+  Paddle's gloo pairs a send only with the receive at the same position of the peer's sequence of p2p
+  operations on the group (measured on 3 ranks: rank 0's first operation, a send to rank 2, never met rank 2's
+  receive from rank 0 issued as its second operation — TIMEOUT — with no circular wait), so every send must
+  sit at its receiver's position; even/odd ordering does that on an even ring (2 and 4 ranks run) but cannot
+  on an odd cycle (a 3-rank ring timed out in ``recv`` while its peer was in the matching ``send``). ``rotation="allgather"``
+  all-gathers K/V once (and all-reduces their gradients) and runs on any ring size, trading memory (every
+  rank holds all K/V) for fewer, larger collectives.
 
 GQA (fewer K/V heads than query heads) is served by repeating each K/V head over its query group.
 Dropout and an explicit ``attn_mask`` are refused, as PaddleNLP refuses dropout (Llama passes neither).
@@ -199,6 +205,9 @@ class _Ring:
             raise ValueError(f"ring attention rotation must be one of {ROTATIONS}, got {rotation!r}")
         self.group, self.rotation = group, rotation
         self.n, self.rank = group.nranks, group.rank
+        if rotation == "p2p" and self.n % 2 and self.n > 1:  # one rank exchanges nothing
+            raise ValueError(f"ring attention: rotation='p2p' needs an even ring size on gloo, got {self.n} "
+                             f"(an odd ring cannot pair every send with its receive; use rotation='allgather')")
 
     def owner(self, step):
         """The rank whose K/V block this rank works on at ``step``."""

@@ -28,14 +28,20 @@ def test_gloo_all_to_all_fill_is_exact_for_every_paddle_entry_point_forward_and_
         assert not inexact, inexact
 
 
-@pytest.mark.parametrize("nproc", [2, 4])
+@pytest.mark.parametrize("nproc", [2, 3, 4])
 def test_ring_attention_matches_full_attention_on_one_process_forward_and_backward(tmp_path, nproc):
     launch("ring_attn_worker.py", nproc, [tmp_path / "out"], tmp_path, timeout=300)
+    # gloo cannot run a p2p ring of odd size (measured: 3 ranks time out); there only the all-gather rotation runs
+    # (float64 only: see the worker)
+    rotations = ("allgather",) if nproc % 2 else ("p2p", "allgather")
+    dtypes = ("float64",) if nproc % 2 else ("float32", "float64")
     expected = {f"{group}_{case}_{rotation}_{dtype}_{part}"
                 for group in _groups(nproc) for case in ("causal", "causal_gqa", "full")
-                for rotation in ("p2p", "allgather") for dtype in ("float32", "float64")
+                for rotation in rotations for dtype in dtypes
                 for part in ("out", "dq", "dk", "dv")}
     for res in read_results(tmp_path / "out", nproc):
+        if nproc % 2:
+            assert res.pop("p2p_refused_on_odd_ring") == 1.0
         assert set(res) == expected
         worst = {name: e for name, e in res.items()
                  if e > (FLOAT64_TOLERANCE if "float64" in name else FLOAT32_TOLERANCE)}

@@ -159,7 +159,20 @@ def test_ring_attention_refuses_what_it_cannot_compute():
         ra.RingAttention.apply(q, k, v, group=_OneRank(), dropout=0.1)
     with pytest.raises(ValueError, match="no attn_mask"):
         ra.RingAttention.apply(q, k, v, group=_OneRank(), attn_mask=paddle.zeros([B, 1, S, S]))
+    with pytest.raises(ValueError, match="rotation='p2p' needs an even ring size on gloo, got 3"):
+        ra._Ring(type("ThreeRanks", (), {"nranks": 3, "rank": 0})(), "p2p")
     with pytest.raises(ValueError, match="rotation must be one of"):
         ra.RingAttention.apply(q, k, v, group=_OneRank(), rotation="ring")
     with pytest.raises(ValueError, match="not a multiple of 3 key/value heads"):
         ra.RingAttention.apply(q, paddle.ones([B, S, 3, D]), paddle.ones([B, S, 3, D]), group=_OneRank())
+
+
+def test_ring_attention_takes_paddlenlps_ring_flash_attention_arguments_in_order():
+    import inspect
+
+    from paddlenlp.transformers.ring_flash_attention import RingFlashAttention
+
+    theirs = list(inspect.signature(RingFlashAttention.forward).parameters)
+    ours = list(inspect.signature(ra.RingAttention.forward).parameters)
+    assert ours[:len(theirs)] == theirs  # Llama's call: apply(q, k, v, attn_mask=None, is_causal=True)
+    assert ours[len(theirs):] == ["rotation"]

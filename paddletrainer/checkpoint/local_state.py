@@ -47,7 +47,10 @@ def topology_info(topology) -> Topology:
         return topology
     if topology is None:
         return Topology.of(rank=paddle.distributed.get_rank(), dp_degree=paddle.distributed.get_world_size())
-    fields = {f"{a.name}_{kind}": int(getattr(topology, f"{a.name}_{kind}")) for a in AXES for kind in ("degree", "rank")}
+    # an axis added later (sep) may be missing from a stand-in written before it: inactive there
+    fields = {f"{a.name}_{kind}": int(getattr(topology, f"{a.name}_{kind}") if a.named_at_degree_1 else
+                                      getattr(topology, f"{a.name}_{kind}", 1 if kind == "degree" else 0))
+              for a in AXES for kind in ("degree", "rank")}
     return Topology.of(rank=int(topology.rank), **fields)
 
 

@@ -33,7 +33,7 @@ PARALLEL_INPUTS = (
     "pipeline_parallel_config", "tensor_parallel_config",
     "sequence_parallel", "fuse_sequence_parallel_allreduce", "sharding_stage3_segment_size",
     "virtual_pipeline_model_parallel_size", "gradient_accumulation_steps", "per_device_train_batch_size", "seed",
-    "ddp_find_unused_parameters", "data_parallel_size", "amp_master_grad",
+    "ddp_find_unused_parameters", "data_parallel_size", "amp_master_grad", "split_inputs_sequence_dim",
 )
 
 
@@ -118,6 +118,7 @@ def parallel_config_of(args, layout: Layout) -> ParallelConfig:
         micro_batch_size=args.per_device_train_batch_size,
         seed=args.seed,
         find_unused_parameters=args.ddp_find_unused_parameters,
+        split_inputs_sequence_dim=bool(args.split_inputs_sequence_dim),
     )
     compat.refuse_unproven_parallel_options(layout, config.pipeline_options, config.sharding_options,
                                             config.tensor_options)

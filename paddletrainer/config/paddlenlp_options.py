@@ -14,7 +14,8 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
-* sep/context/expert parallel, auto-parallel and ``to_static`` are parsed but refused when switched on.
+* context/expert parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
+  parsed but refused when switched on.
 * PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
   ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
   ``context_parallel_size``, ``expert_model_parallel_size``, ``expert_tensor_model_parallel_size``); two names of
@@ -192,7 +193,7 @@ def check_data_parallel_size(dp, degrees) -> None:
     if dp not in (None, -1) and dp != degrees.dp:
         d = degrees
         others = "".join(f" × {name} {n}" for name, n in d.degrees.items()
-                         if name not in ("dp", "sharding", "tp", "pp"))  # an axis added later
+                         if name not in ("dp", "sharding", "tp", "pp") and n > 1)  # a later axis, when active
         raise ValueError(f"data_parallel_size={dp} does not match the layout: {d.world_size} processes / "
                          f"(tp {d.tp} × pp {d.pp} × sharding {d.sharding}{others}) leave data parallel {d.dp}")
 
@@ -235,8 +236,11 @@ def apply_deprecated_sharding_degree(args) -> None:
 
 def refuse_unsupported_parallel(args, axis_options) -> None:
     """A ``DEGREE_OPTIONS`` degree > 1 that is not among ``axis_options`` (the options of the layout's axes,
-    ``parallel.layout.option_axes``: today sep/context/expert parallel), auto-parallel and ``to_static`` are
+    ``parallel.layout.option_axes``: today context/expert parallel), auto-parallel and ``to_static`` are
     parsed but refused when switched on."""
+    if args.sep_parallel_degree > 1 and args.context_parallel_degree > 1:  # PaddleNLP asserts it too
+        raise ValueError(f"sep_parallel_degree={args.sep_parallel_degree} and context_parallel_degree="
+                         f"{args.context_parallel_degree} cannot both be > 1 (both run on fleet's sep axis): pick one")
     for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options)):
         if getattr(args, option) > 1:
             raise ValueError(f"{option}={getattr(args, option)} is not supported by paddletrainer: use -1 or 1")

@@ -12,6 +12,8 @@ Order (each step names the function that does it):
    wrappers of step 5 must see the ``TensorParallel`` model (its parameters are the tp-local shards).
 5. sharding > 1 → :func:`~.sharding.apply_sharding`: stage 1 wraps the optimizer (and the model, unless tp
    did), stage 2/3 wrap both with the group-sharded classes.
+4b. sep > 1 → :func:`~.segment.apply_segment_parallel` (fleet's ``SegmentParallel`` when neither tp nor sharding
+   stage 1 wraps the model; gradients are summed over sep by ``HybridParallelOptimizer``).
 6. any hybrid layout left without an optimizer wrapper (tp and/or dp only) → ``fleet.distributed_optimizer``
    (``HybridParallelOptimizer``: dp all-reduce, tp replicated-gradient checks).
 
@@ -33,6 +35,7 @@ from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
+from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
 from .sharding import apply_sharding
 from .tensor import apply_tensor_parallel
@@ -122,10 +125,13 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,
                                           virtual_pp_degree=config.virtual_pp_degree)
+        model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
     model = apply_tensor_parallel(model, topology=topology)
     stage = config.sharding_stage  # 0 unless the layout has a sharding group (ParallelConfig's check)
+    # sep: no pp and no stage 2/3 here (ParallelConfig); the tp or stage-1 wrapper broadcasts over sep itself
+    model = apply_segment_parallel(model, topology=topology, wrapped=topology.tp_degree > 1 or stage == 1)
     if stage in (2, 3):
         model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3

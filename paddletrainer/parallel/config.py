@@ -30,6 +30,11 @@ __all__ = ["ParallelConfig", "expect_config", "resolve_layout", "STAGE3_DEFAULT_
 STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 
+def _named(axis, degree: int) -> bool:
+    """Whether messages name ``axis``: the first four always, a later axis (sep) when active."""
+    return axis.named_at_degree_1 or degree > 1
+
+
 def resolve_layout(world_size: int, sharding_requested: bool, requested: Mapping[str, int],
                    topo_order: str = DEFAULT_TOPO_ORDER) -> Layout:
     """PaddleNLP's topology arithmetic over the axes an option sets (``layout.option_axes()``; ``requested``
@@ -47,7 +52,8 @@ def resolve_layout(world_size: int, sharding_requested: bool, requested: Mapping
     model_size = math.prod(model.values())
     if world_size % model_size:
         raise ValueError(
-            f"{' x '.join(f'{a.option}={d}' for a, d in model.items())} = {model_size} does not divide the world "
+            f"{' x '.join(f'{a.option}={d}' for a, d in model.items() if _named(a, d))} = {model_size} does not "
+            f"divide the world "
             f"size {world_size} (PADDLE_TRAINERS_NUM); launch a multiple of {model_size} processes or lower the degrees"
         )
     if raw.get("sharding", 1) == -1:
@@ -58,7 +64,8 @@ def resolve_layout(world_size: int, sharding_requested: bool, requested: Mapping
     size = math.prod(degrees.values())
     if world_size % size:
         raise ValueError(
-            f"{' x '.join(f'{a.option}={degrees[a.name]}' for a in axes)} = {size} does not divide the world size "
+            f"{' x '.join(f'{a.option}={degrees[a.name]}' for a in axes if _named(a, degrees[a.name]))} = {size} "
+            f"does not divide the world size "
             f"{world_size} (PADDLE_TRAINERS_NUM)"
         )
     return Layout(world_size=world_size, dp=world_size // size, **degrees, topo_order=topo_order)
@@ -86,10 +93,28 @@ class ParallelConfig:
     micro_batch_size: int = 1  # per_device_train_batch_size
     seed: int = 42  # tensor_init_seed: tp ranks draw the same init streams
     find_unused_parameters: Optional[bool] = None  # ddp_find_unused_parameters; None: PaddleNLP's default
+    split_inputs_sequence_dim: bool = True  # under sep the Trainer cuts each batch along the sequence
 
     def __post_init__(self):
         self._check_sharding()
         self._check_pipeline()
+        self._check_segment()
+
+    def _check_segment(self) -> None:
+        """sep (Ulysses) runs with dp, tp, pp and sharding stage 1 (gradients summed over sep by Paddle's
+        ``HybridParallelOptimizer``); the combinations not proven equal to one process are refused."""
+        d = self.layout
+        if d.sep == 1:
+            return
+        if not self.split_inputs_sequence_dim:
+            raise ValueError(f"split_inputs_sequence_dim=False with sep_parallel_degree={d.sep}: paddletrainer cuts "
+                             "each batch along the sequence itself (after the global sample order); use True")
+        if self.sharding_stage in (2, 3):
+            raise ValueError(f"sharding='stage{self.sharding_stage}' cannot be combined with sep_parallel_degree="
+                             f"{d.sep}: its gradient reduction skips the sep group; use sharding='stage1'")
+        if self.sequence_parallel:
+            raise ValueError(f"sequence_parallel=True with sep_parallel_degree={d.sep} is not supported yet: use one "
+                             "of them")
 
     def _check_sharding(self) -> None:
         d, stage = self.layout, self.sharding_stage

@@ -51,10 +51,14 @@ AXES: Tuple[Axis, ...] = (
          "get_model_parallel_group", "get_model_parallel_rank"),
     Axis("pp", "pipeline_parallel_degree", "pp", "pp", False,
          "get_pipe_parallel_group", "get_stage_id"),
+    # sequence-segment parallel (Ulysses): the ranks of a sep group read the same samples and each keeps one
+    # contiguous segment of every sequence (the Trainer cuts it: parallel/segment.py)
+    Axis("sep", "sep_parallel_degree", "sep", "sep", False,
+         "get_sep_parallel_group", "get_sep_parallel_rank", named_at_degree_1=False),
 )
 
-# fleet's axis orders (fleet names, outermost first). sep/cp are always 1 here but stay in the order so the
-# grid has the same shape fleet builds by default.
+# fleet's axis orders (fleet names, outermost first). cp is always 1 here but stays in the order so the grid
+# has the same shape fleet builds by default.
 PP_FIRST = ("dp", "pp", "sharding", "sep", "cp", "mp")
 SHARDING_FIRST = ("dp", "sharding", "pp", "sep", "cp", "mp")
 TOPO_ORDERS = {"pp_first": PP_FIRST, "sharding_first": SHARDING_FIRST}  # hybrid_parallel_topo_order's values
@@ -116,6 +120,7 @@ class Layout:
     sharding: int = 1
     tp: int = 1
     pp: int = 1
+    sep: int = 1
     # Not part of equality: two layouts with the same degrees compare equal; init_topology compares it itself.
     topo_order: str = dataclasses.field(default=DEFAULT_TOPO_ORDER, compare=False)
 
@@ -181,15 +186,15 @@ class Layout:
 
     def fleet_degrees(self) -> Dict[str, int]:
         """``{"<fleet name>_degree": degree}`` for fleet's ``hybrid_configs``."""
-        return {f"{a.fleet}_degree": self.degree(a.name) for a in AXES}
+        return {f"{a.fleet}_degree": self.degree(a.name) for a in self._named_axes()}  # fleet's default is 1
 
     def cell_name(self, coords: Mapping[str, int]) -> str:
         """A rank's full coordinates as a file-name part, e.g. ``dp00_shard00_tp01_pp00``."""
         return "_".join(f"{a.label}{int(coords.get(a.name, 0)):02d}" for a in self._named_axes())
 
     def describe(self) -> str:
-        """``dp2·sharding1·tp2·pp2`` (for messages)."""
-        return "·".join(f"{name}{d}" for name, d in self.degrees.items())
+        """``dp2·sharding1·tp2·pp2`` (for messages; a later axis only when active, ``...·sep2``)."""
+        return "·".join(f"{a.name}{self.degree(a.name)}" for a in self._named_axes())
 
 
 def _env_int(name: str, default: Optional[int]) -> Optional[int]:

@@ -147,7 +147,8 @@ class ParallelOptimizer:
           rank 0 for stage 3's unsliced (replicated) parameters;
         * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
           rank 0 only;
-        * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker).
+        * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker);
+        * sep: on sep rank 0 only (Paddle's norm group, the "check" group, spans the sep ranks).
 
         Every gradient is listed (counted or not) so that clipping can scale all of them.
         """
@@ -165,6 +166,8 @@ class ParallelOptimizer:
             if not getattr(param, "is_distributed", False) and topo.tp_rank != 0:
                 counted = False
             if not getattr(param, "is_firstly_shared", True):
+                counted = False
+            if topo.sep_rank != 0:  # after the sync every sep rank holds the same (summed) gradient
                 counted = False
             entries.append((param.name, grad, counted))
         return entries

@@ -29,7 +29,7 @@ from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_
 FULL = os.environ.get("PT_FULL_MATRIX") == "1"
 
 
-def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, **extra):
+def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, sep=1, **extra):
     """Global batch 8 on every layout; ``mlp``: also the plain regression net (needs no tp/pp layers)."""
     data_world = dp * sharding
     options = dict(per_device_train_batch_size=GLOBAL_BATCH // (ga * data_world), gradient_accumulation_steps=ga)
@@ -39,9 +39,11 @@ def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=Fal
         options["tensor_parallel_degree"] = tp
     if pp > 1:
         options["pipeline_parallel_degree"] = pp
+    if sep > 1:
+        options["sep_parallel_degree"] = sep
     options.update(extra)
     full_only = [pytest.mark.full_matrix] + ([pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else [])
-    params = [pytest.param("llama", name, dp * sharding * tp * pp, options, id=f"llama-{name}",
+    params = [pytest.param("llama", name, dp * sharding * tp * pp * sep, options, id=f"llama-{name}",
                            marks=[] if ci else full_only)]
     if mlp:  # the plain paddle.nn.Layer: full matrix only (CI keeps its launches for the Llama)
         params.append(pytest.param("mlp", name, dp * sharding * tp * pp, options, id=f"mlp-{name}", marks=full_only))
@@ -80,6 +82,12 @@ LAYOUTS = [
     *layout("pp2_vpp2", pp=2, ga=4, virtual_pipeline_model_parallel_size=2),
     *layout("pp2_vpp2_fthenb", pp=2, ga=2, virtual_pipeline_model_parallel_size=2),
     *layout("tp2_pp2_vpp2", tp=2, pp=2, ga=4, virtual_pipeline_model_parallel_size=2),
+    # sequence-segment parallel (Ulysses; CPU: the all-to-all fill of parallel/cpu/all_to_all.py): sep ranks
+    # read the same samples, each trains on half of every sequence (CI runs sep2 in the checkpoint test below)
+    *layout("dp2_sep2", dp=2, sep=2, ci=True),
+    *layout("tp2_sep2", tp=2, sep=2, ci=True),
+    *layout("s1x2_sep2", sharding=2, stage=1, sep=2),
+    *layout("pp2_sep2", pp=2, sep=2),
 ]
 
 
@@ -179,3 +187,24 @@ def test_split_param_trains_like_one_process_and_its_checkpoint_resumes_under_st
                                   per_device_train_batch_size=4, **resume))
     for r in read_results(tmp_path / "s3_res", 2) + read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, f"s1v2x2 checkpoint resumed by rank {r['rank']}")
+
+
+def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
+    tmp_path, trainer_reference, llama_weights
+):
+    """Sequence-segment parallel ×2 (Ulysses): the layout's claims as above — both sep ranks read the same 4
+    samples per micro-batch and keep half of every sequence; the logged loss is the whole sequences' mean and the
+    grad norm counts each gradient once — then its step-3 checkpoint (written by sep rank 0: the sep ranks hold
+    the same weights) continues the one-process curve in one process."""
+    ref, foreign = trainer_reference("llama")
+    sep = dict(per_device_train_batch_size=4, sep_parallel_degree=2)
+    launch(WORKER, 2, phase_args("llama", tmp_path / "sep", tmp_path / "sep_res", llama_weights,
+                                 foreign_checkpoint=foreign, **sep), tmp_path / "sep_launch", timeout=420)
+    saved = tmp_path / "sep" / "short" / "checkpoint-3"
+    for r in read_results(tmp_path / "sep_res", 2):
+        assert_layout_claims(r, ref, f"sep2 rank {r['rank']}")
+
+    run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
+                                  per_device_train_batch_size=4, foreign_checkpoint=saved))
+    for r in read_results(tmp_path / "one_res", 1):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, "sep2 checkpoint resumed in one process")

@@ -52,14 +52,14 @@ def test_with_its_axes_entry_the_degree_option_is_read_into_the_layout_and_confi
     world(8)
     args = make(tmp_path, context_parallel_degree=2, tensor_parallel_degree=2)
     layout = args.parallel_degrees
-    assert layout.degrees == {"dp": 2, "sharding": 1, "tp": 2, "pp": 1, "cp": 2}
+    assert layout.degrees == {"dp": 2, "sharding": 1, "tp": 2, "pp": 1, "sep": 1, "cp": 2}
     assert args.parallel_config.layout is layout and layout.use_hybrid
     assert layout.fleet_degrees()["cp_degree"] == 2
     # cp ranks read the same samples (splits_data=False): two data streams, one per dp rank
     assert layout.data_world_size == 2 and args.dataset_world_size == 2
     # the other refusals stay
-    with pytest.raises(ValueError, match="^sep_parallel_degree=2 is not supported by paddletrainer"):
-        make(tmp_path, sep_parallel_degree=2)
+    with pytest.raises(ValueError, match="^expert_parallel_degree=2 is not supported by paddletrainer"):
+        make(tmp_path, expert_parallel_degree=2)
 
 
 def test_the_new_degree_is_validated_against_the_world_size(tmp_path, world, with_cp):
@@ -73,7 +73,7 @@ def test_the_new_degree_is_validated_against_the_world_size(tmp_path, world, wit
         make(tmp_path, context_parallel_degree=4, data_parallel_size=4)
     # sharding's unset degree takes what tp x cp leave
     args = make(tmp_path, context_parallel_degree=2, sharding="stage1")
-    assert args.parallel_degrees.degrees == {"dp": 1, "sharding": 4, "tp": 1, "pp": 1, "cp": 2}
+    assert args.parallel_degrees.degrees == {"dp": 1, "sharding": 4, "tp": 1, "pp": 1, "sep": 1, "cp": 2}
 
 
 def test_a_script_changing_the_new_degree_after_parsing_rebuilds_and_rechecks_the_layout(tmp_path, world, with_cp):
@@ -81,7 +81,7 @@ def test_a_script_changing_the_new_degree_after_parsing_rebuilds_and_rechecks_th
     args = make(tmp_path)
     assert args.parallel_config.layout.degree("cp") == 1
     args.context_parallel_degree = 4
-    assert args.parallel_config.layout.degrees == {"dp": 2, "sharding": 1, "tp": 1, "pp": 1, "cp": 4}
+    assert args.parallel_config.layout.degrees == {"dp": 2, "sharding": 1, "tp": 1, "pp": 1, "sep": 1, "cp": 4}
     args.context_parallel_degree = 3
     with pytest.raises(ValueError, match="context_parallel_degree=3 = 3 does not divide the world size 8"):
         args.parallel_config
@@ -91,8 +91,8 @@ def test_the_new_axis_has_coordinates_and_appears_in_checkpoint_names_only_when_
     world(8)
     layout = make(tmp_path, context_parallel_degree=2, tensor_parallel_degree=2).parallel_degrees
     # fleet's pp_first grid (dp, pp, sharding, sep, cp, mp), row-major: strides mp 1, cp 2, dp 4
-    assert layout.coordinates(3) == {"dp": 0, "sharding": 0, "tp": 1, "pp": 0, "cp": 1}
-    assert layout.coordinates(6) == {"dp": 1, "sharding": 0, "tp": 0, "pp": 0, "cp": 1}
+    assert layout.coordinates(3) == {"dp": 0, "sharding": 0, "tp": 1, "pp": 0, "sep": 0, "cp": 1}
+    assert layout.coordinates(6) == {"dp": 1, "sharding": 0, "tp": 0, "pp": 0, "sep": 0, "cp": 1}
     coords = layout.coordinates(7)
     assert layout.data_rank(coords) == 1
     assert layout.cell_name(coords) == "dp01_shard00_tp01_pp00_cp01"

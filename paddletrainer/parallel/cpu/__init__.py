@@ -16,26 +16,30 @@ lists what it relies on in Paddle (``assumptions()``):
 * :mod:`.reduce_scatter` — an exact reduce-scatter over ``all_reduce`` (sequence parallel, stage1 V2);
 * :mod:`.sharding_construction` — the scope in which sharding stage 2/3 are built
   (:func:`.sharding_construction.group_sharded_construction`) and stage1 V2's comm-buffer alignment;
-* :mod:`.stage3_offload` — stage 3 offload's host<->device moves as real copies.
+* :mod:`.stage3_offload` — stage 3 offload's host<->device moves as real copies;
+* :mod:`.all_to_all` — an exact all-to-all over ``all_gather`` (the sep axis's attention; MoE's dispatch), and
+  PaddleNLP 3.0.0b4's sep reshard with Paddle 3's argument order.
 
 :func:`install` applies them all once per process; only :func:`paddletrainer.parallel.topology.init_topology`
 calls it, and only on a CPU-only build. :func:`check_paddle_assumptions` fails if Paddle changed what a fill
 relies on, one line per broken assumption, each naming the fill's file: a Paddle upgrade fails in the unit tests
 at the file that needs the edit instead of silently running unpatched code. :mod:`.paddle_checks` holds what
-those checks are made of. Only a CPU-build maintainer needs this package; the axes in
+those checks are made of; :mod:`.blocking` what the collective fills return. Only a CPU-build maintainer needs this package; the axes in
 :mod:`paddletrainer.parallel` do not depend on it on a GPU.
 """
 from __future__ import annotations
 
 import threading
 
-from . import group_stores, interleave, pipeline_p2p, reduce_scatter, sharding_construction, stage3_offload, tp_ops
+from . import (all_to_all, group_stores, interleave, pipeline_p2p, reduce_scatter, sharding_construction, stage3_offload,
+               tp_ops)
 from .paddle_checks import broken_assumptions
 
 __all__ = ["install", "is_installed", "check_paddle_assumptions", "FILLS"]
 
 # Every fill module, in the order install() applies them (they patch disjoint Paddle symbols).
-FILLS = (group_stores, tp_ops, pipeline_p2p, interleave, reduce_scatter, sharding_construction, stage3_offload)
+FILLS = (group_stores, tp_ops, pipeline_p2p, interleave, reduce_scatter, sharding_construction, stage3_offload,
+         all_to_all)
 
 _INSTALLED = False
 _LOCK = threading.Lock()

@@ -31,7 +31,9 @@ reverse all-to-all (the split sizes swapped).
 """
 from __future__ import annotations
 
+import importlib.util
 import inspect
+import sys
 
 import paddle
 import paddle.distributed as dist
@@ -39,6 +41,7 @@ from paddle.autograd import PyLayer
 
 from ...runtime.device import has_accelerator
 from .blocking import DoneTask, group_or_world
+from .paddle_checks import Assumption, broken_assumptions
 
 __all__ = [
     "exchange",
@@ -268,6 +271,9 @@ def install_all_to_all() -> None:
             setattr(stream_module, name, fill)
 
 
+install = install_all_to_all  # the name every fill module's installer has (parallel.cpu.FILLS)
+
+
 def _stream_module():
     import importlib
 
@@ -291,24 +297,17 @@ _PADDLE_SIGNATURES = {
 }
 
 
-def check_paddle_assumptions() -> None:
-    """Fail loudly if Paddle (or PaddleNLP's sep reshard) no longer looks the way the fills assume.
-
-    Raises ``RuntimeError`` naming this file and every broken assumption.
-    """
-    problems = []
+def assumptions() -> list:
+    """The facts about Paddle (and PaddleNLP's sep reshard, when it is installed) this fill relies on, one
+    :class:`~.paddle_checks.Assumption` each (checked by :func:`paddletrainer.parallel.cpu.check_paddle_assumptions`)."""
+    found = []
 
     def expect(condition, message):
-        try:
-            ok = condition()
-        except Exception as exc:  # noqa: BLE001 - a symbol that vanished is a broken assumption, not a crash
-            ok, message = False, f"{message} ({type(exc).__name__}: {exc})"
-        if not ok:
-            problems.append(message)
+        found.append(Assumption(condition, message))
 
     stream_module = _stream_module()
     for name, params in _PADDLE_SIGNATURES.items():
-        expect(lambda: _params_of(getattr(stream_module, name)) == params,
+        expect(lambda name=name, params=params: _params_of(getattr(stream_module, name)) == params,
                f"stream.all_to_all.{name}({', '.join(params)}) signature changed")
     expect(lambda: all(f"{name}(" in _source(stream_module.alltoall)
                        for name in ("_all_to_all_tensor_in_dygraph", "_all_to_all_in_dygraph")),
@@ -327,6 +326,13 @@ def check_paddle_assumptions() -> None:
     expect(lambda: _params_of(dist.all_gather)[:3] == ["tensor_list", "tensor", "group"],
            "paddle.distributed.all_gather(tensor_list, tensor, group) signature changed")
     _check_paddlenlp(expect)
+    return found
+
+
+def check_paddle_assumptions() -> None:
+    """Fail loudly if Paddle (or PaddleNLP's sep reshard) no longer looks the way the fill assumes: a
+    ``RuntimeError`` whose every line names this file and one broken assumption."""
+    problems = broken_assumptions(sys.modules[__name__])
     if problems:
         raise RuntimeError(f"{THIS_FILE} no longer matches this Paddle / PaddleNLP version:\n  - "
                            + "\n  - ".join(problems))
@@ -334,7 +340,9 @@ def check_paddle_assumptions() -> None:
 
 def _check_paddlenlp(expect) -> None:
     """The PaddleNLP call sites the fill serves still call what it fills, and the reshard still has the
-    argument order the fix corrects."""
+    argument order the fix corrects. Nothing to check without PaddleNLP (an optional dependency)."""
+    if importlib.util.find_spec("paddlenlp") is None:
+        return
     from paddlenlp.transformers import moe_layer
     from paddlenlp.transformers import segment_parallel_utils as spu
 

@@ -51,6 +51,7 @@ BREAKS = {
     "sharding_construction": ("paddle.distributed.fleet.utils.tensor_fusion_helper", "get_current_device_type",
                               _changed),
     "stage3_offload": ("paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3", "_device2cpu", None),
+    "all_to_all": ("paddle.distributed.communication.stream.all_to_all", "_alltoall_single_in_dygraph", _changed),
 }
 
 

@@ -30,7 +30,7 @@ from typing import Optional
 from paddle.distributed import fleet
 
 from .config import ParallelConfig
-from .data_parallel import apply_data_parallel
+from .data_parallel import apply_data_parallel, gradient_buffers
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
@@ -117,7 +117,7 @@ def parallelize(model, optimizer, topology, config=None, *, stage3_segment_size:
     if not topology.use_hybrid:
         model = apply_data_parallel(model, topology=topology,
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
+        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model))
 
     # ParallelConfig checked every combination (stage 2/3 with pp, stage 3 with tp, offload) at construction.
     stage = config.sharding_stage if topology.sharding_degree > 1 else 0

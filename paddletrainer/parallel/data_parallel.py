@@ -180,11 +180,15 @@ class GradientBuffers:
             self._finish_round()
         if self._find_unused:
             params = [slot[0] for bucket in self._buckets for slot in bucket.slots]
-            used = paddle.to_tensor([1 if self._used.get(id(p)) else 0 for p in params], dtype="int32")
+            flags = [1 if self._used.get(id(p)) else 0 for p in params]
+            used = paddle.to_tensor(flags, dtype="int32")
             dist.all_reduce(used, group=self._group)
-            for p, count in zip(params, used.tolist()):
-                if count == 0:
-                    p.clear_gradient(False)  # relinked (zero) by the next zero()
+            # only a parameter this rank did not use can be unused on every rank: a rank that used all of them
+            # reads nothing from the device (no host sync between logging steps; Paddle's reducer reads in C++)
+            if not all(flags):
+                for p, count in zip(params, used.tolist()):
+                    if count == 0:
+                        p.clear_gradient(False)  # relinked (zero) by the next zero()
 
     @paddle.no_grad()
     def zero(self) -> None:

@@ -260,7 +260,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     report_to: Optional[List[str]] = field(default=None, metadata=_help(
         "Metric loggers; None means visualdl, 'none' means no logger."))
     ddp_find_unused_parameters: Optional[bool] = field(default=None, metadata=_help(
-        "find_unused_parameters of paddle.DataParallel."))
+        "Plain data parallel: leave no gradient on parameters no rank used in the step (PaddleNLP: "
+        "find_unused_parameters of paddle.DataParallel); unset: true unless the model recomputes."))
     wandb_api_key: Optional[str] = field(default=None, metadata=_help("Weights & Biases API key."))
     wandb_http_proxy: Optional[str] = field(default=None, metadata=_help("HTTP proxy for Weights & Biases."))
     resume_from_checkpoint: Optional[str] = field(default=None, metadata=_help(

@@ -13,8 +13,8 @@ Each rank reports (``memory_worker.py`` has the details):
 Beside each counted part is its prediction (``paddletrainer.planning.state_bytes_per_rank``, from the
 rank's parameter count before sharding); the activations' estimate is ``cost_model.memory``'s (with
 recompute: one layer's plus every layer's input). "uncounted" is the memory before the last optimizer step
-minus the baseline and every counted tensor: what no Python object shows (Paddle ``DataParallel``'s C++
-fused gradient buffers, allocator slack).
+minus the baseline and every counted tensor: what no Python object shows (allocator slack; before plain dp
+kept its gradients in its all-reduce buckets, Paddle ``DataParallel``'s C++ fused gradient buffers).
 
 The two sizes separate the per-layout terms from the fixed baseline: the slope of the peak between them,
 in bytes per model parameter, against the predicted state bytes per model parameter.
@@ -64,8 +64,10 @@ def total_params(size: dict) -> int:
 # ------------------------------------------------------------------------------------ predictions
 def predicted_states(layout: str, rank_params: int) -> dict:
     _, lay = LAYOUTS[layout]
+    # every dp layout here is plain dp, whose gradients are views of its all-reduce buckets
+    # (parallel.data_parallel.GradientBuffers): no second copy
     return state_bytes_per_rank(rank_params, dp=lay.get("dp", 1), sharding=lay.get("sharding", 1),
-                                stage=lay.get("stage", 0)).as_dict()
+                                stage=lay.get("stage", 0), grads_in_comm_buffers=True).as_dict()
 
 
 def predicted_activations(layout: str, size: dict, seq: int) -> float:

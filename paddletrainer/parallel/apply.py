@@ -32,7 +32,7 @@ from typing import Optional
 from paddle.distributed import fleet
 
 from .config import ParallelConfig, expect_config
-from .data_parallel import apply_data_parallel
+from .data_parallel import apply_data_parallel, gradient_buffers
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .segment import apply_segment_parallel
@@ -120,7 +120,7 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     if not topology.use_hybrid:
         model = apply_data_parallel(model, topology=topology,
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
+        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model))
 
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,

@@ -33,18 +33,21 @@ class ParallelOptimizer:
     Args:
         optimizer: what Paddle returned (a plain optimizer, ``HybridParallelOptimizer``,
             ``GroupShardedOptimizerStage2`` or, for stage 3, the original optimizer with a patched step).
-        mode: "local" (one process or ``paddle.DataParallel``), "hybrid", "stage2" or "stage3".
+        mode: "local" (one process or plain data parallel), "hybrid", "stage2" or "stage3".
         topology: the :class:`~paddletrainer.parallel.topology.Topology`.
         model: the wrapped model (stage 2/3 keep their synchronisation functions on it).
+        dp_buffers: plain data parallel's :class:`~.data_parallel.GradientBuffers` (their reduction is finished
+            by :meth:`sync_gradients`, they are zeroed in place by :meth:`clear_grad`).
     """
 
-    def __init__(self, optimizer, *, mode: str, topology, model=None):
+    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None):
         if mode not in (LOCAL, HYBRID, STAGE2, STAGE3):
             raise ValueError(f"unknown ParallelOptimizer mode {mode!r}")
         self._optimizer = optimizer
         self._mode = mode
         self._topology = topology
         self._model = model
+        self._dp_buffers = dp_buffers
         self._synced = False
         # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
         self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
@@ -86,6 +89,8 @@ class ParallelOptimizer:
             self._model._dp_allreduce()
         elif self._mode == STAGE3:
             self._model._update_params_slice()
+        elif self._dp_buffers is not None:
+            self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
         self._synced = True
 
     @paddle.no_grad()
@@ -117,6 +122,8 @@ class ParallelOptimizer:
             self._split_param.zero_gradients()  # see SplitParamSharding.zero_gradients: never clear_grad
         elif self._mode in (STAGE2, STAGE3):
             self._optimizer.clear_grad()
+        elif self._dp_buffers is not None:
+            self._dp_buffers.zero()  # in place: the gradients stay views of the all-reduce buckets
         else:
             self._optimizer.clear_grad(set_to_zero)
 

@@ -8,7 +8,8 @@ Layouts:
 
 * world size 1: no process group at all.
 * plain data parallel (dp > 1, every other degree 1): ``paddle.distributed.init_parallel_env()`` and
-  later ``paddle.DataParallel`` — the same choice PaddleNLP makes; there is no hybrid group (``hcg`` None).
+  later :func:`~.data_parallel.apply_data_parallel` (PaddleNLP's choice of groups, ``paddle.DataParallel``'s
+  job without its second copy of the gradients); there is no hybrid group (``hcg`` None).
 * anything else: ``fleet.init(is_collective=True, strategy=...)`` with hybrid_configs.
 
 Per-axis facts (fleet's names, the group getters) come from :data:`~.layout.AXES`; the rank arithmetic is

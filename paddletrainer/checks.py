@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from typing import Iterable, Sequence
 
+import paddle
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from .data.collate import forward_parameters
+from .parallel.context import has_cp_path
 from .parallel.segment import has_sep_path
 from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
 
@@ -22,6 +24,7 @@ __all__ = [
     "check_checkpoint_collisions",
     "check_dataset",
     "check_model_for_layout",
+    "check_model_for_cp",
     "check_model_for_sep",
     "check_optimizer_for_layout",
     "check_output_dir",
@@ -86,6 +89,7 @@ def check_model_for_layout(model, degrees) -> None:
                 f"pipeline_parallel_degree={pp}: {name} has {parts[-1] if parts else 0} layers split as "
                 f"{parts}, which leaves stage(s) {empty} empty; every stage needs at least one layer")
     check_model_for_sep(model, degrees)
+    check_model_for_cp(model, degrees)
     config = getattr(model, "config", None)
     if tp > 1:
         config_tp = getattr(config, "tensor_parallel_degree", None) if config is not None else None
@@ -125,6 +129,35 @@ def check_model_for_sep(model, degrees) -> None:
     if seq is None or int(seq) % sep:
         raise ValueError(f"{name}.config.seq_length={seq} is not divisible by sep_parallel_degree={sep}: set "
                          f"seq_length to the training sequence length, a multiple of {sep}")
+
+
+def check_model_for_cp(model, degrees) -> None:
+    """cp > 1 (``degrees``: ``args.parallel_degrees``): the model has a ring-attention path (PaddleNLP's Llama
+    built with ``config.context_parallel_degree`` = cp and ``use_flash_attention``), no alibi, fused rope only on
+    a GPU (PaddleNLP's fused rope asserts one under cp), and a ``seq_length`` that splits into 2·cp chunks.
+    Refused, never run as plain attention over a part of each sequence."""
+    cp = getattr(degrees, "cp", 1)
+    if cp == 1:
+        return
+    name, config = type(model).__name__, getattr(model, "config", None)
+    config_cp = getattr(config, "context_parallel_degree", None)
+    if config_cp is None or int(config_cp) != cp or not has_cp_path(model):
+        raise ValueError(
+            f"context_parallel_degree={cp} needs a model with a ring-attention path (PaddleNLP's Llama: set "
+            f"config.context_parallel_degree = training_args.context_parallel_degree before building it); {name} "
+            f"has config.context_parallel_degree={config_cp}")
+    if not getattr(config, "use_flash_attention", False):
+        raise ValueError(f"context_parallel_degree={cp}: {name}.config.use_flash_attention is False; PaddleNLP's "
+                         f"Llama runs ring attention only on its flash-attention path: set it True")
+    if getattr(config, "alibi", False):
+        raise ValueError(f"context_parallel_degree={cp}: {name}.config.alibi=True; ring attention takes no alibi")
+    if getattr(config, "use_fused_rope", False) and "gpu" not in paddle.device.get_device():
+        raise ValueError(f"context_parallel_degree={cp}: {name}.config.use_fused_rope=True needs a GPU under context "
+                         f"parallel (PaddleNLP asserts it); set use_fused_rope=False on {paddle.device.get_device()}")
+    seq = getattr(config, "seq_length", None)
+    if seq is None or int(seq) % (2 * cp):
+        raise ValueError(f"{name}.config.seq_length={seq} is not divisible by 2 x context_parallel_degree = {2 * cp}: "
+                         f"set seq_length to the training sequence length, a multiple of {2 * cp}")
 
 
 def _has_tp_layers(model) -> bool:

@@ -23,6 +23,7 @@ from .data.loader import IterableDatasetShard
 from .data.nested import distributed_concat, nested_numpify
 from .data.sampling import EvalBatchSampler
 from .parallel import pipeline
+from .parallel.context import gather_context
 from .parallel.segment import gather_sequence
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
@@ -207,6 +208,8 @@ class TrainerEvaluation:
             ignore_keys=ignore_keys)
         if self.topology.sep_degree > 1 and logits is not None:  # whole sequences, as one process predicts them
             logits, labels = gather_sequence(logits, self.topology.sep_group), labels_of(prepared, self.label_names)
+        if self.topology.cp_degree > 1 and logits is not None:  # chunks gathered and put back in sequence order
+            logits, labels = gather_context(logits, self.topology.cp_group), labels_of(prepared, self.label_names)
         return loss, logits, labels
 
     def _pipeline_prediction_step(self, inputs, prediction_loss_only):

@@ -200,7 +200,9 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     split_inputs_sequence_dim: bool = field(default=True, metadata=_help(
         "Under sep/context parallel, split the inputs along the sequence dimension."))
     context_parallel_degree: int = field(default=-1, metadata=_help(
-        "Context (ring attention) parallel degree. Not supported by paddletrainer: must stay -1 or 1."))
+        "Ring context parallel degree: the ranks of a cp group read the same samples, each keeps chunks r and "
+        "2*cp-1-r of 2*cp chunks of every sequence; the model needs a cp path (PaddleNLP's Llama with "
+        "config.context_parallel_degree and use_flash_attention). -1: off."))
     expert_parallel_degree: int = field(default=-1, metadata=_help(
         "Expert parallel degree for MoE models. Not supported by paddletrainer: must stay -1 or 1."))
     expert_tensor_parallel_degree: int = field(default=-1, metadata=_help(

@@ -14,7 +14,7 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
-* context/expert parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
+* expert parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
   parsed but refused when switched on.
 * PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
   ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
@@ -236,7 +236,7 @@ def apply_deprecated_sharding_degree(args) -> None:
 
 def refuse_unsupported_parallel(args, axis_options) -> None:
     """A ``DEGREE_OPTIONS`` degree > 1 that is not among ``axis_options`` (the options of the layout's axes,
-    ``parallel.layout.option_axes``: today context/expert parallel), auto-parallel and ``to_static`` are
+    ``parallel.layout.option_axes``: today expert parallel), auto-parallel and ``to_static`` are
     parsed but refused when switched on."""
     if args.sep_parallel_degree > 1 and args.context_parallel_degree > 1:  # PaddleNLP asserts it too
         raise ValueError(f"sep_parallel_degree={args.sep_parallel_degree} and context_parallel_degree="

@@ -14,6 +14,8 @@ Order (each step names the function that does it):
    did), stage 2/3 wrap both with the group-sharded classes.
 4b. sep > 1 → :func:`~.segment.apply_segment_parallel` (fleet's ``SegmentParallel`` when neither tp nor sharding
    stage 1 wraps the model; gradients are summed over sep by ``HybridParallelOptimizer``).
+4c. cp > 1 → :func:`~.context.apply_context_parallel` (the CPU build's ring attention, and ``SegmentParallel``
+   unless tp wraps the model: cp runs on fleet's sep groups, as in PaddleNLP).
 6. any hybrid layout left without an optimizer wrapper (tp and/or dp only) → ``fleet.distributed_optimizer``
    (``HybridParallelOptimizer``: dp all-reduce, tp replicated-gradient checks).
 
@@ -35,6 +37,7 @@ from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel, gradient_buffers
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
+from .context import apply_context_parallel
 from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
 from .sharding import apply_sharding
@@ -132,6 +135,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     stage = config.sharding_stage  # 0 unless the layout has a sharding group (ParallelConfig's check)
     # sep: no pp and no stage 2/3 here (ParallelConfig); the tp or stage-1 wrapper broadcasts over sep itself
     model = apply_segment_parallel(model, topology=topology, wrapped=topology.tp_degree > 1 or stage == 1)
+    # cp: no pp and no sharding here (ParallelConfig); the tp wrapper broadcasts over the sep group cp runs on
+    model = apply_context_parallel(model, topology=topology, wrapped=topology.tp_degree > 1)
     if stage in (2, 3):
         model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3

@@ -31,7 +31,7 @@ STAGE3_DEFAULT_SEGMENT_SIZE = 2**20
 
 
 def _named(axis, degree: int) -> bool:
-    """Whether messages name ``axis``: the first four always, a later axis (sep) when active."""
+    """Whether messages name ``axis``: the first four always, a later axis (sep, cp) when active."""
     return axis.named_at_degree_1 or degree > 1
 
 
@@ -101,20 +101,28 @@ class ParallelConfig:
         self._check_segment()
 
     def _check_segment(self) -> None:
-        """sep (Ulysses) runs with dp, tp, pp and sharding stage 1 (gradients summed over sep by Paddle's
-        ``HybridParallelOptimizer``); the combinations not proven equal to one process are refused."""
+        """sep (Ulysses) runs with dp, tp, pp and sharding stage 1, ring context parallel (cp) with dp and tp
+        (gradients summed over the sep/cp group by Paddle's ``HybridParallelOptimizer``); the combinations not
+        proven equal to one process are refused."""
         d = self.layout
-        if d.sep == 1:
+        if d.sep == 1 and d.cp == 1:
             return
+        option, degree = ("sep_parallel_degree", d.sep) if d.sep > 1 else ("context_parallel_degree", d.cp)
         if not self.split_inputs_sequence_dim:
-            raise ValueError(f"split_inputs_sequence_dim=False with sep_parallel_degree={d.sep}: paddletrainer cuts "
+            raise ValueError(f"split_inputs_sequence_dim=False with {option}={degree}: paddletrainer cuts "
                              "each batch along the sequence itself (after the global sample order); use True")
         if self.sharding_stage in (2, 3):
-            raise ValueError(f"sharding='stage{self.sharding_stage}' cannot be combined with sep_parallel_degree="
-                             f"{d.sep}: its gradient reduction skips the sep group; use sharding='stage1'")
+            raise ValueError(f"sharding='stage{self.sharding_stage}' cannot be combined with {option}="
+                             f"{degree}: its gradient reduction skips the sep group; use sharding='stage1'")
         if self.sequence_parallel:
-            raise ValueError(f"sequence_parallel=True with sep_parallel_degree={d.sep} is not supported yet: use one "
+            raise ValueError(f"sequence_parallel=True with {option}={degree} is not supported yet: use one "
                              "of them")
+        if d.cp > 1 and d.pp > 1:
+            raise ValueError(f"pipeline_parallel_degree={d.pp} with context_parallel_degree={d.cp} is not supported "
+                             "yet: use context parallel with data or tensor parallel")
+        if d.cp > 1 and self.sharding_stage == 1:
+            raise ValueError(f"sharding='stage1' with context_parallel_degree={d.cp} is not supported yet: use "
+                             "context parallel with data or tensor parallel")
 
     def _check_sharding(self) -> None:
         d, stage = self.layout, self.sharding_stage

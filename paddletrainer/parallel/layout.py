@@ -55,6 +55,12 @@ AXES: Tuple[Axis, ...] = (
     # contiguous segment of every sequence (the Trainer cuts it: parallel/segment.py)
     Axis("sep", "sep_parallel_degree", "sep", "sep", False,
          "get_sep_parallel_group", "get_sep_parallel_rank", named_at_degree_1=False),
+    # ring context parallel: the ranks read the same samples, each keeps the head/tail chunks r and 2·cp−1−r of
+    # every sequence (parallel/context.py). PaddleNLP 3.0.0b4 runs it on fleet's *sep* groups (its
+    # TrainingArguments pass sep_degree = context_parallel_degree, and Llama's ring attention, positions and
+    # loss read the sep group), so cp shares fleet's "sep" entry; sep and cp are never both > 1.
+    Axis("cp", "context_parallel_degree", "sep", "cp", False,
+         "get_sep_parallel_group", "get_sep_parallel_rank", named_at_degree_1=False),
 )
 
 # fleet's axis orders (fleet names, outermost first). cp is always 1 here but stays in the order so the grid
@@ -96,7 +102,10 @@ def coordinates_of(rank: int, degrees: Mapping[str, int], order: Sequence[str]) 
     4, 2, 1, so rank 13 = 1·8 + 1·4 + 0·2 + 1·1 is dp 1, pp 1, sharding 0, mp 1. Keys are ``order``'s names.
     """
     fleet_of = {a.name: a.fleet for a in AXES}
-    sizes_by_name = {fleet_of.get(k, k): int(v) for k, v in degrees.items()}
+    sizes_by_name = {}
+    for k, v in degrees.items():  # sep and cp share fleet's "sep" (at most one of them > 1): their product
+        fleet_name = fleet_of.get(k, k)
+        sizes_by_name[fleet_name] = sizes_by_name.get(fleet_name, 1) * int(v)
     sizes = [sizes_by_name.get(name, 1) for name in order]
     world = 1
     for size in sizes:
@@ -121,6 +130,7 @@ class Layout:
     tp: int = 1
     pp: int = 1
     sep: int = 1
+    cp: int = 1
     # Not part of equality: two layouts with the same degrees compare equal; init_topology compares it itself.
     topo_order: str = dataclasses.field(default=DEFAULT_TOPO_ORDER, compare=False)
 
@@ -134,6 +144,9 @@ class Layout:
         if product != self.world_size:
             raise ValueError(f"parallel degrees {self.describe()} = {product} do not match the world size "
                              f"{self.world_size}")
+        if self.sep > 1 and self.cp > 1:  # one fleet axis serves both
+            raise ValueError(f"sep_parallel_degree={self.sep} and context_parallel_degree={self.cp} cannot both be > 1 "
+                             "(both run on fleet's sep axis): pick one")
         hybrid_order(self.topo_order)  # raises for an unknown order
 
     def degree(self, name: str) -> int:
@@ -166,7 +179,8 @@ class Layout:
     def coordinates(self, rank: int) -> Dict[str, int]:
         """``rank``'s coordinate on every axis (our names), as fleet places it."""
         by_fleet = coordinates_of(rank, self.degrees, self.fleet_order)
-        return {a.name: by_fleet[a.fleet] for a in AXES}
+        # an axis at degree 1 is at 0 (sep and cp share fleet's "sep" coordinate: only the active one holds it)
+        return {a.name: by_fleet[a.fleet] if self.degree(a.name) > 1 else 0 for a in AXES}
 
     def data_rank(self, coords: Mapping[str, int]) -> int:
         """Which data stream a rank at ``coords`` reads: mixed radix over the data-splitting axes (dp major),

@@ -155,7 +155,7 @@ class ParallelOptimizer:
         * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
           rank 0 only;
         * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker);
-        * sep: on sep rank 0 only (Paddle's norm group, the "check" group, spans the sep ranks).
+        * sep / cp: on sep (cp) rank 0 only (Paddle's norm group, the "check" group, spans those ranks).
 
         Every gradient is listed (counted or not) so that clipping can scale all of them.
         """
@@ -174,7 +174,7 @@ class ParallelOptimizer:
                 counted = False
             if not getattr(param, "is_firstly_shared", True):
                 counted = False
-            if topo.sep_rank != 0:  # after the sync every sep rank holds the same (summed) gradient
+            if topo.sep_rank != 0 or topo.cp_rank != 0:  # after the sync every sep/cp rank holds the same sum
                 counted = False
             entries.append((param.name, grad, counted))
         return entries

@@ -261,7 +261,7 @@ def _build_topology(config: ParallelConfig) -> Topology:
     groups = {a.name: getattr(hcg, a.hcg_group)() if layout.degree(a.name) > 1 else None for a in AXES}
     coords = layout.coordinates(rank)
     groups["data"] = _data_group(rank, layout, groups)
-    placed = {a.name: getattr(hcg, a.hcg_rank)() for a in AXES}
+    placed = {a.name: getattr(hcg, a.hcg_rank)() if layout.degree(a.name) > 1 else 0 for a in AXES}
     if placed != coords:
         raise RuntimeError(f"fleet placed rank {rank} at {placed}, Layout.coordinates says {coords}: the rank "
                            f"layout assumption is wrong")

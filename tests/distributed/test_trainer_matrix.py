@@ -29,7 +29,7 @@ from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_
 FULL = os.environ.get("PT_FULL_MATRIX") == "1"
 
 
-def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, sep=1, **extra):
+def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, sep=1, cp=1, **extra):
     """Global batch 8 on every layout; ``mlp``: also the plain regression net (needs no tp/pp layers)."""
     data_world = dp * sharding
     options = dict(per_device_train_batch_size=GLOBAL_BATCH // (ga * data_world), gradient_accumulation_steps=ga)
@@ -41,9 +41,11 @@ def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=Fal
         options["pipeline_parallel_degree"] = pp
     if sep > 1:
         options["sep_parallel_degree"] = sep
+    if cp > 1:
+        options["context_parallel_degree"] = cp
     options.update(extra)
     full_only = [pytest.mark.full_matrix] + ([pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else [])
-    params = [pytest.param("llama", name, dp * sharding * tp * pp * sep, options, id=f"llama-{name}",
+    params = [pytest.param("llama", name, dp * sharding * tp * pp * sep * cp, options, id=f"llama-{name}",
                            marks=[] if ci else full_only)]
     if mlp:  # the plain paddle.nn.Layer: full matrix only (CI keeps its launches for the Llama)
         params.append(pytest.param("mlp", name, dp * sharding * tp * pp, options, id=f"mlp-{name}", marks=full_only))
@@ -88,6 +90,11 @@ LAYOUTS = [
     *layout("tp2_sep2", tp=2, sep=2, ci=True),
     *layout("s1x2_sep2", sharding=2, stage=1, sep=2),
     *layout("pp2_sep2", pp=2, sep=2),
+    # ring context parallel (CPU: our ring attention, parallel/ring_attention.py, in Llama's RingFlashAttention
+    # place): cp ranks read the same samples, each trains on chunks r and 3-r of 4 of every sequence (CI runs
+    # cp2 in the checkpoint test below)
+    *layout("dp2_cp2", dp=2, cp=2),
+    *layout("tp2_cp2", tp=2, cp=2),
 ]
 
 
@@ -208,3 +215,24 @@ def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
                                   per_device_train_batch_size=4, foreign_checkpoint=saved))
     for r in read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, "sep2 checkpoint resumed in one process")
+
+
+def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
+    tmp_path, trainer_reference, llama_weights
+):
+    """Ring context parallel ×2: the layout's claims as above — both cp ranks read the same 4 samples per
+    micro-batch and keep the head/tail chunks (0, 3) and (1, 2) of every sequence; the logged loss is the whole
+    sequences' mean, the grad norm counts each gradient once, eval logits come back in sequence order — then its
+    step-3 checkpoint (the cp ranks hold the same weights) continues the one-process curve in one process."""
+    ref, foreign = trainer_reference("llama")
+    cp = dict(per_device_train_batch_size=4, context_parallel_degree=2)
+    launch(WORKER, 2, phase_args("llama", tmp_path / "cp", tmp_path / "cp_res", llama_weights,
+                                 foreign_checkpoint=foreign, **cp), tmp_path / "cp_launch", timeout=420)
+    saved = tmp_path / "cp" / "short" / "checkpoint-3"
+    for r in read_results(tmp_path / "cp_res", 2):
+        assert_layout_claims(r, ref, f"cp2 rank {r['rank']}")
+
+    run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
+                                  per_device_train_batch_size=4, foreign_checkpoint=saved))
+    for r in read_results(tmp_path / "one_res", 1):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, "cp2 checkpoint resumed in one process")

@@ -38,3 +38,5 @@ def assert_predictions(predicted, reference_predicted, what):
     assert predicted["shape"][0] == 13 and predicted["shape"] == reference_predicted["shape"], what
     close(predicted["mean_abs"], reference_predicted["mean_abs"], f"{what} per-sample mean |prediction|")
     close(predicted["first"], reference_predicted["first"], f"{what} per-sample first value", atol=1e-6)
+    if "per_position" in reference_predicted:  # sequence outputs: every position where one process has it
+        close(predicted["per_position"], reference_predicted["per_position"], f"{what} per-position mean |prediction|")

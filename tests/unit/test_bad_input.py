@@ -100,7 +100,10 @@ ARGS_CASES = [
      ["tensor_parallel_config", "sync_everything", "valid:", "sync_param"]),
     ("sep_and_context", 4, dict(sep_parallel_degree=2, context_parallel_degree=2),
      ["sep_parallel_degree=2", "context_parallel_degree=2", "cannot both be > 1"]),
-    ("unsupported_context", 2, dict(context_parallel_degree=2), ["context_parallel_degree=2", "use -1 or 1"]),
+    ("unsupported_expert", 2, dict(expert_parallel_degree=2), ["expert_parallel_degree=2", "use -1 or 1"]),
+    ("context_with_pipeline", 4, dict(context_parallel_degree=2, pipeline_parallel_degree=2,
+                                      gradient_accumulation_steps=2),
+     ["pipeline_parallel_degree=2", "context_parallel_degree=2", "not supported yet"]),
     ("unsupported_auto_parallel", 1, dict(enable_auto_parallel=True), ["enable_auto_parallel=True", "use False"]),
     ("unsupported_to_static", 1, dict(to_static=True), ["to_static=True", "use False"]),
     # enums

@@ -25,12 +25,12 @@ def test_the_sep_degree_is_a_model_axis_of_the_layout_read_from_paddlenlps_optio
     world(8)
     args = TrainingArguments(output_dir=str(tmp_path), sep_parallel_degree=2, tensor_parallel_degree=2)
     layout = args.parallel_degrees
-    assert layout.degrees == {"dp": 2, "sharding": 1, "tp": 2, "pp": 1, "sep": 2}
+    assert layout.degrees == {"dp": 2, "sharding": 1, "tp": 2, "pp": 1, "sep": 2, "cp": 1}
     # sep ranks read the same samples (PaddleNLP multiplies sep into the model-parallel product)
     assert layout.data_world_size == 2 and args.dataset_world_size == 2
     assert layout.fleet_degrees()["sep_degree"] == 2 and layout.use_hybrid
     # fleet's pp_first grid (dp, pp, sharding, sep, cp, mp): strides mp 1, sep 2, dp 4
-    assert layout.coordinates(3) == {"dp": 0, "sharding": 0, "tp": 1, "pp": 0, "sep": 1}
+    assert layout.coordinates(3) == {"dp": 0, "sharding": 0, "tp": 1, "pp": 0, "sep": 1, "cp": 0}
     assert layout.cell_name(layout.coordinates(7)) == "dp01_shard00_tp01_pp00_sep01"
     assert layout.as_dict()["sep_degree"] == 2 and layout.describe() == "dp2·sharding1·tp2·pp1·sep2"
 

@@ -120,11 +120,12 @@ def test_layout_coordinates_data_rank_and_names_follow_the_axes_table():
     from paddletrainer.parallel.layout import AXES
 
     layout = Layout(world_size=16, dp=2, sharding=2, tp=2, pp=2)
-    assert [a.name for a in AXES] == ["dp", "sharding", "tp", "pp", "sep"]
+    assert [a.name for a in AXES] == ["dp", "sharding", "tp", "pp", "sep", "cp"]
     for rank in range(16):
         fleet = coordinates_of(rank, {"dp": 2, "sharding": 2, "mp": 2, "pp": 2}, hybrid_order("pp_first"))
         ours = layout.coordinates(rank)
-        assert ours == {"dp": fleet["dp"], "sharding": fleet["sharding"], "tp": fleet["mp"], "pp": fleet["pp"], "sep": 0}
+        assert ours == {"dp": fleet["dp"], "sharding": fleet["sharding"], "tp": fleet["mp"], "pp": fleet["pp"], "sep": 0,
+                        "cp": 0}
         assert layout.data_rank(ours) == ours["dp"] * 2 + ours["sharding"]
     # what checkpoints already on disk use: the recorded layout and the per-rank file names
     assert layout.as_dict() == {"world_size": 16, "dp_degree": 2, "sharding_degree": 2, "tp_degree": 2, "pp_degree": 2}

@@ -67,9 +67,15 @@ def datasets(work: PhaseArguments):
 
 
 def digest(predictions):
-    """Per sample: mean |prediction| and its first value — enough to see each sample once, in order."""
+    """Per sample: mean |prediction| and its first value — enough to see each sample once, in order — and, for
+    sequence outputs ``[sample, position, ...]``, the mean |prediction| at every position (the positions in order:
+    what a sequence cut must put back, e.g. context parallel's head/tail chunks)."""
     p = np.asarray(predictions, dtype="float64").reshape(len(predictions), -1)
-    return {"shape": list(np.shape(predictions)), "mean_abs": np.abs(p).mean(axis=1).tolist(), "first": p[:, 0].tolist()}
+    out = {"shape": list(np.shape(predictions)), "mean_abs": np.abs(p).mean(axis=1).tolist(), "first": p[:, 0].tolist()}
+    if np.ndim(predictions) >= 3:
+        q = np.asarray(predictions, dtype="float64").reshape(len(predictions), np.shape(predictions)[1], -1)
+        out["per_position"] = np.abs(q).mean(axis=2).reshape(-1).tolist()
+    return out
 
 
 def curve(trainer):

@@ -65,6 +65,9 @@ def build_model(work: TrainerWorkerArguments, args: TrainingArguments):
     config.virtual_pp_degree = vpp  # as PaddleNLP's llm scripts copy it to the config
     config.sequence_parallel = args.sequence_parallel  # likewise: the model builds the SP layers and ops
     config.sep_parallel_degree = max(args.sep_parallel_degree, 1)  # likewise: the sep attention (ReshardLayer)
+    config.context_parallel_degree = max(args.context_parallel_degree, 1)  # likewise: the ring attention path,
+    if config.context_parallel_degree > 1:  # which Llama runs only on its flash-attention path
+        config.use_flash_attention = True
     # the fused layout loads the saved (unfused) weights through PaddleNLP's fuse conversion in from_pretrained
     config.fuse_attention_qkv, config.fuse_attention_ffn = work.fuse_attention_qkv, work.fuse_attention_ffn
     cls = LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM

@@ -56,8 +56,6 @@ from .optim.optimization import create_optimizer
 from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
-from .parallel.context import shard_context
-from .parallel.segment import shard_sequence
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
@@ -293,14 +291,6 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
 
     def _prepare_inputs(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
         return {k: (paddle.to_tensor(v) if isinstance(v, np.ndarray) else v) for k, v in inputs.items()}
-
-    def _sequence_segment(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
-        """Under sep, this rank's segment of every sequence (``parallel.segment.shard_sequence``); under cp its
-        head and tail chunks (``parallel.context.shard_context``): the batch's samples were chosen by the
-        layout-free order, the same on every sep/cp rank, and counted whole for tokens/s."""
-        if self.topology.cp_degree > 1:
-            return shard_context(inputs, self.topology.cp_degree, self.topology.cp_rank)
-        return shard_sequence(inputs, self.topology.sep_degree, self.topology.sep_rank)
 
     def compute_loss(self, model, inputs: Dict[str, Any], return_outputs: bool = False):
         """The loss of one micro-batch: the model's own loss, or ``criterion(logits, labels)`` (``loss.batch_loss``)."""

@@ -1,15 +1,16 @@
 """The Trainer's data loaders: the layout-free training order, evaluation in dataset order, streams, columns.
 
-A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
+A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``trainer_evaluation.TrainerEvaluation``): the methods use the
 Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
 points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
 ``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``, ``num_examples``; ``_plan_epochs`` turns the training
-sampler into the run's steps and epochs. The samplers themselves are in ``data.sampling``.
+sampler into the run's steps and epochs; ``_sequence_segment`` is this sep/cp rank's part of each sequence. The
+samplers themselves are in ``data.sampling``.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import paddle
 
@@ -17,6 +18,8 @@ from . import checks
 from .data.collate import ColumnFilter, forward_argument_names, remove_unused_columns
 from .data.loader import DataLoader, IterableDatasetShard
 from .data.sampling import EvalBatchSampler, GlobalBatchSampler, WholeStepBatchSampler
+from .parallel.context import shard_context
+from .parallel.segment import shard_sequence
 from .trainer_utils import has_length
 
 __all__ = ["TrainerData"]
@@ -122,3 +125,11 @@ class TrainerData:
 
     def get_test_dataloader(self, test_dataset) -> paddle.io.DataLoader:
         return self._eval_loader(test_dataset, "test")
+
+    def _sequence_segment(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        """Under sep, this rank's segment of every sequence (``parallel.segment.shard_sequence``); under cp its
+        head and tail chunks (``parallel.context.shard_context``): the batch's samples were chosen by the
+        layout-free order, the same on every sep/cp rank, and counted whole for tokens/s."""
+        if self.topology.cp_degree > 1:
+            return shard_context(inputs, self.topology.cp_degree, self.topology.cp_rank)
+        return shard_sequence(inputs, self.topology.sep_degree, self.topology.sep_rank)

@@ -26,14 +26,13 @@ import importlib.util
 from typing import Any, Dict
 
 import paddle
-import paddle.distributed as dist
 
 from .ring_attention import RingAttention, split_load_balanced, undo_load_balanced
+from .sequence_cut import IGNORED_KEYS, cut_batch, gather_sequences, wrap_in_segment_parallel
 
 __all__ = ["IGNORED_UNDER_CP", "apply_context_parallel", "gather_context", "has_cp_path", "shard_context"]
 
-# batch keys PaddleNLP's Llama ignores (positions are rebuilt per chunk) or refuses (masks) under cp
-IGNORED_UNDER_CP = ("attention_mask", "position_ids", "attn_mask_startend_row_indices")
+IGNORED_UNDER_CP = IGNORED_KEYS  # batch keys Llama ignores or refuses under cp: refused by the cut, never dropped
 
 
 def has_cp_path(model) -> bool:
@@ -44,43 +43,18 @@ def has_cp_path(model) -> bool:
 
 
 def shard_context(inputs: Dict[str, Any], degree: int, rank: int) -> Dict[str, Any]:
-    """This cp rank's chunks ``rank`` and ``2·degree−1−rank`` of every ``[batch, seq]`` tensor of a micro-batch.
-    One-line ``ValueError`` for a key Llama ignores under cp, a tensor that is not 2-D, or a sequence length
-    ``2·degree`` does not divide."""
+    """This cp rank's chunks ``rank`` and ``2·degree−1−rank`` of every ``[batch, seq]`` tensor of a micro-batch
+    (refusals: :func:`.sequence_cut.cut_batch`)."""
     if degree == 1:
         return inputs
-    out = {}
-    for key, value in inputs.items():
-        if key in IGNORED_UNDER_CP and value is not None:
-            raise ValueError(f"context_parallel_degree={degree}: the batch has {key!r}, which PaddleNLP's ring "
-                             f"attention cannot take (causal attention and positions 0..seq-1 only); drop that "
-                             f"column (packed or padded sequences are not supported under context parallel)")
-        if value is None or not isinstance(value, paddle.Tensor):
-            out[key] = value
-            continue
-        if value.ndim != 2:
-            raise ValueError(f"context_parallel_degree={degree}: batch key {key!r} has shape {list(value.shape)}; "
-                             f"under context parallel every batch tensor must be [batch, sequence]")
-        if int(value.shape[1]) % (2 * degree):
-            raise ValueError(f"context_parallel_degree={degree}: the sequence length {int(value.shape[1])} of batch "
-                             f"key {key!r} does not divide by 2 x {degree}: pad or cut sequences to a multiple of "
-                             f"{2 * degree}")
-        out[key] = split_load_balanced(value, rank, degree, axis=1)
-    return out
+    return cut_batch(inputs, option="context_parallel_degree", degree=degree, pieces=2 * degree,
+                     cut=lambda value: split_load_balanced(value, rank, degree, axis=1))
 
 
-@paddle.no_grad()
 def gather_context(value, group):
     """Whole sequences, in order, from every cp rank's two chunks (``[batch, seq/cp, ...]`` →
-    ``[batch, seq, ...]``); tuples/lists element-wise; non-tensors and tensors without a sequence axis
-    unchanged."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(gather_context(v, group) for v in value)
-    if not isinstance(value, paddle.Tensor) or value.ndim < 2:
-        return value
-    parts = []
-    dist.all_gather(parts, value, group=group)
-    return undo_load_balanced(parts, axis=1)
+    ``[batch, seq, ...]``)."""
+    return gather_sequences(value, group, lambda parts: undo_load_balanced(parts, axis=1))
 
 
 def install_cpu_ring_attention() -> None:
@@ -100,12 +74,4 @@ def apply_context_parallel(model, *, topology, wrapped: bool):
     if topology.cp_degree == 1:
         return model
     install_cpu_ring_attention()
-    if wrapped:
-        return model
-    from paddle.distributed import fleet
-    from paddle.distributed.fleet.meta_parallel import SegmentParallel
-
-    model = fleet.distributed_model(model)
-    if not isinstance(model, SegmentParallel):
-        raise RuntimeError(f"fleet.distributed_model returned {type(model).__name__}, expected SegmentParallel")
-    return model
+    return model if wrapped else wrap_in_segment_parallel(model)

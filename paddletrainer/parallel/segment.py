@@ -27,14 +27,13 @@ from __future__ import annotations
 from typing import Any, Dict
 
 import paddle
-import paddle.distributed as dist
 
 from .cpu.all_to_all import install_paddlenlp_reshard_order_fix
+from .sequence_cut import IGNORED_KEYS, cut_batch, gather_sequences, wrap_in_segment_parallel
 
 __all__ = ["IGNORED_UNDER_SEP", "apply_segment_parallel", "gather_sequence", "has_sep_path", "shard_sequence"]
 
-# batch keys PaddleNLP's Llama ignores under sep (see the module docstring): refused, never dropped
-IGNORED_UNDER_SEP = ("attention_mask", "position_ids", "attn_mask_startend_row_indices")
+IGNORED_UNDER_SEP = IGNORED_KEYS  # batch keys Llama ignores under sep: refused by the cut, never dropped
 
 
 def has_sep_path(model) -> bool:
@@ -45,42 +44,21 @@ def has_sep_path(model) -> bool:
 
 def shard_sequence(inputs: Dict[str, Any], degree: int, rank: int) -> Dict[str, Any]:
     """This sep rank's segment of a micro-batch: every ``[batch, seq]`` tensor cut into ``degree`` contiguous
-    pieces along the sequence, piece ``rank`` kept. One-line ``ValueError`` for a key the model would ignore
-    under sep, a tensor that is not 2-D, or a sequence length ``degree`` does not divide."""
+    pieces along the sequence, piece ``rank`` kept (refusals: :func:`.sequence_cut.cut_batch`)."""
     if degree == 1:
         return inputs
-    out = {}
-    for key, value in inputs.items():
-        if key in IGNORED_UNDER_SEP and value is not None:
-            raise ValueError(f"sep_parallel_degree={degree}: the batch has {key!r}, which PaddleNLP's sep attention "
-                             f"ignores (causal mask and positions 0..seq-1 only); drop that column (packed or "
-                             f"padded sequences are not supported under sep)")
-        if value is None or not isinstance(value, paddle.Tensor):
-            out[key] = value
-            continue
-        if value.ndim != 2:
-            raise ValueError(f"sep_parallel_degree={degree}: batch key {key!r} has shape {list(value.shape)}; under "
-                             f"sep every batch tensor must be [batch, sequence]")
-        length = int(value.shape[1])
-        if length % degree:
-            raise ValueError(f"sep_parallel_degree={degree} does not divide the sequence length {length} of batch "
-                             f"key {key!r}: pad or cut sequences to a multiple of {degree}")
-        piece = length // degree
-        out[key] = value[:, rank * piece:(rank + 1) * piece]
-    return out
+
+    def segment(value):
+        piece = int(value.shape[1]) // degree
+        return value[:, rank * piece:(rank + 1) * piece]
+
+    return cut_batch(inputs, option="sep_parallel_degree", degree=degree, pieces=degree, cut=segment)
 
 
-@paddle.no_grad()
 def gather_sequence(value, group):
     """Whole sequences from every sep rank's segment (``[batch, seq/sep, ...]`` → ``[batch, seq, ...]``, in
-    sep-rank order); tuples/lists element-wise; non-tensors and tensors without a sequence axis unchanged."""
-    if isinstance(value, (tuple, list)):
-        return type(value)(gather_sequence(v, group) for v in value)
-    if not isinstance(value, paddle.Tensor) or value.ndim < 2:
-        return value
-    pieces = []
-    dist.all_gather(pieces, value, group=group)
-    return paddle.concat(pieces, axis=1)
+    sep-rank order)."""
+    return gather_sequences(value, group, lambda parts: paddle.concat(parts, axis=1))
 
 
 def apply_segment_parallel(model, *, topology, wrapped: bool):
@@ -90,12 +68,4 @@ def apply_segment_parallel(model, *, topology, wrapped: bool):
     if topology.sep_degree == 1:
         return model
     install_paddlenlp_reshard_order_fix()
-    if wrapped:
-        return model
-    from paddle.distributed import fleet
-    from paddle.distributed.fleet.meta_parallel import SegmentParallel
-
-    model = fleet.distributed_model(model)
-    if not isinstance(model, SegmentParallel):
-        raise RuntimeError(f"fleet.distributed_model returned {type(model).__name__}, expected SegmentParallel")
-    return model
+    return model if wrapped else wrap_in_segment_parallel(model)

@@ -24,6 +24,7 @@ import os
 import pytest
 
 from launcher import launch, read_results, run_single
+from paddletrainer.checkpoint import read_index
 from trainer_phases import GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_predictions, close, phase_args
 
 FULL = os.environ.get("PT_FULL_MATRIX") == "1"
@@ -196,13 +197,15 @@ def test_split_param_trains_like_one_process_and_its_checkpoint_resumes_under_st
         assert_curve(r["foreign"], ref["uninterrupted"], 6, f"s1v2x2 checkpoint resumed by rank {r['rank']}")
 
 
-def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
+def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_and_under_tp2_pp2_and_back(
     tmp_path, trainer_reference, llama_weights
 ):
     """Sequence-segment parallel ×2 (Ulysses): the layout's claims as above — both sep ranks read the same 4
     samples per micro-batch and keep half of every sequence; the logged loss is the whole sequences' mean and the
-    grad norm counts each gradient once — then its step-3 checkpoint (written by sep rank 0: the sep ranks hold
-    the same weights) continues the one-process curve in one process."""
+    grad norm counts each gradient once — then its step-3 checkpoint (written by sep rank 0 alone: the sep ranks
+    hold the same weights, so its files and pieces are the one-process checkpoint's) continues the one-process
+    curve in one process and under tp2·pp2, and that tp2·pp2 launch's own step-3 checkpoint continues it under
+    sep2 (same global batch 8 everywhere)."""
     ref, foreign = trainer_reference("llama")
     sep = dict(per_device_train_batch_size=4, sep_parallel_degree=2)
     launch(WORKER, 2, phase_args("llama", tmp_path / "sep", tmp_path / "sep_res", llama_weights,
@@ -210,12 +213,44 @@ def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
     saved = tmp_path / "sep" / "short" / "checkpoint-3"
     for r in read_results(tmp_path / "sep_res", 2):
         assert_layout_claims(r, ref, f"sep2 rank {r['rank']}")
+    one_writer_per_piece(read_index(str(saved)), read_index(str(foreign)))
 
     run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
                                   per_device_train_batch_size=4, foreign_checkpoint=saved))
     for r in read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, "sep2 checkpoint resumed in one process")
 
+    launch(WORKER, 4, phase_args("llama", tmp_path / "tp2pp2", tmp_path / "tp2pp2_res", llama_weights,
+                                 per_device_train_batch_size=4, tensor_parallel_degree=2,
+                                 pipeline_parallel_degree=2, foreign_checkpoint=saved),
+           tmp_path / "tp2pp2_launch", timeout=420)
+    for r in read_results(tmp_path / "tp2pp2_res", 4):
+        assert_curve(r["short"], ref["short"], 3, f"tp2pp2 rank {r['rank']} short run")
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"sep2 checkpoint resumed by tp2pp2 rank {r['rank']}")
+
+    launch(WORKER, 2, phase_args("llama", tmp_path / "sep_b", tmp_path / "sep_b_res", llama_weights,
+                                 foreign_checkpoint=tmp_path / "tp2pp2" / "short" / "checkpoint-3", **sep),
+           tmp_path / "sep_b_launch", timeout=420)
+    for r in read_results(tmp_path / "sep_b_res", 2):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"tp2pp2 checkpoint resumed by sep2 rank {r['rank']}")
+
+
+def one_writer_per_piece(index, one_process_index):
+    """The sep2 checkpoint's tensors as one process writes them: the same tensors, each one whole piece, in the
+    same single model and optimizer files (one writer: sep rank 1 wrote no tensor data); each sep rank keeps
+    only its own RNG stream (``..._sep00`` / ``..._sep01``)."""
+    assert index["tensors"].keys() == one_process_index["tensors"].keys()
+    for key, tensor in index["tensors"].items():
+        assert len(tensor["pieces"]) == 1, (key, tensor["pieces"])
+
+    def data_files(ix):
+        return {p["file"] for t in ix["tensors"].values() for p in t["pieces"]}
+
+    assert data_files(index) == data_files(one_process_index) == {
+        "model_state.tp00_pp00.safetensors", "optimizer.tp00_pp00_shard00.safetensors"}
+    assert data_files(index) <= set(index["files"])
+    rng = sorted(f for f in index["files"] if f.startswith("rng_state."))
+    assert rng == ["rng_state.dp00_shard00_tp00_pp00_sep00.json", "rng_state.dp00_shard00_tp00_pp00_sep01.json"]
 
 def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
     tmp_path, trainer_reference, llama_weights

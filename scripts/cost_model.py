@@ -1,4 +1,5 @@
-"""Per-rank memory and per-step communication of a Llama-style model under a dp × sharding × tp × pp layout.
+"""Per-rank memory and per-step communication of a Llama-style model under a dp × sharding × tp × pp × sep/cp
+layout.
 
 From formulas (below, with the arithmetic spelled out), for any config; then ``--measure`` checks them on
 real CPU launches of ``paddletrainer.Trainer`` (tiny Llama, 2 processes per layout): a counting shim wraps
@@ -27,6 +28,7 @@ per-tensor effects (Paddle's 4096-byte alignment of each parameter in the CPU sh
 
     python scripts/cost_model.py --hidden 4096 --layers 32 --heads 32 --vocab 32000 --seq 4096 \\
         --intermediate 11008 --global-batch 512 --dp 2 --sharding 8 --stage 1 --tp 4 --pp 4
+    python scripts/cost_model.py --seq 32768 --global-batch 8 --sep 4   # or --cp 4: the long-context axes
     python scripts/cost_model.py --tiny --measure --markdown
     python scripts/cost_model.py --tiny --measure --measure-hidden 512 --layouts stage1x2,stage2x2,stage3x2
 """
@@ -76,6 +78,8 @@ class Layout:
     fused_ffn: bool = False  # fuse_attention_ffn (default False: separate gate and up projections)
     split_param: bool = False  # sharding stage1 V2 (sharding_parallel_config=split_param)
     sequence_parallel: bool = False  # Megatron sequence parallel inside tp (sequence_parallel)
+    sep: int = 1  # sep_parallel_degree (Ulysses): each rank keeps 1/sep of every sequence
+    cp: int = 1  # context_parallel_degree (ring attention): each rank keeps 2 of 2·cp chunks of every sequence
 
     @property
     def data_world(self) -> int:
@@ -149,6 +153,11 @@ def memory(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
     if lay.pp > 1 and lay.vpp > 1:
         inflight *= 1 + (lay.pp - 1) / (lay.pp * lay.vpp)
     logits = s * b * c.vocab * 4 * 2 // (1 if lay.tp_output_gathered else t)  # fp32 logits + their softmax grad
+    # sep/cp: every activation (and the logits of this rank's tokens) covers s/sep or s/cp tokens. The formula's
+    # s² attention-score term falls by the degree too (each rank scores its heads or its chunks against the whole
+    # sequence: s·(s/n) per head), so the whole per-layer figure divides by the degree.
+    n_seq = lay.sep * lay.cp
+    per_layer, logits = per_layer / n_seq, logits / n_seq
     act = param_counts(c, lay)["layers_per_stage"] * per_layer * inflight + logits
     return {"params": params, "grads": grads, "optimizer": optim, "activations": act,
             "total": params + grads + optim + act}
@@ -166,12 +175,16 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
     W = n * (4 if dtype == "fp32" else 2)  # this rank's parameter bytes
     act = lay.micro_batch * c.seq * c.hidden * 4  # one [b, s, h] fp32 activation
     out = {}
-    if lay.dp > 1:
-        D = lay.dp
+    n_seq = lay.sep * lay.cp
+    if lay.dp > 1 or n_seq > 1:
+        # sep/cp ranks hold the same weights and each has the gradient of its part of the sequences: summed over
+        # them in the same all-reduce, over the fused dp×sep group (fleet's; cp runs on the sep groups).
+        D = lay.dp * n_seq
         # Once per step (no_sync on all micro-batches but the last): all-reduce of every gradient.
         # Under stage ≥ 1 the dp all-reduce covers what this rank keeps (all grads for stage 1, its shard for 2/3).
         Gd = G / (lay.sharding if lay.stage >= 2 else 1)
-        out["dp"] = {"payload": Gd, "min_wire": 2 * (D - 1) / D * Gd, "what": "all-reduce grads, once per step"}
+        group = "" if n_seq == 1 else f" over dp×{'sep' if lay.sep > 1 else 'cp'} ({D} ranks)"
+        out["dp"] = {"payload": Gd, "min_wire": 2 * (D - 1) / D * Gd, "what": f"all-reduce grads{group}, once per step"}
     if lay.sharding > 1:
         S = lay.sharding
         f = (S - 1) / S
@@ -244,6 +257,42 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
         out["pp"] = {"payload": 2 * per_rank, "min_wire": per_rank,
                      "what": f"send/recv [b,s,h] fwd+bwd per chunk boundary ({p * v - 1}), per micro-batch "
                              f"(x{m}), avg over stages; bubble {100 * pipeline_bubble(lay):.1f}%"}
+    out.update(long_context_communication(c, lay))
+    return out
+
+
+def long_context_communication(c: Config, lay: Layout) -> dict:
+    """sep (Ulysses all-to-alls) and cp (ring K/V passes) per rank and optimizer step, fp32 activations.
+
+    A = one [b, s/n, h] activation shard of this rank (n = sep or cp); K and V are [b, s/n, kv] each."""
+    out = {}
+    m, L = lay.grad_accum, param_counts(c, lay)["layers_per_stage"]
+    kv = (c.kv_heads or c.heads) * (c.hidden // c.heads)
+    if lay.sep > 1:
+        S = lay.sep
+        q_o = lay.micro_batch * c.seq // S * c.hidden * 4 // lay.tp  # this rank's q (or attention output) shard
+        k_v = lay.micro_batch * c.seq // S * kv * 4 // lay.tp
+        # Per layer forward: q, k, v all-to-all to whole sequences with 1/S of the heads, the output back (4);
+        # backward the same four in reverse. An all-to-all keeps 1/S of its input and sends the rest: (S-1)/S.
+        per_mb = 2 * L * (2 * q_o + 2 * k_v)
+        # The CPU build has no all-to-all in gloo: paddletrainer's exact fill (parallel/cpu/all_to_all.py)
+        # all-gathers every rank's whole input (payload S x the input, wire (S-1)/S of that) and keeps its piece:
+        # S x the minimum wire.
+        out["sep"] = {"payload": m * per_mb, "min_wire": m * (S - 1) / S * per_mb,
+                      "what": f"4 all-to-alls of q/k/v/output fwd + 4 bwd per layer ({L}), per micro-batch (x{m}); "
+                              f"on CPU the all-gather fill: payload {fmt_bytes(S * m * per_mb)}, wire "
+                              f"{fmt_bytes((S - 1) * m * per_mb)} ({S}x the min)"}
+    if lay.cp > 1:
+        C = lay.cp
+        block = 2 * lay.micro_batch * c.seq // C * kv * 4 // lay.tp  # this rank's K and V (2 of 2·cp chunks)
+        # Ring (parallel/ring_attention.py): forward passes the K/V block C-1 hops; backward passes K/V C-1 hops
+        # again with their gradients riding along, plus one last hop bringing the gradients home (C). The minimum
+        # is the same ring (every rank needs every other K/V block and returns its gradient contribution); the
+        # payload counts both ends of each send/recv, as for pp.
+        per_mb = L * ((C - 1) * 2 + C) * block
+        out["cp"] = {"payload": 2 * m * per_mb, "min_wire": m * per_mb,
+                     "what": f"ring send/recv of this rank's K/V: {C - 1} hops fwd, {C - 1} bwd + their grads "
+                             f"{C} hops, per layer ({L}), per micro-batch (x{m})"}
     return out
 
 
@@ -253,11 +302,17 @@ def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
     mem = memory(c, lay, dtype)
     comm = communication(c, lay, dtype)
     print(f"config: {dataclasses.asdict(c)}")
-    print(f"layout: dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) tp={lay.tp} pp={lay.pp} vpp={lay.vpp}; "
+    print(f"layout: dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) tp={lay.tp} pp={lay.pp} vpp={lay.vpp} "
+          f"sep={lay.sep} cp={lay.cp}; "
           f"pipeline bubble (p-1)/(v·m+p-1) = {100 * pipeline_bubble(lay):.1f}%; micro batch "
           f"{lay.micro_batch}, global batch {lay.global_batch}, accumulation {lay.grad_accum}; {dtype}")
     print(f"parameters: {pc['total']:,} total, {pc['rank']:,} on the busiest rank before sharding")
     mrows = [[k, fmt_bytes(v)] for k, v in mem.items()]
+    if lay.sep * lay.cp > 1:  # what the long-context axis saves: the same layout with every sequence whole
+        whole = memory(c, dataclasses.replace(lay, sep=1, cp=1), dtype)["activations"]
+        axis = f"sep={lay.sep}" if lay.sep > 1 else f"cp={lay.cp}"
+        mrows += [["activations with whole sequences (sep=cp=1)", fmt_bytes(whole)],
+                  [f"activations saved per rank by {axis}", fmt_bytes(whole - mem["activations"])]]
     print_table("Per-rank memory (busiest rank)", ["what", "bytes"], mrows)
     crows = [[axis, fmt_bytes(v["payload"]), fmt_bytes(v["min_wire"]), v["what"]] for axis, v in comm.items()]
     print_table("Per-rank communication per optimizer step", ["axis", "payload", "min wire", "what"], crows)
@@ -313,6 +368,8 @@ def main(argv=None):
     p.add_argument("--fused-qkv", action="store_true", help="fused q/k/v projection (fuse_attention_qkv)")
     p.add_argument("--fused-ffn", action="store_true", help="fused gate/up projection (fuse_attention_ffn)")
     p.add_argument("--sequence-parallel", action="store_true", help="sequence parallel inside tp (activations / tp)")
+    p.add_argument("--sep", type=int, default=1, help="sep_parallel_degree (Ulysses all-to-all)")
+    p.add_argument("--cp", type=int, default=1, help="context_parallel_degree (ring attention)")
     p.add_argument("--measure", action="store_true", help="measure the tiny Llama on CPU launches (2 procs each)")
     p.add_argument("--measure-hidden", type=int, default=None,
                    help="measure the tiny Llama widened to this hidden size (intermediate 2x), e.g. 512: per-tensor "
@@ -345,7 +402,7 @@ def main(argv=None):
         gb = a.global_batch or a.micro_batch * a.dp * a.sharding * max(a.pp, 1) * 2
         lay = Layout(dp=a.dp, sharding=a.sharding, stage=a.stage if a.sharding > 1 else 0, tp=a.tp, pp=a.pp,
                      vpp=a.vpp, micro_batch=a.micro_batch, global_batch=gb, fused_qkv=a.fused_qkv, fused_ffn=a.fused_ffn,
-                     sequence_parallel=a.sequence_parallel)
+                     sequence_parallel=a.sequence_parallel, sep=a.sep, cp=a.cp)
     print(machine_line())
     mrows, crows = print_model(c, lay, a.dtype)
 
@@ -372,7 +429,7 @@ def main(argv=None):
         body = [f"Machine: {machine_line()}.",
                 f"`python scripts/cost_model.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
                 f"Model for {dataclasses.asdict(c)}, dp={lay.dp} sharding={lay.sharding} (stage {lay.stage}) "
-                f"tp={lay.tp} pp={lay.pp}, global batch {lay.global_batch}, {a.dtype}:", "",
+                f"tp={lay.tp} pp={lay.pp} sep={lay.sep} cp={lay.cp}, global batch {lay.global_batch}, {a.dtype}:", "",
                 markdown_table(["what", "bytes"], mrows), "",
                 markdown_table(["axis", "payload", "min wire", "what"], crows)]
         if rows:

@@ -121,3 +121,25 @@ def test_bench_memory_tiny_prints_every_part_per_rank_and_the_slope(tmp_path):
     assert sorted((r[0], r[1], r[2]) for r in rows if r[1] in ("tiny", "tiny2")) == sorted(
         [(lay, size, rank) for size in ("tiny", "tiny2") for lay, rank in (("single", "0"), ("dp2", "0"), ("dp2", "1"))])
     assert "launch failed" not in out
+
+
+def test_cost_model_long_context_rows_sep_and_cp():
+    """sep: 8 all-to-alls per layer, (S-1)/S on the wire (the CPU all-gather fill S x that); cp: the ring's K/V
+    hops; both divide the activations per rank by the degree and sum the gradients over their ranks."""
+    import importlib
+    import sys
+
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    cm = importlib.import_module("cost_model")
+    c = cm.Config(hidden=4096, layers=32, heads=32, vocab=32000, seq=32768, intermediate=11008)
+    whole = cm.memory(c, cm.Layout(global_batch=1))["activations"]
+    shard = 1 * (32768 // 4) * 4096 * 4  # one rank's [b, s/4, h] fp32 activation
+    sep = cm.communication(c, cm.Layout(global_batch=1, sep=4))
+    assert sep["sep"]["payload"] == 32 * 8 * shard and sep["sep"]["min_wire"] == pytest.approx(3 / 4 * 32 * 8 * shard)
+    assert "wire 96.00 GiB (4x the min)" in sep["sep"]["what"]
+    assert sep["dp"]["min_wire"] == pytest.approx(2 * 3 / 4 * sep["dp"]["payload"])  # grads summed over sep
+    cp = cm.communication(c, cm.Layout(global_batch=1, cp=4))
+    assert cp["cp"]["min_wire"] == 32 * (3 + 3 + 4) * 2 * shard and cp["cp"]["payload"] == 2 * cp["cp"]["min_wire"]
+    for lay in (cm.Layout(global_batch=1, sep=4), cm.Layout(global_batch=1, cp=4)):
+        assert cm.memory(c, lay)["activations"] == pytest.approx(whole / 4)

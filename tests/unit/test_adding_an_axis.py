@@ -7,14 +7,6 @@ import pytest
 
 from paddletrainer.training_args import TrainingArguments
 
-LAUNCH_VARS = ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_RANK")
-
-@pytest.fixture
-def world(monkeypatch):
-    for name in LAUNCH_VARS:
-        monkeypatch.delenv(name, raising=False)
-    return lambda size: monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(size))
-
 
 def make(tmp_path, **kwargs):
     return TrainingArguments(output_dir=str(tmp_path), **kwargs)

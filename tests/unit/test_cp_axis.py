@@ -13,15 +13,6 @@ from paddletrainer.parallel.context import shard_context
 from paddletrainer.parallel.layout import Layout
 from paddletrainer.parallel.ring_attention import undo_load_balanced
 
-LAUNCH_VARS = ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_RANK")
-
-
-@pytest.fixture
-def world(monkeypatch):
-    for name in LAUNCH_VARS:
-        monkeypatch.delenv(name, raising=False)
-    return lambda size: monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(size))
-
 
 def test_the_cp_degree_is_a_model_axis_on_fleets_sep_groups(tmp_path, world):
     world(8)

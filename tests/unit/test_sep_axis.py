@@ -11,15 +11,6 @@ from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.layout import Layout
 from paddletrainer.parallel.segment import shard_sequence
 
-LAUNCH_VARS = ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "PADDLE_RANK_IN_NODE", "PADDLE_LOCAL_RANK")
-
-
-@pytest.fixture
-def world(monkeypatch):
-    for name in LAUNCH_VARS:
-        monkeypatch.delenv(name, raising=False)
-    return lambda size: monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(size))
-
 
 def test_the_sep_degree_is_a_model_axis_of_the_layout_read_from_paddlenlps_option(tmp_path, world):
     world(8)

@@ -27,19 +27,9 @@ LAUNCH_VARS = ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ID", "PADDLE_RANK_IN_NODE"
 
 @pytest.fixture(autouse=True)
 def single_process_env(monkeypatch):
-    """Every test starts outside any launcher; tests that need a world size set it with `world`."""
+    """Every test starts outside any launcher; tests that need a world size set it with `world` (conftest)."""
     for name in LAUNCH_VARS:
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture
-def world(monkeypatch):
-    def set_world(size, local_rank=None):
-        monkeypatch.setenv("PADDLE_TRAINERS_NUM", str(size))
-        if local_rank is not None:
-            monkeypatch.setenv("PADDLE_RANK_IN_NODE", str(local_rank))
-
-    return set_world
 
 
 def make(tmp_path, **kwargs):

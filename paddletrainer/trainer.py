@@ -385,7 +385,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if resume is not None:
             resume = self._load_resume_checkpoint(resume)  # auto: an older one if this one is corrupt
         checks.check_checkpoint_collisions(args.output_dir, self.state.global_step, max_steps, resume)
-        forward_backward = self._pipeline_forward_backward if self._is_pipeline else self._micro_batched_forward_backward
+        cls = type(self)  # the method unbound (see LoopState.forward_backward)
+        forward_backward = cls._pipeline_forward_backward if self._is_pipeline else cls._micro_batched_forward_backward
         self._loop = LoopState.start(args, self.topology, self.model_wrapped, self.scaler, self.state.global_step,
                                      forward_backward, self._flops_per_token())
         start_time = time.time()
@@ -457,7 +458,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if args.count_trained_tokens:
             loop.tokens.update(micro_batches)
         with self.timers("forward_backward"):
-            step_loss = loop.forward_backward(micro_batches)  # grads summed over the micro-batches
+            step_loss = loop.forward_backward(self, micro_batches)  # grads summed over the micro-batches
         self.control = self.callback_handler.on_optimizer_begin(args, self.state, self.control, scaler=self.scaler)
         self.optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
         try:  # g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step

@@ -54,7 +54,10 @@ class LossTracker:
 class LoopState:
     """One ``train()`` call's running state; :meth:`start` builds it after the model is wrapped."""
 
-    forward_backward: Callable  # one step's micro-batches -> its loss; grads summed (chosen once per layout)
+    # (trainer, micro-batches) -> the step's loss, grads summed; chosen once per layout. The Trainer's method as a
+    # plain function, never bound: a bound method would make Trainer -> _loop -> Trainer a reference cycle, and the
+    # Trainer (model, optimizer, loader and writer threads) would outlive the script's last reference to it.
+    forward_backward: Callable
     global_batch: int  # samples per optimizer step over all data ranks (args.global_batch_size)
     accumulation: int  # micro-batches per optimizer step (gradient_accumulation_steps)
     flops_per_token: Optional[float]  # for the logged TFLOP/s and MFU

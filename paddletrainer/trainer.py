@@ -9,12 +9,11 @@ pipeline schedule (1F1B inside ``parallel.pipeline.train_batch``) under pipeline
 forward/backward per micro-batch with gradient sync deferred to the last one. Everything after the
 backward — clip, NaN policy, optimizer, schedule, callbacks, logging, saving — is the same for every layout.
 
-Override points (PaddleNLP/HF names): create_optimizer, create_scheduler, create_optimizer_and_scheduler, compute_loss, training_step, log here;
-get_train_dataloader, get_eval_dataloader, get_test_dataloader and the samplers from ``trainer_data.TrainerData``;
-evaluate, predict, evaluation_loop, prediction_step from ``evaluation.TrainerEvaluation``; resume, save and
-load of checkpoints, save_model, save_state, export_model from ``trainer_checkpoints.TrainerCheckpoints``;
-log_metrics, save_metrics, metrics_format, log_trained_tokens from ``metrics.results.TrainerResults`` (all of
-them methods of ``Trainer``, their bodies in the modules that own them).
+Override points (PaddleNLP/HF names, all methods of ``Trainer``): create_optimizer, create_scheduler,
+create_optimizer_and_scheduler, compute_loss, training_step, log here; the data loaders and samplers in
+``trainer_data``; evaluate, predict, evaluation_loop, prediction_step in ``trainer_evaluation``; checkpoints,
+save_model, save_state, export_model in ``trainer_checkpoints``; log_metrics, save_metrics, metrics_format,
+log_trained_tokens in ``metrics.results``.
 """
 from __future__ import annotations
 
@@ -114,13 +113,13 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
         args.device = resolve_device(args.device)  # gpu on a CPU-only build: cpu, with one warning
+        if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there (before the checks)
+            paddle.set_device("cpu")
         self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
         self._memory.start("init")  # reported with the first train/evaluate/predict (PaddleNLP's init_mem_* keys)
         # Checks that need no process group come first, so bad input never leaves a half-built job.
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         self._check_inputs_before_groups(model, optimizers[0])
-        if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there
-            paddle.set_device("cpu")
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
         package_logger, level = logging.getLogger("paddletrainer"), args.get_process_log_level()  # HF's log_level
         if level != package_logger.getEffectiveLevel():  # "passive" (the main process's default) changes nothing
@@ -380,6 +379,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self._apply_minimum_eval_times(max_steps)
         self.create_optimizer_and_scheduler(num_training_steps=max_steps)
         self._wrap_model_and_optimizer()
+        if self._loop is not None:  # an earlier train() call, maybe left by an error: no stale gradients
+            self.optimizer.clear_grad()
         self.state.max_steps = max_steps
         self.state.num_train_epochs = num_epochs
         if resume is not None:
@@ -400,11 +401,16 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             self._checkpointer.finish_after_error(
                 same_on_every_rank=isinstance(err, (NonFiniteLossError, ReplicaDivergenceError)))
             raise
-        return self._end_training(start_time)
+        try:
+            return self._end_training(start_time)
+        except BaseException:
+            self._stop.stop()
+            self._memory.stop("train")  # a no-op when the stage already ended
+            raise
 
     def _run_epochs(self, train_dataloader, sampler, plan, resume, ignore_keys_for_eval) -> None:
         """``on_train_begin``, then the epochs from the data position; each ends with ``on_epoch_end`` and a
-        log/save/evaluate check. The loop: PaddleNLP's event order (``callbacks`` module docstring)."""
+        log/save/evaluate check. The loop: PaddleNLP's event order (``trainer_callback`` module docstring)."""
         args, loop = self.args, self._loop
         steps_per_epoch, max_steps, num_epochs = plan
         self.callback_handler.train_dataloader = train_dataloader

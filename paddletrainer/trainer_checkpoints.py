@@ -2,7 +2,7 @@
 run (weights, optimizer, schedule, scaler, RNG, state and data position), the best-model bookkeeping, rotation,
 and PaddleNLP's ``save_model``, ``save_state`` and ``export_model``.
 
-A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``evaluation.TrainerEvaluation``): the methods use the
+A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``trainer_evaluation.TrainerEvaluation``): the methods use the
 Trainer's ``args``, ``state``, ``model``, ``optimizer``, ``lr_scheduler``, ``scaler``, ``topology`` and its
 ``_checkpointer`` (the save in flight). The format, the writers and the resharding load live in ``checkpoint``.
 """

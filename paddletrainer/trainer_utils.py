@@ -91,7 +91,7 @@ class IntervalStrategy(ExplicitEnum):
 
 
 class SchedulerType(ExplicitEnum):
-    """Learning-rate schedules (the five PaddleNLP 3.0 offers; ``optimization.py`` implements them)."""
+    """Learning-rate schedules (the five PaddleNLP 3.0 offers; ``optim/schedules.py`` implements them)."""
 
     LINEAR = "linear"
     COSINE = "cosine"

@@ -24,7 +24,7 @@ from enum import Enum
 from typing import Any, Dict, List, Literal, Optional
 
 from .config import arg_checks
-from .config import paddlenlp_options as compat
+from .config import paddlenlp_options
 from .argparser import RAW_VALUE
 # re-exported: these names have been importable from here
 from .config.paddlenlp_options import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
@@ -90,7 +90,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
     for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
     and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
-    _option_aliases = {**compat.PADDLEFORMERS_NAMES, "sharding_degree": "sharding_parallel_degree"}  # errors name them
+    _option_aliases = {**paddlenlp_options.PADDLEFORMERS_NAMES, "sharding_degree": "sharding_parallel_degree"}  # errors name them
 
     # ---------------------------------------------------------------- run, phases
     output_dir: str = field(metadata=_help("Where checkpoints, logs and predictions are written."))
@@ -228,7 +228,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "Recompute activations in the backward pass to save memory (transformer blocks)."))
     refined_recompute: str = field(default="", metadata=_help(
         "Per-op recompute skip counts, e.g. 'flash_attn:-1,mlp_row_ln:5' (ops: "
-        + ", ".join(compat.REFINED_RECOMPUTE_OPS) + "); becomes a dict.", **{RAW_VALUE: True}))
+        + ", ".join(paddlenlp_options.REFINED_RECOMPUTE_OPS) + "); becomes a dict.", **{RAW_VALUE: True}))
 
     # ---------------------------------------------------------------- evaluation and data
     minimum_eval_times: Optional[int] = field(default=None, metadata=_help(
@@ -384,9 +384,9 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         self._check_sizes()
         self._check_best_model()
         self._check_precision()
-        compat.apply_paddleformers_names(self)
+        paddlenlp_options.apply_paddleformers_names(self)
         self._resolve_parallel()
-        compat.apply_options_without_behaviour(self)
+        paddlenlp_options.apply_options_without_behaviour(self)
         self._normalize_checkpoint_and_misc()
         # checkable before training: a bad resume path is a usage error, not a failure after model building
         resolve_resume_checkpoint(self.resume_from_checkpoint, self.output_dir)
@@ -487,8 +487,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         """The layout (PaddleNLP's arithmetic) and the typed :class:`ParallelConfig`, whose construction runs
         every layout check; what stays here is PaddleNLP's option handling around it."""
         self.sharding = parse_sharding(self.sharding)
-        compat.apply_deprecated_sharding_degree(self)
-        compat.refuse_unsupported_parallel(self, [a.option for a in option_axes()])
+        paddlenlp_options.apply_deprecated_sharding_degree(self)
+        paddlenlp_options.refuse_unsupported_parallel(self, [a.option for a in option_axes()])
         if self.sharding_parallel_degree > 1 and not self.sharding:
             raise ValueError(
                 f"sharding_parallel_degree={self.sharding_parallel_degree} has no effect without sharding: "
@@ -499,7 +499,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         arg_checks.check_samples_per_step(self, layout.data_world_size)
         if self.sharding and layout.sharding == 1:
             self._drop_sharding_of_degree_one()
-        compat.check_data_parallel_size(self.data_parallel_size, layout)
+        paddlenlp_options.check_data_parallel_size(self.data_parallel_size, layout)
         self._parallel = parallel_config_of(self, layout)
         self._parallel_inputs = self._current_parallel_inputs()
         if self.amp_master_grad and layout.world_size > 1:
@@ -539,17 +539,17 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
 
     def _normalize_checkpoint_and_misc(self) -> None:
         # the stage of the config just built (not the view, which would compare every input again)
-        self._unified_checkpoint_options = compat.parse_unified_checkpoint_options(self, self._parallel.sharding_stage)
+        self._unified_checkpoint_options = paddlenlp_options.parse_unified_checkpoint_options(self, self._parallel.sharding_stage)
         self.report_to = normalize_report_to(self.report_to)
-        self.refined_recompute = compat.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
+        self.refined_recompute = paddlenlp_options.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
 
     # ================================================================ derived values (read-only attributes)
     parallel_config = _view(_parallel_config, "The typed :class:`ParallelConfig` the parallel package takes; "
                             "rebuilt and re-checked when a field it is built from has changed.")
-    amp_config = _view(amp_settings_of, "The mixed precision asked for (``configs.AmpSettings``).")
-    rollback_config = _view(rollback_config_of, "``configs.RollbackConfig``; None unless nan_inf_policy='rollback'.")
-    replica_check_config = _view(replica_check_config_of, "``configs.ReplicaCheckConfig`` (replica_check_steps).")
-    metrics_config = _view(metrics_config_of, "``configs.MetricsConfig``: the writers, logging_dir, run_name.")
+    amp_config = _view(amp_settings_of, "The mixed precision asked for (``config.builders.AmpSettings``).")
+    rollback_config = _view(rollback_config_of, "``config.builders.RollbackConfig``; None unless nan_inf_policy='rollback'.")
+    replica_check_config = _view(replica_check_config_of, "``config.builders.ReplicaCheckConfig`` (replica_check_steps).")
+    metrics_config = _view(metrics_config_of, "``config.builders.MetricsConfig``: the writers, logging_dir, run_name.")
     parallel_degrees = _view(lambda self: self.parallel_config.layout, "The resolved :class:`Layout`.")
     use_hybrid_parallel = _view(lambda self: self.parallel_config.layout.use_hybrid,
                                 "PaddleNLP's flag: sharding, tensor or pipeline parallel is active.")

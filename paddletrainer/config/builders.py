@@ -1,6 +1,6 @@
 """The typed config of each subsystem, built from ``TrainingArguments``' fields — part of the arguments layer.
 
-With ``training_args.py`` and ``compat.py`` this is the only place that reads PaddleNLP's option names; every
+With ``training_args.py`` and ``paddlenlp_options.py`` this is the only place that reads PaddleNLP's option names; every
 subsystem takes the typed value instead (``args.parallel_config``, ``args.amp_config``,
 ``args.rollback_config``, ``args.metrics_config``, ``args.replica_check_config`` call the builders here). Pure:
 no paddle, so ``TrainingArguments`` imports it. The configs of subsystems that import paddle (AMP, rollback,
@@ -17,7 +17,7 @@ import dataclasses
 import os
 from typing import Optional, Tuple
 
-from . import paddlenlp_options as compat
+from . import paddlenlp_options
 from ..parallel.config import ParallelConfig
 from ..parallel.layout import Layout, option_axes
 from ..trainer_utils import default_logdir, normalize_report_to
@@ -103,12 +103,12 @@ def parallel_config_of(args, layout: Layout) -> ParallelConfig:
         layout=layout,
         sharding_stage=sharding_stage_of(args.sharding),
         sharding_offload=any(str(o) == "offload" for o in args.sharding),
-        sharding_options=compat.parse_parallel_config(
-            args.sharding_parallel_config, compat.SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config"),
-        pipeline_options=compat.parse_parallel_config(
-            args.pipeline_parallel_config, compat.PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_config"),
-        tensor_options=compat.parse_parallel_config(
-            args.tensor_parallel_config, compat.TENSOR_PARALLEL_OPTIONS, "tensor_parallel_config"),
+        sharding_options=paddlenlp_options.parse_parallel_config(
+            args.sharding_parallel_config, paddlenlp_options.SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config"),
+        pipeline_options=paddlenlp_options.parse_parallel_config(
+            args.pipeline_parallel_config, paddlenlp_options.PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_config"),
+        tensor_options=paddlenlp_options.parse_parallel_config(
+            args.tensor_parallel_config, paddlenlp_options.TENSOR_PARALLEL_OPTIONS, "tensor_parallel_config"),
         sequence_parallel=bool(args.sequence_parallel),
         fuse_sequence_parallel_allreduce=bool(args.fuse_sequence_parallel_allreduce),
         stage3_segment_size=args.sharding_stage3_segment_size,
@@ -120,7 +120,7 @@ def parallel_config_of(args, layout: Layout) -> ParallelConfig:
         find_unused_parameters=args.ddp_find_unused_parameters,
         split_inputs_sequence_dim=bool(args.split_inputs_sequence_dim),
     )
-    compat.refuse_unproven_parallel_options(layout, config.pipeline_options, config.sharding_options,
+    paddlenlp_options.refuse_unproven_parallel_options(layout, config.pipeline_options, config.sharding_options,
                                             config.tensor_options)
     return config
 

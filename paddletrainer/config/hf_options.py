@@ -30,7 +30,7 @@ __all__ = ["HFOptions", "LOG_LEVELS", "REFUSED_TORCH_OPTIONS", "SCHEDULER_KWARGS
 #: HF's level names; ``passive`` (-1) leaves the logger's level unchanged
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR,
               "critical": logging.CRITICAL, "passive": -1}
-#: the keys ``lr_scheduler_kwargs`` may set (the arguments of ``optimization.get_scheduler`` beyond the steps)
+#: the keys ``lr_scheduler_kwargs`` may set (the arguments of ``optim.schedules.get_scheduler`` beyond the steps)
 SCHEDULER_KWARGS = ("num_cycles", "lr_end", "power", "min_learning_rate")
 #: PyTorch-only options: refused when set, with what to use instead
 REFUSED_TORCH_OPTIONS = {

@@ -1,6 +1,6 @@
 """Mixed precision: what the arguments ask for, and how it reaches Paddle.
 
-``AmpConfig.for_device(args.amp_config)`` resolves the settings asked for (``configs.AmpSettings``, built by
+``AmpConfig.for_device(args.amp_config)`` resolves the settings asked for (``config.builders.AmpSettings``, built by
 the arguments) against the device; ``AmpConfig.autocast()``, ``decorate()`` and ``grad_scaler()`` are the only
 places AMP touches Paddle, so a test can check exactly which dtype, level, lists and scaler settings
 arrive there.

@@ -77,7 +77,7 @@ class ParallelConfig:
 
     Construction is the one verdict on the layout: the sharding stage against its degree, pp and tp, offload,
     and the pipeline's micro-batches. The option names PaddleNLP accepts but paddletrainer refuses
-    (``REFUSED_PARALLEL_OPTIONS``) are the builder's (``configs.parallel_config_of``), which reads those names."""
+    (``REFUSED_PARALLEL_OPTIONS``) are the builder's (``config.builders.parallel_config_of``), which reads those names."""
 
     layout: Layout
     sharding_stage: int = 0  # 0 (off), 1, 2 or 3

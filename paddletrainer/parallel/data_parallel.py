@@ -16,6 +16,7 @@ it, as after a single process's backward).
 from __future__ import annotations
 
 import contextlib
+import weakref
 
 import paddle
 import paddle.distributed as dist
@@ -123,28 +124,37 @@ class GradientBuffers:
         return [(bucket.buffer, [slot[0] for slot in bucket.slots]) for bucket in self._buckets]
 
     def _hook(self, b: int, k: int):
+        """The backward hook of bucket ``b``'s ``k``-th parameter. Paddle keeps a tensor's hooks on the C++ side,
+        where Python's collector cannot see them: a hook holding the parameter, its bucket or these buffers would
+        keep them alive after the model is dropped. It holds a weak reference and two indices only."""
+        owner = weakref.ref(self)
+
+        def ready():  # after backward accumulated into param.grad
+            buffers = owner()
+            if buffers is not None:
+                buffers._gradient_ready(b, k)
+
+        return ready
+
+    def _gradient_ready(self, b: int, k: int) -> None:
         bucket = self._buckets[b]
         slot = bucket.slots[k]
         param, address = slot[0], slot[3]
-
-        def ready():  # after backward accumulated into param.grad
-            self._accumulated = True
-            if self._find_unused:
-                self._used[id(param)] = True
-            grad = param.grad
-            if grad.data_ptr() != address:  # replaced: bring the values into the bucket
-                self._replaced = True
-                with paddle.no_grad():
-                    view = bucket.view(slot)
-                    view.copy_(grad if grad.dtype == view.dtype else grad.astype(view.dtype), False)
-            if not self._armed or bucket.ready[k]:
-                return
-            bucket.ready[k] = True
-            bucket.pending -= 1
-            while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
-                self._launch()
-
-        return ready
+        self._accumulated = True
+        if self._find_unused:
+            self._used[id(param)] = True
+        grad = param.grad
+        if grad.data_ptr() != address:  # replaced: bring the values into the bucket
+            self._replaced = True
+            with paddle.no_grad():
+                view = bucket.view(slot)
+                view.copy_(grad if grad.dtype == view.dtype else grad.astype(view.dtype), False)
+        if not self._armed or bucket.ready[k]:
+            return
+        bucket.ready[k] = True
+        bucket.pending -= 1
+        while self._next < len(self._buckets) and self._buckets[self._next].pending == 0:
+            self._launch()
 
     def _launch(self) -> None:
         buffer = self._buckets[self._next].buffer

@@ -205,7 +205,7 @@ def build_strategy(config: ParallelConfig, on_cpu: bool):
         "order": list(layout.fleet_order),
     }
     sharding_configs = strategy.hybrid_configs["sharding_configs"]
-    # tensor fusion and comm overlap are refused in TrainingArguments (REFUSED_PARALLEL_OPTIONS).
+    # tensor fusion and comm overlap are refused by the arguments' builder (REFUSED_PARALLEL_OPTIONS).
     sharding_configs.split_param = "split_param" in sharding_options  # stage1 V2 (parallel/sharding.py)
     sharding_configs.accumulate_steps = int(config.accumulate_steps)
     # Off on CPU anyway (gloo has no avg reduce), so the CPU tests run the sum-then-scale path this selects.

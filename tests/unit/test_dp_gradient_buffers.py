@@ -174,3 +174,17 @@ def test_zero_relinks_a_gradient_replaced_at_the_step_and_leaves_it_zero():
     assert not _inside(buffers, net.a.weight)
     buffers.zero()
     assert _inside(buffers, net.a.weight) and not net.a.weight.grad.numpy().any()
+
+
+def test_dropping_a_model_with_gradient_buffers_frees_its_parameters():
+    # Paddle keeps a tensor's backward hooks on the C++ side, out of the collector's sight: a hook holding its
+    # parameter (or the buffers) would keep every weight and bucket alive after the model is dropped.
+    import gc
+    import weakref
+
+    model = paddle.nn.Linear(4, 4)
+    model._paddletrainer_test_buffers = GradientBuffers(model, degree=1)
+    weight = weakref.ref(model.weight)
+    del model
+    gc.collect()
+    assert weight() is None

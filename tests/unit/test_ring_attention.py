@@ -11,6 +11,7 @@ import paddle
 import pytest
 
 from paddletrainer.parallel import ring_attention as ra
+from toy_models import reference_attention
 
 B, S, H, D = 2, 16, 4, 8
 TOLERANCE = {"float32": 1e-6, "float64": 1e-12}
@@ -18,16 +19,6 @@ TOLERANCE = {"float32": 1e-6, "float64": 1e-12}
 
 class _OneRank:
     nranks, rank = 1, 0
-
-
-def _reference(q, k, v, causal):
-    groups = q.shape[2] // k.shape[2]
-    qh, kh, vh = (paddle.transpose(t, [0, 2, 1, 3]) for t in (q, k, v))
-    kh, vh = (paddle.repeat_interleave(t, groups, axis=1) for t in (kh, vh))
-    scores = paddle.matmul(qh, kh, transpose_y=True) / math.sqrt(q.shape[-1])
-    if causal:
-        scores = scores + paddle.triu(paddle.full([q.shape[1]] * 2, float("-inf"), dtype=q.dtype), diagonal=1)
-    return paddle.transpose(paddle.matmul(paddle.nn.functional.softmax(scores, -1), vh), [0, 2, 1, 3])
 
 
 def _inputs(dtype, kv_heads, seed=0):
@@ -44,7 +35,7 @@ def _leaves(arrays):
 
 def _reference_with_grads(arrays, out_grad, causal):
     q, k, v = _leaves(arrays)
-    out = _reference(q, k, v, causal)
+    out = reference_attention(q, k, v, causal)
     (out * paddle.to_tensor(out_grad)).sum().backward()
     return out.numpy(), [t.grad.numpy() for t in (q, k, v)]
 
@@ -85,7 +76,7 @@ def test_virtual_ring_of_n_ranks_equals_plain_attention_forward_and_backward(mon
     arrays = [rng.randn(B, seq, h, D) for h in (H, kv_heads, kv_heads)]
     out_grad = rng.randn(B, seq, H, D)
     q, k, v = _leaves(arrays)
-    ref = _reference(q, k, v, causal)
+    ref = reference_attention(q, k, v, causal)
     (ref * paddle.to_tensor(out_grad)).sum().backward()
 
     part = lambda a, r: ra.split_load_balanced(paddle.to_tensor(a), r, n, axis=1)  # noqa: E731

@@ -1,7 +1,11 @@
 """The tiny regression model and data the single-process Trainer tests share, and what the rollback tests
 share with the multi-process rollback worker (tests/distributed/workers/robust_train.py): ``poisonable``,
 ``PoisonAt`` (the callback that poisons chosen steps) and ``StopAt`` (stops training after a step); the
-arguments the restart tests (``restart_args``) and the rollback tests (``rollback_args``) train with."""
+arguments the restart tests (``restart_args``) and the rollback tests (``rollback_args``) train with; the plain
+attention the ring-attention tests and their worker (tests/distributed/workers/ring_attn_worker.py) compare with
+(``reference_attention``)."""
+import math
+
 import numpy as np
 import paddle
 
@@ -91,3 +95,14 @@ def rollback_args(out, **kw):
                 report_to="none", seed=42, weight_decay=0.0, nan_inf_policy="rollback")
     base.update(kw)
     return TrainingArguments(**base)
+
+
+def reference_attention(q, k, v, causal):
+    """Plain attention over the whole sequence, [b, s, h, d] in and out; K/V heads repeated for GQA."""
+    groups = q.shape[2] // k.shape[2]
+    qh, kh, vh = (paddle.transpose(t, [0, 2, 1, 3]) for t in (q, k, v))
+    kh, vh = (paddle.repeat_interleave(t, groups, axis=1) for t in (kh, vh))
+    scores = paddle.matmul(qh, kh, transpose_y=True) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores + paddle.triu(paddle.full([q.shape[1]] * 2, float("-inf"), dtype=q.dtype), diagonal=1)
+    return paddle.transpose(paddle.matmul(paddle.nn.functional.softmax(scores, -1), vh), [0, 2, 1, 3])

@@ -9,12 +9,12 @@ float64. Writes ``<out>/rank<r>.json`` = {check name: max abs error}.
 from __future__ import annotations
 
 import faulthandler
-import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+sys.path.append(os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "unit")))  # toy_models
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
@@ -22,6 +22,7 @@ import paddle.distributed as dist  # noqa: E402
 
 from common import exit_cleanly, leaf, write_json  # noqa: E402
 from common import max_abs_error as err  # noqa: E402
+from toy_models import reference_attention  # noqa: E402
 
 B, H, D = 2, 4, 8
 S = 16  # the global sequence: divides by 2 x the ring size (12 on 3 ranks, set by main)
@@ -31,18 +32,6 @@ CASES = {  # name: (kv heads, causal)
     "causal_gqa": (H // 2, True),
     "full": (H, False),
 }
-
-
-def reference_attention(q, k, v, causal):
-    """Plain attention over the whole sequence, [b, s, h, d] in and out; K/V heads repeated for GQA."""
-    groups = q.shape[2] // k.shape[2]
-    qh, kh, vh = (paddle.transpose(t, [0, 2, 1, 3]) for t in (q, k, v))
-    kh, vh = (paddle.repeat_interleave(t, groups, axis=1) for t in (kh, vh))
-    scores = paddle.matmul(qh, kh, transpose_y=True) / math.sqrt(q.shape[-1])
-    if causal:
-        future = paddle.triu(paddle.full([S, S], float("-inf"), dtype=q.dtype), diagonal=1)
-        scores = scores + future
-    return paddle.transpose(paddle.matmul(paddle.nn.functional.softmax(scores, axis=-1), vh), [0, 2, 1, 3])
 
 
 def case_checks(group, r, n, name, kv_heads, causal, dtype, rotation):

@@ -206,11 +206,18 @@ class TrainerEvaluation:
             model, self._sequence_segment(prepared), compute_loss=self.compute_loss, label_names=self.label_names,
             autocast=self.autocast_smart_context_manager(), prediction_loss_only=prediction_loss_only,
             ignore_keys=ignore_keys)
-        if self.topology.sep_degree > 1 and logits is not None:  # whole sequences, as one process predicts them
-            logits, labels = gather_sequence(logits, self.topology.sep_group), labels_of(prepared, self.label_names)
-        if self.topology.cp_degree > 1 and logits is not None:  # chunks gathered and put back in sequence order
-            logits, labels = gather_context(logits, self.topology.cp_group), labels_of(prepared, self.label_names)
+        if self.topology.sep_degree * self.topology.cp_degree > 1 and logits is not None:
+            logits, labels = self._whole_sequences(logits), labels_of(prepared, self.label_names)
         return loss, logits, labels
+
+    def _whole_sequences(self, logits):
+        """The logits of this rank's part of each sequence (``_sequence_segment``'s cut) gathered back into whole
+        sequences, as one process predicts them: sep's segments in order, cp's chunks put back in sequence order."""
+        if self.topology.cp_degree > 1:
+            return gather_context(logits, self.topology.cp_group)
+        if self.topology.sep_degree > 1:
+            return gather_sequence(logits, self.topology.sep_group)
+        return logits
 
     def _pipeline_prediction_step(self, inputs, prediction_loss_only):
         """Under pipeline parallel: ``(loss, logits, labels)`` of one batch, the same on every pp rank.
@@ -224,9 +231,7 @@ class TrainerEvaluation:
             loss, logits = pipeline.eval_batch(self.model_wrapped, [batch], return_logits=not prediction_loss_only)
         if prediction_loss_only:
             return loss, None, None
-        if self.topology.sep_degree > 1:
-            logits = gather_sequence(logits, self.topology.sep_group)
-        return loss, logits, labels
+        return loss, self._whole_sequences(logits), labels
 
     def evaluation_loop(
         self,

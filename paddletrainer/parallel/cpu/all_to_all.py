@@ -254,8 +254,9 @@ def install_paddlenlp_reshard_order_fix() -> None:
 # --------------------------------------------------------------------------------------------------
 # install / check
 # --------------------------------------------------------------------------------------------------
-def install_all_to_all() -> None:
-    """Put the all-gather all-to-all in place of Paddle's dygraph all-to-all helpers (idempotent).
+def install() -> None:
+    """Put the all-gather all-to-all in place of Paddle's dygraph all-to-all helpers (idempotent; called by
+    :func:`.cpu.install`, which has checked every fill's assumptions first).
 
     CPU-only builds only: with an accelerator the device's own all-to-all is the kernel, so calling this
     there raises instead of slowing it down behind the caller's back.
@@ -263,7 +264,6 @@ def install_all_to_all() -> None:
     if has_accelerator():
         raise RuntimeError(f"{THIS_FILE}: the gloo all-to-all fill is for CPU-only Paddle builds; this build "
                            f"has an accelerator, whose own all-to-all must run")
-    check_paddle_assumptions()
     stream_module = _stream_module()
     for name, fill in _FILLS:
         if getattr(stream_module, name) is not fill:
@@ -271,7 +271,10 @@ def install_all_to_all() -> None:
             setattr(stream_module, name, fill)
 
 
-install = install_all_to_all  # the name every fill module's installer has (parallel.cpu.FILLS)
+def install_all_to_all() -> None:
+    """This fill alone, for a caller outside :func:`.cpu.install`: its assumptions checked, then :func:`install`."""
+    check_paddle_assumptions()
+    install()
 
 
 def _stream_module():

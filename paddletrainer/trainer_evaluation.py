@@ -163,14 +163,15 @@ class TrainerEvaluation:
         dataloader = self.get_eval_dataloader(eval_dataset)
         start = time.time()
         self._memory.start("eval")
-        output = self.evaluation_loop(
-            dataloader,
-            description="Evaluation",
-            prediction_loss_only=True if self.compute_metrics is None else None,
-            ignore_keys=ignore_keys,
-            metric_key_prefix=metric_key_prefix,
-            max_eval_iters=self.args.max_evaluate_steps,
-        )
+        with self._memory.stage_ended_on_error("eval"):
+            output = self.evaluation_loop(
+                dataloader,
+                description="Evaluation",
+                prediction_loss_only=True if self.compute_metrics is None else None,
+                ignore_keys=ignore_keys,
+                metric_key_prefix=metric_key_prefix,
+                max_eval_iters=self.args.max_evaluate_steps,
+            )
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
         output.metrics.update(self._memory.stop("eval"))
         self.log(output.metrics)
@@ -183,9 +184,10 @@ class TrainerEvaluation:
         dataloader = self.get_test_dataloader(test_dataset)
         start = time.time()
         self._memory.start("test")
-        output = self.evaluation_loop(
-            dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
-        )
+        with self._memory.stage_ended_on_error("test"):
+            output = self.evaluation_loop(
+                dataloader, description="Prediction", ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix
+            )
         output.metrics.update(speed_metrics(metric_key_prefix, start, num_samples=output.num_samples))
         output.metrics.update(self._memory.stop("test"))
         self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics=output.metrics)

@@ -19,6 +19,7 @@ the outer stage. The ``init`` stage (the Trainer's construction) has no result o
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import sys
@@ -97,6 +98,20 @@ class MemoryTracker:
             target=self._sample, name="paddletrainer-memory", daemon=True)
         if self._sampler is not None:
             self._sampler.start()
+
+    @contextlib.contextmanager
+    def stage_ended_on_error(self, stage: str):
+        """End ``stage`` without reporting it if the body raises: its sampler thread stops and the next stage
+        (a later evaluate or predict) is measured; the ``init`` metrics stay for the next report."""
+        try:
+            yield
+        except BaseException:
+            if self._stage == stage:
+                self._done.set()
+                if self._sampler is not None:
+                    self._sampler.join()
+                self._stage = None
+            raise
 
     def stop(self, stage: str) -> Dict[str, int]:
         """End ``stage`` and return its metrics, with the ``init`` stage's the first time ({} when disabled or when

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import paddle
@@ -485,3 +486,16 @@ def test_a_script_declaring_virtual_pp_degree_in_its_model_arguments_parses_as_u
     model_args, training_args = PdArgumentParser((ModelArguments, TrainingArguments)).parse_args_into_dataclasses(
         ["--output_dir", "out", "--virtual_pp_degree", "2"])
     assert model_args.virtual_pp_degree == 2 and training_args.parallel_config.virtual_pp_degree == 1
+
+
+def test_an_evaluation_that_raises_ends_its_memory_stage_so_the_next_predict_is_measured(tmp_path):
+    def failing_metrics(_):
+        raise RuntimeError("metric failed")
+
+    trainer = Trainer(RegressionModel(), args=make_args(tmp_path, skip_memory_metrics=False),
+                      eval_dataset=regression_data(8), compute_metrics=failing_metrics)
+    with pytest.raises(RuntimeError, match="metric failed"):
+        trainer.evaluate()
+    assert not any(t.name == "paddletrainer-memory" and t.is_alive() for t in threading.enumerate())
+    trainer.compute_metrics = None
+    assert "test_mem_cpu_alloc_delta" in trainer.predict(regression_data(4)).metrics

@@ -101,10 +101,12 @@ class MoELayer(nn.Layer):
         self.shared_expert = (SwiGLU(hidden_size, shared_expert_intermediate_size)
                               if shared_expert_intermediate_size > 0 else None)
         self.last_stats = None
+        self._idle = None
 
     # ------------------------------------------------------------------ routing
     def _route(self, x):
-        logits = F.linear(x.astype("float32"), self.gate.weight.astype("float32"))
+        dtype = "float64" if x.dtype == paddle.float64 else "float32"  # never below float32
+        logits = F.linear(x.astype(dtype), self.gate.weight.astype(dtype))
         probs = F.softmax(logits, axis=-1)
         weights, experts = paddle.topk(probs, self.top_k, axis=-1)
         if self.norm_topk_prob:
@@ -119,9 +121,9 @@ class MoELayer(nn.Layer):
         sums = global_sums(paddle.to_tensor(counts, dtype="int64"), prob_sums, z_sum, n, self.token_group)
         self.last_stats = MoEStats(sums, self.num_experts, self.top_k)
         ranks = self.token_group.nranks if self.token_group is not None else 1
-        tokens = sums[-1:].astype("float32")
-        share = sums[: self.num_experts].astype("float32") / (tokens * self.top_k)
-        term = paddle.zeros([1], dtype="float32")
+        tokens = sums[-1:].astype(probs.dtype)
+        share = sums[: self.num_experts].astype(probs.dtype) / (tokens * self.top_k)
+        term = paddle.zeros([1], dtype=probs.dtype)
         if self.aux_loss_coef:
             term = term + self.aux_loss_coef * self.num_experts * ranks * (share * prob_sums).sum() / tokens
         if self.z_loss_coef:
@@ -130,8 +132,18 @@ class MoELayer(nn.Layer):
 
     # ------------------------------------------------------------------ experts
     def _run_local_experts(self, rows, per_expert: list):
+        """Each local expert on its block of ``rows``. An expert with no rows does not run (Paddle's matmul
+        backward fails on zero rows); it is run on one zero row instead and its output times zero is kept in
+        ``self._idle`` so its parameters get a zero gradient (not None) like on the ranks where it had tokens."""
         blocks = paddle.split(rows, per_expert, axis=0) if len(per_expert) > 1 else [rows]
-        outs = [self.experts[str(g)](block) for g, block in zip(self.local_experts, blocks)]
+        outs, idle = [], []
+        for g, block, count in zip(self.local_experts, blocks, per_expert):
+            if count:
+                outs.append(self.experts[str(g)](block))
+            else:
+                outs.append(paddle.zeros([0, self.hidden_size], dtype=rows.dtype))
+                idle.append((self.experts[str(g)](paddle.zeros([1, self.hidden_size], dtype=rows.dtype)) * 0).sum())
+        self._idle = paddle.add_n(idle) if idle else None
         return paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]
 
     def _experts_forward(self, rows, counts: np.ndarray):
@@ -168,4 +180,6 @@ class MoELayer(nn.Layer):
         out = (out * weights.astype(out.dtype).unsqueeze(-1)).sum(axis=1)
         if self.shared_expert is not None:
             out = out + self.shared_expert(x)
+        if self._idle is not None:  # adds exactly 0.0; carries the idle experts' zero gradients
+            out = out + self._idle.astype(out.dtype)
         return out.reshape(shape), aux

@@ -135,13 +135,15 @@ class MoELayer(nn.Layer):
         """Each local expert on its block of ``rows``. An expert with no rows does not run (Paddle's matmul
         backward fails on zero rows); it is run on one zero row instead and its output times zero is kept in
         ``self._idle`` so its parameters get a zero gradient (not None) like on the ranks where it had tokens."""
-        blocks = paddle.split(rows, per_expert, axis=0) if len(per_expert) > 1 else [rows]
+        blocks = paddle.split(rows, per_expert, axis=0) if len(per_expert) > 1 else [rows]  # rows: [n, hidden]
         outs, idle = [], []
         for g, block, count in zip(self.local_experts, blocks, per_expert):
             if count:
                 outs.append(self.experts[str(g)](block))
             else:
-                outs.append(paddle.zeros([0, self.hidden_size], dtype=rows.dtype))
+                # zero rows still connected to the graph: the exchange back must run its backward on this
+                # rank too (a collective), which Paddle skips for an input that needs no gradient
+                outs.append(block * 0)
                 idle.append((self.experts[str(g)](paddle.zeros([1, self.hidden_size], dtype=rows.dtype)) * 0).sum())
         self._idle = paddle.add_n(idle) if idle else None
         return paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]

@@ -102,6 +102,13 @@ class MoELayer(nn.Layer):
                               if shared_expert_intermediate_size > 0 else None)
         self.last_stats = None
         self._idle = None
+        self._window = None
+
+    def take_window_stats(self):
+        """The statistics of every training forward since the last call (pooled sums over the global batches:
+        tokens per expert added up, the aux loss of the pooled fractions), or None; starts a new window."""
+        window, self._window = self._window, None
+        return None if window is None else MoEStats(window, self.num_experts, self.top_k)
 
     # ------------------------------------------------------------------ routing
     def _route(self, x):
@@ -120,6 +127,8 @@ class MoELayer(nn.Layer):
         prob_sums, z_sum = probs.sum(axis=0), z_per_token.sum()
         sums = global_sums(paddle.to_tensor(counts, dtype="int64"), prob_sums, z_sum, n, self.token_group)
         self.last_stats = MoEStats(sums, self.num_experts, self.top_k)
+        if self.training:  # the window the next logged metrics cover (sums add up; read at logging steps)
+            self._window = sums if self._window is None else self._window + sums
         ranks = self.token_group.nranks if self.token_group is not None else 1
         tokens = sums[-1:].astype(probs.dtype)
         share = sums[: self.num_experts].astype(probs.dtype) / (tokens * self.top_k)

@@ -1,10 +1,11 @@
 """The MoE example (llm_examples/moe) trains: its loss falls over a short run on the Llama example's data, the
 expert load is logged with the loss, and the saved model names its experts by global index and reloads."""
 import json
+import subprocess
 
 import pytest
 
-from .helpers import REPO, run_script, trainer_ready
+from .helpers import PYTHON, REPO, run_script, script_env, trainer_ready
 
 MOE = REPO / "llm_examples" / "moe"
 pytestmark = pytest.mark.skipif(not trainer_ready(), reason="paddletrainer's Trainer does not import")
@@ -28,3 +29,21 @@ def test_moe_pretrain_loss_falls_logs_expert_load_and_the_saved_model_reloads(tm
              "print(len(names), names[0], names[-1])") % (MOE, out)
     assert run_script(["-c", probe], cwd=REPO).stdout.split()[-3:] == [
         "24", "llama.layers.1.mlp.experts.0.gate_proj.weight", "llama.layers.3.mlp.experts.3.down_proj.weight"]
+
+
+def test_a_bad_moe_config_is_refused_naming_the_key(tmp_path):
+    config = json.loads((MOE / "tiny_moe" / "config.json").read_text())
+    for key, value, message in (("num_experts", None, "MoE config: num_experts missing from config.json"),
+                                ("moe_layer_interval", 0, "moe_layer_interval must be in [1, num_hidden_layers=4], got 0")):
+        bad = dict(config)
+        if value is None:
+            del bad[key]
+        else:
+            bad[key] = value
+        model_dir = tmp_path / key
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(bad))
+        proc = subprocess.run([PYTHON, str(MOE / "run_pretrain.py"), str(MOE / "quickstart.json"), "--output_dir",
+                               str(tmp_path / "out"), "--model_name_or_path", str(model_dir)], cwd=str(REPO),
+                              env=script_env(), capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]

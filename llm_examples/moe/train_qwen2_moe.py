@@ -9,7 +9,7 @@ CPU quick run, one process (a 2-layer, 4-expert model on the Llama example's tok
 
 CPU, 2 processes, data parallel (PaddleNLP's MoELayer keeps every expert on every rank here; expert parallel
 is not an axis of paddletrainer yet):
-    flock /tmp/paddletrainer-mp.lock timeout 300 python -m paddle.distributed.launch --nproc_per_node 2 \
+    python -m paddle.distributed.launch --nproc_per_node 2 \
         llm_examples/moe/train_qwen2_moe.py llm_examples/moe/qwen2_moe_quickstart.json \
         --output_dir output/qwen2_moe_dp2
 """

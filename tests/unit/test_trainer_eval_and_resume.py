@@ -105,7 +105,8 @@ def test_an_eval_stream_shard_keeps_its_share_of_the_last_incomplete_block_and_p
 
 @pytest.mark.parametrize("n,ranks,batch", [(13, 4, 2), (13, 1, 8), (16, 4, 2), (5, 4, 3), (1, 3, 2), (9, 2, 4)])
 def test_eval_stream_shards_give_every_rank_the_same_number_of_batches_and_every_item_once(n, ranks, batch):
-    shards = [IterableDatasetShard(range(n), batch, r, ranks, keep_last=True) for r in range(ranks)]
+    shards = [IterableDatasetShard(range(n), batch, num_processes=ranks, process_index=r, keep_last=True)
+              for r in range(ranks)]
     items = [[x for x in shard] for shard in shards]  # batched as the eval DataLoader does: batch_size items at a time
     per_rank = [[share[i:i + batch] for i in range(0, len(share), batch)] for share in items]
     assert len({len(b) for b in per_rank}) == 1  # lockstep forward passes (sharding stage 3)

@@ -191,6 +191,13 @@ def test_last_batch_padding_sampler_gives_paddlenlps_batches(length, batch, nran
         assert (ours.total_size, ours.epoch, len(ours)) == (theirs.total_size, theirs.epoch, len(theirs))
 
 
+def test_last_batch_padding_sampler_refuses_a_partial_accumulated_batch():
+    sampler = trainer_utils.LastBatchPaddingSampler(list(range(5)), batch_size=2, num_replicas=1, rank=0)
+    sampler._acc_steps = 2  # auto-parallel's accumulation: 6 padded samples are 1.5 batches of 4
+    with pytest.raises(ValueError, match="6 samples are not a whole number of batches of 4"):
+        list(sampler)
+
+
 def test_remove_columns_collator_filters_features_and_logs_like_paddlenlp(caplog):
     features = [{"input_ids": [1, 2], "labels": 0, "text": "a"}, {"input_ids": [3, 4], "labels": 1, "text": "b"}, 5]
     seen = []

@@ -70,7 +70,8 @@ class TrainerResults:
     ``args``, ``topology`` and the running state of its ``train()`` call (``_loop``)."""
 
     def metrics_format(self, metrics: Dict[str, float]) -> Dict[str, Any]:
-        """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
+        """Metrics as PaddleNLP displays them (memory in MB, runtimes as H:MM:SS.cc, total_flos in GF, floats to 4
+        decimals); ``trainer_utils.metrics_format`` is this function."""
         return format_metrics(metrics)
 
     def log_metrics(self, split: str, metrics: Dict[str, float]) -> None:

@@ -64,7 +64,8 @@ def optimizer_state(rank):
             "LR_Scheduler": {"last_epoch": 3}}
     if rank == 0:
         return full
-    return {"expert.w_moment1_0": full["expert.w_moment1_0"], "master_weights": {"expert.w": full["master_weights"]["expert.w"]}}
+    return {"expert.w_moment1_0": full["expert.w_moment1_0"],
+            "master_weights": {"expert.w": full["master_weights"]["expert.w"]}}
 
 
 def model_state():

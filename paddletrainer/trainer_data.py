@@ -66,7 +66,8 @@ class TrainerData:
         if not has_length(dataset):
             if args.max_steps <= 0:
                 raise ValueError("an IterableDataset has no length: set max_steps > 0")
-            shard = IterableDatasetShard(dataset, args.per_device_train_batch_size, topo.data_rank, topo.data_world_size)
+            shard = IterableDatasetShard(dataset, args.per_device_train_batch_size, drop_last=True,
+                                         num_processes=topo.data_world_size, process_index=topo.data_rank)
             return self._loader(shard, batch_size=args.per_device_train_batch_size)
         sampler = self._get_train_sampler()
         if not isinstance(sampler, GlobalBatchSampler):
@@ -111,8 +112,9 @@ class TrainerData:
     def _eval_loader(self, dataset, description: str = "evaluation") -> paddle.io.DataLoader:
         dataset = self._remove_unused_columns(dataset, description)
         if not has_length(dataset):
-            shard = IterableDatasetShard(dataset, self.args.per_device_eval_batch_size, self.topology.data_rank,
-                                         self.topology.data_world_size, keep_last=True)
+            shard = IterableDatasetShard(dataset, self.args.per_device_eval_batch_size,
+                                         num_processes=self.topology.data_world_size,
+                                         process_index=self.topology.data_rank, keep_last=True)
             return self._loader(shard, batch_size=self.args.per_device_eval_batch_size)
         return self._loader(dataset, batch_sampler=self._get_eval_sampler(dataset))
 

@@ -7,6 +7,8 @@ importing the arguments must stay cheap); everything else in the package may imp
 """
 
 import datetime
+import importlib
+import logging
 import os
 import re
 import socket
@@ -42,6 +44,29 @@ __all__ = [
     "is_our_checkpoint",
     "foreign_checkpoint_entries",
     "is_paddlenlp_unified_checkpoint",
+    "EvaluationStrategy",
+    "is_main_process",
+    "total_processes_number",
+    "log_trainer_start",
+    "should_skip_data",
+    "split_parallel_config",
+    "download_recovery_ckpt_from_pdc",
+    # resolved on first use (they need paddle): _PADDLE_NAMES below
+    "set_hyrbid_parallel_seed",
+    "get_scheduler",
+    "get_constant_schedule",
+    "get_constant_schedule_with_warmup",
+    "get_linear_schedule_with_warmup",
+    "get_cosine_schedule_with_warmup",
+    "get_polynomial_decay_schedule_with_warmup",
+    "metrics_format",
+    "log_metrics",
+    "save_metrics",
+    "save_state",
+    "TrainerMemoryTracker",
+    "IterableDatasetShard",
+    "LastBatchPaddingSampler",
+    "RemoveColumnsCollator",
 ]
 
 PREFIX_CHECKPOINT_DIR = "checkpoint"
@@ -88,6 +113,10 @@ class IntervalStrategy(ExplicitEnum):
     NO = "no"
     STEPS = "steps"
     EPOCH = "epoch"
+
+
+# PaddleNLP keeps HF's deprecated name for the same three values; one enum here, so both compare equal to "steps"
+EvaluationStrategy = IntervalStrategy
 
 
 class SchedulerType(ExplicitEnum):
@@ -396,14 +425,90 @@ def find_batch_size(tensors: Any) -> Optional[int]:
     return None
 
 
-# set_seed and _get_distributed_seeds live in ``seeding`` (they need paddle); this module is importable without
-# paddle (TrainingArguments imports it), so they are resolved here on first use, at PaddleNLP's module path.
-_SEEDING_NAMES = ("set_seed", "_get_distributed_seeds")
+def is_main_process(local_rank: int) -> bool:
+    """PaddleNLP's test for the main process of a node: ``local_rank`` is -1 (not distributed) or 0."""
+    return local_rank in (-1, 0)
+
+
+def total_processes_number(local_rank: int) -> int:
+    """PaddleNLP's count of the processes launched: 1 when ``local_rank`` is -1 (not distributed), else the world
+    size the launcher gave this process (``PADDLE_TRAINERS_NUM``, what ``paddle.distributed.get_world_size``
+    reads before the parallel environment is initialised)."""
+    if local_rank == -1:
+        return 1
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def log_trainer_start() -> None:
+    """Log once per process tree that the main training process started (PaddleNLP's marker line, which job
+    watchers grep for); the ``MAIN_PROCESS_STARTED`` variable keeps a restarted or child process from logging it
+    again."""
+    if "MAIN_PROCESS_STARTED" not in os.environ:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        logging.getLogger("paddletrainer.trainer").info(
+            "The Training Main Process Started Successfully. time: %s, pid: %d", started, os.getpid())
+        os.environ["MAIN_PROCESS_STARTED"] = "1"
+
+
+def should_skip_data(global_step: int, skip_data_intervals: Optional[List[List[int]]]) -> bool:
+    """Whether the step after ``global_step`` (steps counted from 1) lies in one of ``skip_data_intervals``, a list
+    of ``[first, last]`` step pairs (PaddleNLP's ``skip_data_intervals``); None skips nothing."""
+    if skip_data_intervals is None:
+        return False
+    for interval in skip_data_intervals:
+        if len(interval) != 2 or interval[0] > interval[1] or interval[0] <= 0:
+            raise ValueError(f"skip_data_intervals: {interval} is not a [first, last] pair of steps with "
+                             f"1 <= first <= last")
+    return any(first <= global_step + 1 <= last for first, last in skip_data_intervals)
+
+
+def split_parallel_config(parallel_config: str) -> set:
+    """The options of a PaddleNLP ``*_parallel_config`` string, split on commas if it has any, else on spaces."""
+    return set(parallel_config.split("," if "," in parallel_config else " "))
+
+
+def download_recovery_ckpt_from_pdc(recovery_checkpoint_path: str, timeout: int) -> None:
+    """Refused: PaddleNLP downloads a checkpoint from PaddleCloud's PDC storage here, a service only its
+    long-job environment provides. Raises ``NotImplementedError`` saying what to do instead."""
+    raise NotImplementedError(
+        f"download_recovery_ckpt_from_pdc({recovery_checkpoint_path!r}): PaddleCloud PDC downloads are not "
+        f"supported by paddletrainer; copy the checkpoint to a local path and pass it as resume_from_checkpoint")
+
+
+# PaddleNLP's names that need paddle: ``name -> (module below paddletrainer, attribute path)``. This module must
+# import without paddle (TrainingArguments imports it), so each is imported from its implementation on first use
+# (PEP 562); tests/unit/test_import_graph.py reads this table.
+_PADDLE_NAMES = {
+    "set_seed": ("runtime.seeding", "set_seed"),
+    "_get_distributed_seeds": ("runtime.seeding", "_get_distributed_seeds"),
+    "set_hyrbid_parallel_seed": ("runtime.seeding", "set_hyrbid_parallel_seed"),
+    "get_scheduler": ("optim.schedules", "get_scheduler"),
+    "get_constant_schedule": ("optim.schedules", "get_constant_schedule"),
+    "get_constant_schedule_with_warmup": ("optim.schedules", "get_constant_schedule_with_warmup"),
+    "get_linear_schedule_with_warmup": ("optim.schedules", "get_linear_schedule_with_warmup"),
+    "get_cosine_schedule_with_warmup": ("optim.schedules", "get_cosine_schedule_with_warmup"),
+    "get_polynomial_decay_schedule_with_warmup": ("optim.schedules", "get_polynomial_decay_schedule_with_warmup"),
+    # PaddleNLP's functions of a Trainer (``self``): the Trainer's own methods
+    "metrics_format": ("metrics.results", "TrainerResults.metrics_format"),
+    "log_metrics": ("metrics.results", "TrainerResults.log_metrics"),
+    "save_metrics": ("metrics.results", "TrainerResults.save_metrics"),
+    "save_state": ("trainer_checkpoints", "TrainerCheckpoints.save_state"),
+    "TrainerMemoryTracker": ("metrics.process_memory", "TrainerMemoryTracker"),
+    "IterableDatasetShard": ("data.loader", "IterableDatasetShard"),
+    "LastBatchPaddingSampler": ("data.sampling", "LastBatchPaddingSampler"),
+    "RemoveColumnsCollator": ("data.collate", "RemoveColumnsCollator"),
+}
 
 
 def __getattr__(name):
-    if name in _SEEDING_NAMES:
-        from .runtime import seeding
-
-        return getattr(seeding, name)
+    if name in _PADDLE_NAMES:
+        module, path = _PADDLE_NAMES[name]
+        obj = importlib.import_module(f"{__package__}.{module}")
+        for attr in path.split("."):
+            obj = getattr(obj, attr)
+        return obj
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PADDLE_NAMES))

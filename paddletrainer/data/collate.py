@@ -12,7 +12,7 @@ import paddle
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 __all__ = ["default_data_collator", "DataCollatorWithPadding", "forward_parameters", "forward_argument_names",
-           "ColumnFilter", "remove_unused_columns"]
+           "ColumnFilter", "remove_unused_columns", "RemoveColumnsCollator"]
 
 logger = logging.getLogger("paddletrainer.data")  # the package's logger name before the split: filters keep working
 
@@ -137,3 +137,33 @@ def remove_unused_columns(dataset, allowed: Optional[set], keep: Sequence[str], 
     return dataset.remove_columns(unused)
 
 
+
+
+class RemoveColumnsCollator:
+    """PaddleNLP's collator wrapper: each dict *feature* loses the keys not in ``signature_columns`` before
+    ``data_collator`` sees it (other features pass unchanged). The first time keys are dropped, and when
+    ``logger`` and ``model_name`` are given, ``logger.info`` names them (with ``description``, the split)."""
+
+    def __init__(self, data_collator: Callable, signature_columns: Sequence[str], logger=None,
+                 model_name: Optional[str] = None, description: Optional[str] = None):
+        self.data_collator = data_collator
+        self.signature_columns = signature_columns
+        self.logger = logger
+        self.model_name = model_name
+        self.description = description
+        self.message_logged = False
+
+    def _remove_columns(self, feature):
+        if not isinstance(feature, dict):
+            return feature
+        if not self.message_logged and self.logger and self.model_name:
+            ignored = [k for k in feature if k not in self.signature_columns]
+            if ignored:
+                where = f"in the {self.description} set" if self.description else ""
+                self.logger.info(f"The following columns {where} don't have a corresponding argument in "
+                                 f"`{self.model_name}.forward` and have been ignored: {', '.join(ignored)}.")
+                self.message_logged = True
+        return {k: v for k, v in feature.items() if k in self.signature_columns}
+
+    def __call__(self, features: List[dict]):
+        return self.data_collator([self._remove_columns(f) for f in features])

@@ -3,6 +3,7 @@
 stream over the data ranks (``IterableDatasetShard``)."""
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, List, Optional
 
@@ -16,14 +17,21 @@ __all__ = ["IterableDatasetShard", "CollateErrorCarrier", "worker_error_printed_
 
 
 class IterableDatasetShard(paddle.io.IterableDataset):
-    """Splits a stream as :class:`~.sampling.GlobalBatchSampler` splits a dataset: each block of B × W consecutive items is one global micro-batch and data
-    rank r keeps items ``[r·B, (r+1)·B)`` of it. For training an incomplete final block is dropped (a stream
-    has no epoch start to wrap to). With ``keep_last`` (evaluation) each rank keeps its share of it, so every
-    item is evaluated once; a rank whose share is empty then yields one *padding* item (the pass's first item)
-    as a batch of its own, so that, as with :class:`~.sampling.EvalBatchSampler`, every rank runs the same number of
-    forward passes (sharding stage 3 gathers parameters in each one). ``num_real_batches`` — None until the
-    stream has ended, then this pass's batch count without the padding one — tells the evaluation loop what
-    to count. The number of items already consumed is skipped on resume.
+    """Splits a stream as :class:`~.sampling.GlobalBatchSampler` splits a dataset: each block of
+    ``batch_size × num_processes`` consecutive items is one global micro-batch and process ``r``
+    (``process_index``) keeps items ``[r·B, (r+1)·B)`` of it. PaddleNLP's class, with its signature.
+
+    The last, incomplete block: with ``drop_last`` it is dropped (the Trainer's training stream: a stream has no
+    epoch start to wrap to); without it (PaddleNLP's default) it is filled up with the pass's first block,
+    repeated, so every process yields whole batches. With ``keep_last`` (the Trainer's evaluation; it overrides
+    ``drop_last``) each process keeps its own share of it, so every item is evaluated once; a process whose share
+    is empty then yields one *padding* item (the pass's first item) as a batch of its own, so that, as with
+    :class:`~.sampling.EvalBatchSampler`, every process runs the same number of forward passes (sharding stage 3
+    gathers parameters in each one). ``num_real_batches`` — None until the stream has ended, then this pass's
+    batch count without a padding one — tells the evaluation loop what to count. ``skip_items`` items are skipped
+    first (a resumed run's consumed items); ``num_examples`` counts the items this pass read after them.
+    ``set_epoch`` is passed on to the stream; ``seed`` is kept for PaddleNLP's signature (it seeds nothing there
+    either).
 
     Every data rank must iterate the same stream (this class splits it): then every rank's pass ends at the same
     block, and the Trainer's "an epoch without a batch ends training" stop happens at the same step everywhere
@@ -32,40 +40,62 @@ class IterableDatasetShard(paddle.io.IterableDataset):
     left without data stops while the others enter their next step's collectives, which it then never joins
     or joins with another collective (a hang, bounded by ``collective_timeout_seconds``, or an error)."""
 
-    def __init__(self, dataset, batch_size: int, data_rank: int = 0, data_world_size: int = 1, skip_items: int = 0,
-                 keep_last: bool = False):
+    def __init__(self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1,
+                 process_index: int = 0, seed: int = 0, *, skip_items: int = 0, keep_last: bool = False):
         self.dataset = dataset
         self.batch_size = batch_size
-        self.data_rank = data_rank
-        self.data_world_size = data_world_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.seed = seed
+        self.epoch = 0
+        self.num_examples = 0
         self.skip_items = skip_items
         self.keep_last = keep_last
         self.num_real_batches: Optional[int] = None
 
+    def set_epoch(self, epoch: int) -> None:
+        """Record ``epoch`` and pass it to the stream's own ``set_epoch`` when it has one."""
+        self.epoch = epoch
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
     def __iter__(self):
-        self.num_real_batches = None
-        span = self.batch_size * self.data_world_size
-        lo, hi = self.data_rank * self.batch_size, (self.data_rank + 1) * self.batch_size
+        self.num_real_batches, self.num_examples = None, 0
+        span = self.batch_size * self.num_processes
+        lo, hi = self.process_index * self.batch_size, (self.process_index + 1) * self.batch_size
         block: List[Any] = []
-        first, full_blocks = None, 0
+        first_block: Optional[List[Any]] = None
+        full_blocks = 0
         for i, item in enumerate(self.dataset):
             if i < self.skip_items:
                 continue
-            if first is None:
-                first = item
+            self.num_examples += 1
             block.append(item)
             if len(block) == span:
                 yield from block[lo:hi]
+                first_block = block if first_block is None else first_block
                 full_blocks += 1
                 block = []
-        if not self.keep_last:
-            self.num_real_batches = full_blocks
+        if self.keep_last:
+            # Every rank got exactly B items per full block, so what follows starts a batch of its own.
+            self.num_real_batches = full_blocks + (1 if block[lo:hi] else 0)
+            yield from block[lo:hi]
+            if block and not block[lo:hi]:
+                yield (first_block or block)[0]
             return
-        # Every rank got exactly B items per full block, so what follows starts a batch of its own.
-        self.num_real_batches = full_blocks + (1 if block[lo:hi] else 0)
-        yield from block[lo:hi]
-        if block and not block[lo:hi]:
-            yield first
+        self.num_real_batches = full_blocks
+        if block and not self.drop_last:
+            filler = first_block or list(block)
+            while len(block) < span:
+                block += filler
+            self.num_real_batches += 1
+            yield from block[lo:hi]
+
+    def __len__(self) -> int:
+        """Items each process yields per pass (PaddleNLP's count; the stream must have a length)."""
+        blocks = len(self.dataset) / (self.batch_size * self.num_processes)
+        return (math.floor(blocks) if self.drop_last else math.ceil(blocks)) * self.batch_size
 
 
 class CollateErrorCarrier:

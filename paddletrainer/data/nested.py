@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 
 __all__ = ["nested_concat", "nested_numpify", "nested_truncate", "nested_detach", "distributed_concat",
-           "concat_padded"]
+           "concat_padded", "paddle_pad_and_concatenate", "numpy_pad_and_concatenate"]
 
 
 def _map(fn, value):
@@ -54,6 +54,16 @@ def concat_padded(parts: Sequence[Any], padding_index: int = -100):
         out[(slice(row, row + p.shape[0]),) + tuple(slice(0, n) for n in p.shape[1:])] = p
         row += p.shape[0]
     return out
+
+
+def paddle_pad_and_concatenate(tensor1: paddle.Tensor, tensor2: paddle.Tensor, padding_index: int = -100):
+    """PaddleNLP's name for :func:`concat_padded` of two paddle Tensors."""
+    return concat_padded([tensor1, tensor2], padding_index)
+
+
+def numpy_pad_and_concatenate(array1: np.ndarray, array2: np.ndarray, padding_index: int = -100):
+    """PaddleNLP's name for :func:`concat_padded` of two NumPy arrays."""
+    return concat_padded([array1, array2], padding_index)
 
 
 def nested_concat(tensors, new_tensors, padding_index: int = -100):

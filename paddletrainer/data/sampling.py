@@ -28,7 +28,7 @@ import paddle
 from ..trainer_utils import has_length
 
 __all__ = ["epoch_permutation", "padded_epoch_order", "GlobalBatchSampler", "EvalBatchSampler",
-           "WholeStepBatchSampler", "resume_position"]
+           "WholeStepBatchSampler", "resume_position", "LastBatchPaddingSampler"]
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -203,3 +203,29 @@ def resume_position(consumed: int, restart_epoch: bool, steps_per_epoch: Optiona
     if not steps_per_epoch:
         return 0
     return consumed - consumed % (steps_per_epoch * global_batch)
+
+
+class LastBatchPaddingSampler(paddle.io.DistributedBatchSampler):
+    """PaddleNLP's evaluation sampler: a ``DistributedBatchSampler`` whose order is filled up to whole global
+    batches (``batch_size × nranks``) with the dataset's first global batch, repeated, so every rank yields only
+    full batches; with ``shuffle`` the filled order is shuffled by the epoch (which then advances by one). Rank
+    ``r`` takes items ``[r·B, (r+1)·B)`` of each global batch."""
+
+    def __iter__(self) -> Iterator[List[int]]:
+        span = self.batch_size * self.nranks
+        order = list(range(len(self.dataset)))
+        rest = len(order) % span
+        if rest:
+            order += np.resize(order[:span], span - rest).tolist()
+        self.total_size = len(order)
+        if self.shuffle:
+            np.random.RandomState(self.epoch).shuffle(order)
+            self.epoch += 1
+        mine = np.asarray(order).reshape(-1, span)[:, self.local_rank * self.batch_size:
+                                                   (self.local_rank + 1) * self.batch_size].ravel().tolist()
+        local = self.batch_size * self._acc_steps
+        if len(mine) % local:
+            raise ValueError(f"LastBatchPaddingSampler: this rank's {len(mine)} samples are not a whole number of "
+                             f"batches of {local} (batch_size × accumulation steps)")
+        for k in range(0, len(mine), local):
+            yield mine[k:k + local]

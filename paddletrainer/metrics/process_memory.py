@@ -20,6 +20,7 @@ the outer stage. The ``init`` stage (the Trainer's construction) has no result o
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import resource
 import sys
@@ -30,7 +31,7 @@ import paddle
 
 from ..runtime.device import on_cuda_device
 
-__all__ = ["peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker"]
+__all__ = ["peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker", "TrainerMemoryTracker"]
 
 
 def peak_memory_bytes() -> int:
@@ -137,3 +138,49 @@ class MemoryTracker:
             return {}
         metrics, self._init_metrics = {**self._init_metrics, **metrics}, {}
         return metrics
+
+
+class TrainerMemoryTracker:
+    """PaddleNLP's interface to :class:`MemoryTracker`: the stage is the name of the method that calls
+    ``start()`` / ``stop_and_update_metrics()`` (``stages`` maps ``__init__``, ``train``, ``evaluate``,
+    ``predict`` to ``init``, ``train``, ``eval``, ``test``), and the metrics go into the dict given. Nothing is
+    measured with ``skip_memory_metrics``. The ``init`` stage's keys come with the first later stage's."""
+
+    stages = {"__init__": "init", "train": "train", "_inner_training_loop": "train", "evaluate": "eval",
+              "predict": "test"}
+
+    def __init__(self, skip_memory_metrics: bool = False):
+        self.skip_memory_metrics = skip_memory_metrics
+        self._tracker = MemoryTracker(enabled=not skip_memory_metrics)
+        self._stopped: Dict[str, Dict[str, int]] = {}  # stage -> its metrics, until update_metrics takes them
+
+    def derive_stage(self) -> str:
+        """The stage of the method that called the caller of this function."""
+        caller = inspect.currentframe().f_back.f_back.f_code.co_name
+        if caller not in self.stages:
+            raise ValueError(f"TrainerMemoryTracker was called from {caller}; valid callers: {sorted(self.stages)}")
+        return self.stages[caller]
+
+    def start(self) -> None:
+        """Begin measuring the caller's stage (a stage started inside another one is part of the outer one)."""
+        if not self.skip_memory_metrics:
+            self._tracker.start(self.derive_stage())
+
+    def stop(self, stage: str) -> None:
+        """End ``stage`` (nothing when another stage is being measured)."""
+        if not self.skip_memory_metrics:
+            self._stopped[stage] = self._tracker.stop(stage)
+
+    def update_metrics(self, stage: str, metrics: dict) -> None:
+        """Add ``stage``'s memory keys (``{stage}_mem_cpu_alloc_delta`` ...) to ``metrics``."""
+        if not self.skip_memory_metrics:
+            metrics.update(self._stopped.pop(stage, {}))
+
+    def stop_and_update_metrics(self, metrics: Optional[dict] = None) -> None:
+        """End the caller's stage and add its memory keys to ``metrics`` (when given)."""
+        if self.skip_memory_metrics:
+            return
+        stage = self.derive_stage()
+        self.stop(stage)
+        if metrics is not None:
+            self.update_metrics(stage, metrics)

@@ -3,10 +3,10 @@ files in ``output_dir``; :class:`TrainerResults`, the Trainer's reporting method
 (``metrics_format``, ``log_metrics``, ``save_metrics``, ``log_trained_tokens``)."""
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
-import time
 from typing import Any, Dict
 
 from ..data.gather import sum_over_data_ranks
@@ -16,12 +16,22 @@ __all__ = ["TrainerResults", "format_metrics", "print_metrics", "save_metrics"]
 logger = logging.getLogger("paddletrainer.trainer")  # the Trainer's logger: one place to configure or silence
 
 
+def _runtime_text(seconds: float) -> str:
+    """``H:MM:SS.cc`` (``1 day, H:MM:SS.cc`` past a day): whole seconds as a timedelta, then the hundredths."""
+    return f"{datetime.timedelta(seconds=int(seconds))}.{int(abs(seconds - int(seconds)) * 100):02d}"
+
+
 def format_metrics(metrics: Dict[str, float]) -> Dict[str, Any]:
-    """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
+    """Metrics as PaddleNLP displays them: memory keys (``*_mem_*``, bytes) in MB, runtimes as ``H:MM:SS.cc``,
+    ``total_flos`` in GF, other floats rounded to 4 decimals."""
     out = {}
     for k, v in metrics.items():
-        if k.endswith("_runtime"):
-            out[k] = time.strftime("%H:%M:%S", time.gmtime(v)) + f".{int((v % 1) * 100):02d}"
+        if "_mem_" in k:
+            out[k] = f"{int(v) >> 20}MB"
+        elif "_runtime" in k:
+            out[k] = _runtime_text(v)
+        elif k == "total_flos":
+            out[k] = f"{int(v) >> 30}GF"
         elif isinstance(v, float):
             out[k] = round(v, 4)
         else:
@@ -30,12 +40,13 @@ def format_metrics(metrics: Dict[str, float]) -> Dict[str, Any]:
 
 
 def print_metrics(split: str, metrics: Dict[str, float]) -> None:
-    """``metrics`` as an aligned table under ``***** <split> metrics *****``."""
+    """``metrics`` as an aligned table under ``***** <split> metrics *****`` (names left-, values right-aligned)."""
     print(f"***** {split} metrics *****")
     formatted = format_metrics(metrics)
-    width = max((len(k) for k in formatted), default=0)
+    width = max((len(str(k)) for k in formatted), default=0)
+    value_width = max((len(str(v)) for v in formatted.values()), default=0)
     for k in sorted(formatted):
-        print(f"  {k:<{width}} = {formatted[k]}")
+        print(f"  {k:<{width}} = {str(formatted[k]):>{value_width}}")
 
 
 def save_metrics(output_dir: str, split: str, metrics: Dict[str, float], combined: bool = True) -> None:
@@ -59,7 +70,8 @@ class TrainerResults:
     ``args``, ``topology`` and the running state of its ``train()`` call (``_loop``)."""
 
     def metrics_format(self, metrics: Dict[str, float]) -> Dict[str, Any]:
-        """Metrics rounded for display (floats to 4 decimals; runtimes as h:mm:ss)."""
+        """Metrics as PaddleNLP displays them (memory in MB, runtimes as H:MM:SS.cc, total_flos in GF, floats to 4
+        decimals); ``trainer_utils.metrics_format`` is this function."""
         return format_metrics(metrics)
 
     def log_metrics(self, split: str, metrics: Dict[str, float]) -> None:

@@ -26,7 +26,9 @@ import paddle
 from ..trainer_utils import SchedulerType
 
 __all__ = ["constant_factor", "constant_with_warmup_factor", "linear_factor", "cosine_factor", "polynomial_factor",
-           "schedule_factor_fn", "get_scheduler"]
+           "schedule_factor_fn", "get_scheduler", "get_constant_schedule", "get_constant_schedule_with_warmup",
+           "get_linear_schedule_with_warmup", "get_cosine_schedule_with_warmup",
+           "get_polynomial_decay_schedule_with_warmup"]
 
 
 def _warmup(step: int, warmup_steps: int) -> Optional[float]:
@@ -118,19 +120,28 @@ def schedule_factor_fn(
 def get_scheduler(
     name: str,
     learning_rate: float,
-    num_warmup_steps: int = 0,
-    num_training_steps: int = 0,
+    num_warmup_steps: Optional[int] = None,
+    num_training_steps: Optional[int] = None,
     num_cycles: float = 0.5,
     lr_end: float = 1e-7,
     power: float = 1.0,
     min_learning_rate: float = 0.0,
 ) -> paddle.optimizer.lr.LRScheduler:
-    """Build a Paddle LR scheduler by name (PaddleNLP's ``get_scheduler`` signature, plus ``min_learning_rate``)."""
+    """Build a Paddle LR scheduler by name (PaddleNLP's ``get_scheduler`` signature, plus ``min_learning_rate``).
+
+    As in PaddleNLP, every schedule but ``constant`` needs ``num_warmup_steps``, and all but the two constant
+    ones ``num_training_steps``: leaving one out is a ``ValueError`` naming it.
+    """
+    kind = SchedulerType(name).value
+    if kind != "constant" and num_warmup_steps is None:
+        raise ValueError(f"get_scheduler: lr_scheduler_type {kind!r} requires num_warmup_steps")
+    if kind not in ("constant", "constant_with_warmup") and num_training_steps is None:
+        raise ValueError(f"get_scheduler: lr_scheduler_type {kind!r} requires num_training_steps")
     factor = schedule_factor_fn(
-        name,
+        kind,
         learning_rate=learning_rate,
-        num_warmup_steps=num_warmup_steps,
-        num_training_steps=num_training_steps,
+        num_warmup_steps=num_warmup_steps or 0,
+        num_training_steps=num_training_steps or 0,
         num_cycles=num_cycles,
         lr_end=lr_end,
         power=power,
@@ -138,3 +149,40 @@ def get_scheduler(
     )
     return paddle.optimizer.lr.LambdaDecay(learning_rate, factor)
 
+
+# PaddleNLP's one-schedule constructors (``trainer_utils.get_*_schedule*``), with its signatures: the same factor
+# functions as get_scheduler, and ``last_epoch`` to rebuild a schedule at a step when resuming.
+def get_constant_schedule(learning_rate: float, last_epoch: int = -1) -> paddle.optimizer.lr.LambdaDecay:
+    """A constant learning rate."""
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, constant_factor, last_epoch=last_epoch)
+
+
+def get_constant_schedule_with_warmup(learning_rate: float, num_warmup_steps: int,
+                                      last_epoch: int = -1) -> paddle.optimizer.lr.LambdaDecay:
+    """A linear warmup from 0 over ``num_warmup_steps``, then constant."""
+    factor = partial(constant_with_warmup_factor, warmup_steps=num_warmup_steps)
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, factor, last_epoch=last_epoch)
+
+
+def get_linear_schedule_with_warmup(learning_rate: float, num_warmup_steps: int, num_training_steps: int,
+                                    last_epoch: int = -1) -> paddle.optimizer.lr.LambdaDecay:
+    """A linear warmup, then a linear decay to 0 at ``num_training_steps``."""
+    factor = partial(linear_factor, warmup_steps=num_warmup_steps, total_steps=num_training_steps)
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, factor, last_epoch=last_epoch)
+
+
+def get_cosine_schedule_with_warmup(learning_rate: float, num_warmup_steps: int, num_training_steps: int,
+                                    num_cycles: float = 0.5, last_epoch: int = -1) -> paddle.optimizer.lr.LambdaDecay:
+    """A linear warmup, then ``num_cycles`` cosine waves (0.5: a half wave down to 0 at ``num_training_steps``)."""
+    factor = partial(cosine_factor, warmup_steps=num_warmup_steps, total_steps=num_training_steps,
+                     num_cycles=num_cycles)
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, factor, last_epoch=last_epoch)
+
+
+def get_polynomial_decay_schedule_with_warmup(learning_rate: float, num_warmup_steps: int, num_training_steps: int,
+                                              lr_end: float = 1e-7, power: float = 1.0,
+                                              last_epoch: int = -1) -> paddle.optimizer.lr.LambdaDecay:
+    """A linear warmup, then a polynomial decay of ``power`` to ``lr_end`` at ``num_training_steps``."""
+    factor = schedule_factor_fn("polynomial", learning_rate=learning_rate, num_warmup_steps=num_warmup_steps,
+                                num_training_steps=num_training_steps, lr_end=lr_end, power=power)
+    return paddle.optimizer.lr.LambdaDecay(learning_rate, factor, last_epoch=last_epoch)

@@ -7,7 +7,7 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 
-__all__ = ["set_seed", "_get_distributed_seeds"]
+__all__ = ["set_seed", "_get_distributed_seeds", "set_hyrbid_parallel_seed"]
 
 
 def set_seed(seed: int = 42) -> None:
@@ -53,3 +53,20 @@ def _get_distributed_seeds(seed: int = 1234, topo: Any = None) -> Tuple[int, int
     local_seed = seed + world + mp + coordinate
     random_seed = seed + 100 * pp
     return global_seed, local_seed, random_seed
+
+
+def set_hyrbid_parallel_seed(basic_seed: int, dataset_rank: int, tp_rank: int, pp_rank: int = 0) -> None:
+    """PaddleNLP's seeding of a hybrid parallel rank (its spelling, ``hyrbid``, kept so its scripts import it).
+
+    Python, NumPy and paddle get ``basic_seed + dataset_rank`` (data ranks draw different samples); fleet's RNG
+    tracker gets ``global_seed = basic_seed + 100003 + dataset_rank`` (dropout outside tensor-parallel layers, the
+    same across a tensor-parallel group) and ``local_seed = basic_seed + 59999 + 10 * tp_rank + 1000 * pp_rank``
+    (dropout inside them), each added only when the tracker has neither that state name nor that seed yet.
+    """
+    set_seed(basic_seed + dataset_rank)
+    tracker = fleet.meta_parallel.get_rng_state_tracker()
+    seeds = {"global_seed": basic_seed + 100003 + dataset_rank,
+             "local_seed": basic_seed + 59999 + tp_rank * 10 + pp_rank * 1000}
+    for name, value in seeds.items():
+        if name not in tracker.states_ and value not in tracker.seeds_:
+            tracker.add(name, value)

@@ -64,10 +64,10 @@ def test_empty_dataset_is_a_clear_error():
 def test_iterable_shard_splits_blocks_over_ranks_and_skips_on_resume():
     stream = list(range(20))
     # (a comprehension, not list(): paddle's IterableDataset raises on the __len__ hint list() asks for)
-    r0 = [x for x in IterableDatasetShard(stream, 2, 0, 2)]
-    r1 = [x for x in IterableDatasetShard(stream, 2, 1, 2)]
+    r0 = [x for x in IterableDatasetShard(stream, 2, True, 2, 0)]
+    r1 = [x for x in IterableDatasetShard(stream, 2, True, 2, 1)]
     assert r0[:4] == [0, 1, 4, 5] and r1[:4] == [2, 3, 6, 7]
-    assert [x for x in IterableDatasetShard(stream, 2, 0, 2, skip_items=8)][:2] == [8, 9]
+    assert [x for x in IterableDatasetShard(stream, 2, True, 2, 0, skip_items=8)][:2] == [8, 9]
 
 
 def test_collators_stack_rename_labels_and_pad():

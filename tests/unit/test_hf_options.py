@@ -81,14 +81,14 @@ def test_lr_scheduler_kwargs_are_the_schedules_arguments(tmp_path):
     trainer = Trainer(RegressionModel(), train_dataset=regression_data(8),
                       args=make_args(tmp_path, lr_scheduler_type="polynomial", lr_scheduler_kwargs=kwargs))
     schedule = trainer.create_scheduler(10)
-    expected = get_scheduler("polynomial", learning_rate=0.1, num_training_steps=10, **kwargs)
+    expected = get_scheduler("polynomial", learning_rate=0.1, num_warmup_steps=0, num_training_steps=10, **kwargs)
     got = []
     for _ in range(10):
         got.append((schedule.get_lr(), expected.get_lr()))
         schedule.step()
         expected.step()
     np.testing.assert_allclose(*zip(*got))
-    default = get_scheduler("polynomial", learning_rate=0.1, num_training_steps=10)
+    default = get_scheduler("polynomial", learning_rate=0.1, num_warmup_steps=0, num_training_steps=10)
     default.step()
     assert got[1][0] != default.get_lr()
     with pytest.raises(ValueError, match="lr_scheduler_kwargs: unknown key\\(s\\) gamma; valid: num_cycles"):

@@ -96,16 +96,17 @@ def test_paddle_iterable_dataset_trains_evaluates_and_predicts_every_item_once(t
 
 def test_an_eval_stream_shard_keeps_its_share_of_the_last_incomplete_block_and_pads_an_empty_one():
     stream = list(range(13))
-    shards = [IterableDatasetShard(stream, 2, r, 4, keep_last=True) for r in range(4)]
+    shards = [IterableDatasetShard(stream, 2, num_processes=4, process_index=r, keep_last=True) for r in range(4)]
     shares = [[x for x in shard] for shard in shards]
     assert shares == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12], [6, 7, 0]]  # rank 3's 0: its padding batch
     assert [shard.num_real_batches for shard in shards] == [2, 2, 2, 1]
-    assert [x for x in IterableDatasetShard(stream, 2, 2, 4)] == [4, 5]  # training drops the incomplete block
+    assert [x for x in IterableDatasetShard(stream, 2, True, 4, 2)] == [4, 5]  # training drops the incomplete block
 
 
 @pytest.mark.parametrize("n,ranks,batch", [(13, 4, 2), (13, 1, 8), (16, 4, 2), (5, 4, 3), (1, 3, 2), (9, 2, 4)])
 def test_eval_stream_shards_give_every_rank_the_same_number_of_batches_and_every_item_once(n, ranks, batch):
-    shards = [IterableDatasetShard(range(n), batch, r, ranks, keep_last=True) for r in range(ranks)]
+    shards = [IterableDatasetShard(range(n), batch, num_processes=ranks, process_index=r, keep_last=True)
+              for r in range(ranks)]
     items = [[x for x in shard] for shard in shards]  # batched as the eval DataLoader does: batch_size items at a time
     per_rank = [[share[i:i + batch] for i in range(0, len(share), batch)] for share in items]
     assert len({len(b) for b in per_rank}) == 1  # lockstep forward passes (sharding stage 3)

@@ -158,6 +158,10 @@ def parse(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--markdown", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
+    p.add_argument("--raw", default=None,
+                   help="JSON file: with a run, write every rank's measurements to it (after each layout); with "
+                        "--from-raw, read them instead of running (re-render the table after a model change)")
+    p.add_argument("--from-raw", action="store_true", help="render the table from --raw's file, launch nothing")
     a = p.parse_args(argv)
     a.sizes = (a.sizes or ("tiny,tiny2" if a.tiny else "small,large")).split(",")
     a.layouts = (a.layouts or ("single,dp2" if a.tiny else ",".join(TWO_RANK))).split(",")
@@ -168,6 +172,8 @@ def parse(argv=None):
     for name in a.layouts + a.layouts4:
         if name not in LAYOUTS:
             p.error(f"--layouts: unknown layout {name!r}; valid: {', '.join(LAYOUTS)}")
+    if a.from_raw and not a.raw:
+        p.error("--from-raw needs --raw FILE")
     if a.seq < 1 or a.steps < 2:
         p.error("--seq must be >= 1 and --steps >= 2")
     return a
@@ -177,13 +183,20 @@ def main(argv=None) -> None:
     a = parse(argv)
     plan = [(lay, s) for s in a.sizes for lay in a.layouts] + [(lay, a.sizes[0]) for lay in a.layouts4]
     results, rows, t0 = {}, [], time.time()
+    saved = {tuple(k.split("@")): v for k, v in json.loads(Path(a.raw).read_text()).items()} if a.from_raw else {}
     for layout, size_name in plan:
         try:
-            results[(layout, size_name)] = run_layout(layout, size_name, a.seq, a.steps)
+            results[(layout, size_name)] = saved.get((layout, size_name)) if a.from_raw else \
+                run_layout(layout, size_name, a.seq, a.steps)
         except RuntimeError as e:
             print(f"{layout} @ {size_name}: launch failed\n{str(e)[-3000:]}", file=sys.stderr)
-            rows.append([layout, size_name, "launch failed", *[""] * (len(HEADERS) - 3)])
+            results[(layout, size_name)] = None
+        if results[(layout, size_name)] is None:
+            del results[(layout, size_name)]
+            rows.append([layout, size_name, "not measured", *[""] * (len(HEADERS) - 3)])
             continue
+        if a.raw and not a.from_raw:
+            Path(a.raw).write_text(json.dumps({f"{k[0]}@{k[1]}": v for k, v in results.items()}))
         rows += rank_rows(layout, size_name, results[(layout, size_name)], a.seq)
         print(f"{layout} @ {size_name}: done ({time.time() - t0:.0f} s)", flush=True)
     sizes_line = "; ".join(f"{s}: {total_params(SIZES[s]) / 1e6:.1f}M parameters "

@@ -43,8 +43,13 @@ class Calibration:
     ``activation_factor`` scales ``cost_model.memory``'s activation estimate (a bf16 GPT formula doubled for
     fp32); the transient of a step is ``transient_fixed + transient_grad × the gradient bytes the rank's
     backward produces (before sharding) + transient_stage3 × the parameter bytes stage 3 gathers beyond its
-    own slice``. Fitted on bench_memory's 2026-11-25 20:00 run (every layout, two sizes; docs/benchmarks.md,
-    "Memory per rank") and checked on the next run (the same section).
+    own slice`` (what the allocator holds beyond the live tensors at the peak: freed blocks it keeps, the
+    gradients' temporaries, stage 3's gathered weights). The defaults (``CALIBRATION``) are the least-squares
+    fit of the peak minus the baseline and the counted state on bench_memory's 2026-11-25 20:00 run (every
+    layout but dp, whose gradient copy was removed afterwards; 45.6M and 168M Llamas; docs/benchmarks.md),
+    with the CPU profile's 0.54 GiB baseline; checked on a later run (docs/benchmarks.md, "Memory per rank").
+    The class's own defaults are the uncalibrated arithmetic. Fitted on CPU only: on GPUs the allocator differs
+    (docs/benchmarks.md, "Layout planner against published runs", says how far that lands).
     """
 
     activation_factor: float = 1.0
@@ -53,7 +58,8 @@ class Calibration:
     transient_stage3: float = 0.0
 
 
-CALIBRATION = Calibration()
+CALIBRATION = Calibration(activation_factor=0.93, transient_fixed=91 * 2**20, transient_grad=0.41,
+                          transient_stage3=1.46)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -179,7 +179,10 @@ def main(argv=None) -> None:
     a = parse(argv)
     plan = [(lay, s) for s in a.sizes for lay in a.layouts] + [(lay, a.sizes[0]) for lay in a.layouts4]
     results, rows, t0 = {}, [], time.time()
-    saved = {tuple(k.split("@")): v for k, v in json.loads(Path(a.raw).read_text()).items()} if a.from_raw else {}
+    saved = json.loads(Path(a.raw).read_text()) if a.from_raw else {}
+    # what the run was: its machine line and duration (a file written before "_meta" existed: say so)
+    meta = saved.pop("_meta", f"(raw file {a.raw}, no machine line recorded)") if a.from_raw else None
+    saved = {tuple(k.split("@")): v for k, v in saved.items()}
     for layout, size_name in plan:
         try:
             results[(layout, size_name)] = saved.get((layout, size_name)) if a.from_raw else \
@@ -192,7 +195,8 @@ def main(argv=None) -> None:
             rows.append([layout, size_name, "not measured", *[""] * (len(HEADERS) - 3)])
             continue
         if a.raw and not a.from_raw:
-            Path(a.raw).write_text(json.dumps({f"{k[0]}@{k[1]}": v for k, v in results.items()}))
+            meta = f"{machine_line()}, {time.time() - t0:.0f} s"
+            Path(a.raw).write_text(json.dumps({"_meta": meta, **{f"{k[0]}@{k[1]}": v for k, v in results.items()}}))
         rows += rank_rows(layout, size_name, results[(layout, size_name)], a.seq)
         print(f"{layout} @ {size_name}: done ({time.time() - t0:.0f} s)", flush=True)
     sizes_line = "; ".join(f"{s}: {total_params(SIZES[s]) / 1e6:.1f}M parameters "
@@ -203,9 +207,13 @@ def main(argv=None) -> None:
     print_table("Peak slope per model parameter between the two sizes", SLOPE_HEADERS, slopes)
     print(f"\n{sizes_line}\n{machine_line()}")
     if a.markdown:
-        body = (f"Measured {machine_line()}; device {device}; {sizes_line}. fp32 AdamW, seq {a.seq}, micro-batch 1, "
-                f"{a.steps} steps, `python scripts/bench_memory.py --markdown` ({time.time() - t0:.0f} s). Cells "
-                "are `measured / predicted (ratio)` in MiB.\n\n" + markdown_table(HEADERS, rows)
+        how = (f"measured {meta}, `python scripts/bench_memory.py --raw FILE`, rendered with `--from-raw --markdown`"
+               if a.from_raw else f"measured {machine_line()}, `python scripts/bench_memory.py --markdown` "
+               f"({time.time() - t0:.0f} s)")
+        body = (f"{how[0].upper() + how[1:]}; device {device}; {sizes_line}. fp32 AdamW, seq {a.seq}, micro-batch 1, "
+                f"{a.steps} steps. Cells are `measured / predicted (ratio)` in MiB; the prediction is the layout "
+                "planner's for the busiest rank (`paddletrainer.planning.predict_memory`, profile "
+                "`CPU-this-machine`), error = measured peak / predicted - 1.\n\n" + markdown_table(HEADERS, rows)
                 + "\n\n### Peak slope per model parameter\n\n" + markdown_table(SLOPE_HEADERS, slopes))
         update_markdown_section("Memory per rank (bench_memory.py)", body)
 

@@ -17,6 +17,7 @@ import sys
 from typing import List, Optional
 
 from ..planning import PROFILES, Config, config_from_paddlenlp, get_profile, plan
+from ..planning.memory_model import OPTIMIZER_STATES
 
 SIZE_OPTIONS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "heads", "vocab_size": "vocab",
                 "intermediate_size": "intermediate"}
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--device-memory", type=float, default=None, help="GiB per device (default: the profile's)")
     ap.add_argument("--global-batch", type=int, required=True, help="sequences per optimizer step")
     ap.add_argument("--seq-length", type=int, default=None, help="tokens per sequence (default: the config's)")
-    ap.add_argument("--optimizer", default="adamw")
+    ap.add_argument("--optimizer", default="adamw", help="one of: " + ", ".join(OPTIMIZER_STATES))
     ap.add_argument("--max-micro-batch", type=int, default=8)
     ap.add_argument("--peak-tflops", type=float, default=None, help="override the profile's peak TFLOPs")
     ap.add_argument("--efficiency", type=float, default=None, help="override the profile's matmul efficiency")
@@ -93,6 +94,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     for opt in ("device_memory", "peak_tflops", "efficiency", "devices_per_node"):
         if getattr(a, opt) is not None and getattr(a, opt) <= 0:
             ap.error(f"--{opt.replace('_', '-')} must be positive, got {getattr(a, opt)}")
+    if a.optimizer not in OPTIMIZER_STATES:
+        ap.error(f"--optimizer: unknown optimizer {a.optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
     if a.profile not in PROFILES:
         ap.error(f"--profile: unknown profile {a.profile!r}; valid: {', '.join(PROFILES)}")
     prof = get_profile(a.profile, peak_tflops=a.peak_tflops, efficiency=a.efficiency,

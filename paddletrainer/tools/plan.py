@@ -59,6 +59,9 @@ def _model(ap: argparse.ArgumentParser, a) -> Config:
                      "--num-heads)")
         return Config(seq=a.seq_length, kv_heads=a.num_kv_heads, tie=a.tie_embeddings,
                       **{field: sizes[opt] for opt, field in SIZE_OPTIONS.items()})
+    given = [f"--{k.replace('_', '-')}" for k, v in sizes.items() if v is not None]
+    if given:
+        ap.error(f"give a config.json or the sizes, not both: {a.config} and {', '.join(given)}")
     try:
         return config_from_paddlenlp(a.config, a.seq_length)
     except FileNotFoundError:

@@ -144,6 +144,7 @@ SIZES = ["--hidden-size", "1024", "--num-layers", "8", "--num-heads", "16", "--i
     ([*SIZES, "--devices", "8", "--global-batch", "8", "--device-memory", "-1"], "--device-memory"),
     (["missing.json", "--devices", "8", "--global-batch", "8"], "config"),
     ([*SIZES, "--devices", "8", "--global-batch", "8", "--optimizer", "adafactor"], "--optimizer"),
+    (["config.json", *SIZES, "--devices", "8", "--global-batch", "8"], "--hidden-size"),  # both: which one?
 ])
 def test_cli_usage_errors_exit_2_naming_the_option(argv, option, capsys):
     with pytest.raises(SystemExit) as e:

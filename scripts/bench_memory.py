@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import launch, machine_line, markdown_table, print_table, update_markdown_section  # noqa: E402
 from memory_worker import LAYOUTS  # noqa: E402
 
-from paddletrainer.planning import Config, Layout, get_profile, predict_memory  # noqa: E402
+from paddletrainer.planning import CALIBRATION, Config, Layout, get_profile, predict_memory  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "memory_worker.py"
 SIZES = {  # name: Llama shape (no GQA, untied head)
@@ -144,6 +144,16 @@ def slope_rows(results: dict, sizes: list, seq: int) -> list:
     return rows
 
 
+def calibration_line(rows: list) -> str:
+    """The worst error of the table and where the planner's constants come from."""
+    errors = [float(r[-1].rstrip("%")) for r in rows if r[-1].endswith("%")]
+    worst = f"{max(errors, key=abs):+.1f}%" if errors else "n/a"
+    return (f"Worst error {worst} over {len(errors)} ranks. The planner's activation factor and transient "
+            f"({CALIBRATION}) were fitted on the 2026-11-25 20:00 run of this benchmark (its table is in "
+            "docs/benchmarks.md as of commit 4429ade; there every layout but dp within 6.2%); the CPU profile's "
+            "baseline is 0.54 GiB.")
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="sizes tiny,tiny2 and layouts single,dp2 (the smoke test)")
@@ -213,7 +223,8 @@ def main(argv=None) -> None:
         body = (f"{how[0].upper() + how[1:]}; device {device}; {sizes_line}. fp32 AdamW, seq {a.seq}, micro-batch 1, "
                 f"{a.steps} steps. Cells are `measured / predicted (ratio)` in MiB; the prediction is the layout "
                 "planner's for the busiest rank (`paddletrainer.planning.predict_memory`, profile "
-                "`CPU-this-machine`), error = measured peak / predicted - 1.\n\n" + markdown_table(HEADERS, rows)
+                "`CPU-this-machine`), error = measured peak / predicted - 1. " + calibration_line(rows) + "\n\n"
+                + markdown_table(HEADERS, rows)
                 + "\n\n### Peak slope per model parameter\n\n" + markdown_table(SLOPE_HEADERS, slopes))
         update_markdown_section("Memory per rank (bench_memory.py)", body)
 

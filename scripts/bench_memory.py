@@ -118,10 +118,11 @@ def rank_rows(layout: str, size_name: str, ranks: list, seq: int) -> list:
     return rows
 
 
-HEADERS = ["layout", "size", "rank", "baseline MiB meas / pred (ratio)", "params", "grads", "optimizer", "master",
+HEADERS = ["layout", "size", "rank", "baseline MiB meas / pred (ratio)", "params MiB meas / pred (ratio)", "grads",
+           "optimizer", "master",
            "comm buffers", "uncounted MiB", "last-step rise / activations pred",
            "peak - baseline - state / activations + transient pred", "peak before training MiB", "peak GiB",
-           "planner peak GiB", "error"]
+           "pred peak GiB", "error"]
 SLOPE_HEADERS = ["layout", "rank", "peak slope B/param", "pred peak slope B/param", "ratio", "intercept GiB",
                  "baseline GiB (small)"]
 

@@ -119,8 +119,7 @@ def rank_rows(layout: str, size_name: str, ranks: list, seq: int) -> list:
 
 
 HEADERS = ["layout", "size", "rank", "baseline MiB meas / pred (ratio)", "params MiB meas / pred (ratio)", "grads",
-           "optimizer", "master",
-           "comm buffers", "uncounted MiB", "last-step rise / activations pred",
+           "optimizer", "master", "comm buffers", "uncounted MiB", "last-step rise / activations pred",
            "peak - baseline - state / activations + transient pred", "peak before training MiB", "peak GiB",
            "pred peak GiB", "error"]
 SLOPE_HEADERS = ["layout", "rank", "peak slope B/param", "pred peak slope B/param", "ratio", "intercept GiB",

@@ -150,8 +150,9 @@ def calibration_line(rows: list) -> str:
     worst = f"{max(errors, key=abs):+.1f}%" if errors else "n/a"
     return (f"Worst error {worst} over {len(errors)} ranks. The planner's activation factor and transient "
             f"({CALIBRATION}) were fitted on the 2026-11-25 20:00 run of this benchmark (its table is in "
-            "docs/benchmarks.md as of commit 4429ade; there every layout but dp within 6.2%); the CPU profile's "
-            "baseline is 0.54 GiB.")
+            "docs/benchmarks.md as of commit 4429ade: peak minus the measured baseline and state; there every layout "
+            "but dp within 5.7%); the CPU profile's baseline is this run's measured one (520 MiB; 559-564 MiB on "
+            "2026-11-25 20:00).")
 
 
 def parse(argv=None):

@@ -47,7 +47,7 @@ class Calibration:
     gradients' temporaries, stage 3's gathered weights). The defaults (``CALIBRATION``) are the least-squares
     fit of the peak minus the baseline and the counted state on bench_memory's 2026-11-25 20:00 run (every
     layout but dp, whose gradient copy was removed afterwards; 45.6M and 168M Llamas; its table is in
-    docs/benchmarks.md as of commit 4429ade), with the CPU profile's 0.54 GiB baseline; checked on the
+    docs/benchmarks.md as of commit 4429ade), measured per process baseline subtracted; checked on the
     2026-11-26 run (docs/benchmarks.md, "Memory per rank"; tests/unit/test_planner.py).
     The class's own defaults are the uncalibrated arithmetic. Fitted on CPU only: on GPUs the allocator differs
     (docs/benchmarks.md, "Layout planner against published runs", says how far that lands).

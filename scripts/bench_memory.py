@@ -10,11 +10,12 @@ Each rank reports (``memory_worker.py`` has the details):
 * the peak: host RSS (``VmHWM``) on CPU, Paddle's ``max_memory_allocated`` on GPU; the peak of the whole
   run and that of the last step, and the memory before the last optimizer step.
 
-Beside each counted part is its prediction (``paddletrainer.planning.state_bytes_per_rank``, from the
-rank's parameter count before sharding); the activations' estimate is ``cost_model.memory``'s (with
-recompute: one layer's plus every layer's input). "uncounted" is the memory before the last optimizer step
-minus the baseline and every counted tensor: what no Python object shows (allocator slack; before plain dp
-kept its gradients in its all-reduce buckets, Paddle ``DataParallel``'s C++ fused gradient buffers).
+Beside each measured part is the layout planner's prediction for the layout's busiest rank
+(``paddletrainer.planning.predict_memory`` on the ``CPU-this-machine`` profile: its fixed baseline, the
+state arithmetic, the activation estimate and the calibrated transient), and the error of the predicted peak.
+"uncounted" is the memory before the last optimizer step minus the baseline and every counted tensor: what no
+Python object shows (allocator slack). ``--raw FILE`` keeps every rank's measurements, so that ``--from-raw``
+re-renders the table after a change of the model without launching anything.
 
 The two sizes separate the per-layout terms from the fixed baseline: the slope of the peak between them,
 in bytes per model parameter, against the predicted state bytes per model parameter.
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -38,10 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import launch, machine_line, markdown_table, print_table, update_markdown_section  # noqa: E402
-from cost_model import Config, Layout, memory as cost_memory  # noqa: E402
 from memory_worker import LAYOUTS  # noqa: E402
 
-from paddletrainer.planning import state_bytes_per_rank  # noqa: E402
+from paddletrainer.planning import CALIBRATION, Config, Layout, get_profile, predict_memory  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "memory_worker.py"
 SIZES = {  # name: Llama shape (no GQA, untied head)
@@ -54,6 +53,7 @@ TWO_RANK = [n for n, (k, _) in LAYOUTS.items() if k <= 2]
 FOUR_RANK = [n for n, (k, _) in LAYOUTS.items() if k == 4]
 MIB = 2**20
 PARTS = ("params", "grads", "optimizer", "master", "comm_buffers")
+CPU = get_profile("CPU-this-machine")
 
 
 def total_params(size: dict) -> int:
@@ -62,27 +62,23 @@ def total_params(size: dict) -> int:
 
 
 # ------------------------------------------------------------------------------------ predictions
-def predicted_states(layout: str, rank_params: int) -> dict:
-    _, lay = LAYOUTS[layout]
-    # every dp layout here is plain dp, whose gradients are views of its all-reduce buckets
-    # (parallel.data_parallel.GradientBuffers): no second copy
-    return state_bytes_per_rank(rank_params, dp=lay.get("dp", 1), sharding=lay.get("sharding", 1),
-                                stage=lay.get("stage", 0), grads_in_comm_buffers=True).as_dict()
-
-
-def predicted_activations(layout: str, size: dict, seq: int) -> float:
-    """cost_model's estimate for micro-batch 1; with recompute, every layer's input plus one layer's whole set."""
+def planner_layout(layout: str, size: dict, seq: int) -> tuple:
+    """The planner's ``Config`` and ``Layout`` for a measured layout: micro-batch 1, accumulation pp (the
+    worker's), fp32 (the CPU profile's dtype), no flash attention."""
     _, lay = LAYOUTS[layout]
     c = Config(hidden=size["hidden"], layers=size["layers"], heads=size["heads"], vocab=size["vocab"], seq=seq,
                intermediate=size["intermediate"])
-    L = Layout(tp=lay.get("tp", 1), pp=lay.get("pp", 1), global_batch=lay.get("dp", 1) * lay.get("sharding", 1)
-               * max(1, lay.get("pp", 1)), micro_batch=1, sequence_parallel=bool(lay.get("sequence_parallel")))
-    full = cost_memory(c, L)["activations"]
-    if not lay.get("recompute"):
-        return full
-    no_layers = cost_memory(Config(**{**c.__dict__, "layers": 0}), L)["activations"]  # the logits part
-    per_layer = (full - no_layers) / math.ceil(c.layers / L.pp)
-    return no_layers + per_layer + math.ceil(c.layers / L.pp) * seq * size["hidden"] * 4 / L.tp
+    data = lay.get("dp", 1) * lay.get("sharding", 1)
+    return c, Layout(dp=lay.get("dp", 1), sharding=lay.get("sharding", 1), stage=lay.get("stage", 0),
+                     tp=lay.get("tp", 1), pp=lay.get("pp", 1), micro_batch=1, global_batch=data * lay.get("pp", 1),
+                     recompute=bool(lay.get("recompute")), sequence_parallel=bool(lay.get("sequence_parallel")),
+                     split_param=bool(lay.get("split_param")))
+
+
+def predicted(layout: str, size: dict, seq: int) -> dict:
+    """The planner's prediction (``planning.predict_memory`` on the CPU profile) for the busiest rank."""
+    c, lay = planner_layout(layout, size, seq)
+    return predict_memory(c, lay, CPU)
 
 
 # ------------------------------------------------------------------------------------ running
@@ -108,29 +104,30 @@ def _pair(measured: float, predicted: float) -> str:
 
 def rank_rows(layout: str, size_name: str, ranks: list, seq: int) -> list:
     rows = []
-    size = SIZES[size_name]
-    act_pred = predicted_activations(layout, size, seq)
+    pred = predicted(layout, SIZES[size_name], seq)
     for r in ranks:
-        pred = predicted_states(layout, r["params_unsharded"])
         counted = sum(r[k] for k in PARTS)
         uncounted = r["before_optimizer_step"] - r["baseline"] - counted
-        activations = r["last_step_peak"] - r["last_step_start"]
-        predicted_peak = r["baseline"] + pred["total"] + act_pred
-        rows.append([layout, size_name, r["rank"], _mib(r["baseline"]), *[_pair(r[k], pred[k]) for k in PARTS],
-                     _mib(uncounted), _pair(activations, act_pred), _mib(r["peak_before_training"]),
-                     f"{r['peak'] / 2**30:.2f}", f"{predicted_peak / 2**30:.2f}", f"{r['peak'] / predicted_peak:.2f}"])
+        rest = r["peak"] - r["baseline"] - counted  # activations + transient: what the peak holds beyond the state
+        err = r["peak"] / pred["peak"] - 1
+        rows.append([layout, size_name, r["rank"], _pair(r["baseline"], pred["baseline"]),
+                     *[_pair(r[k], pred[k]) for k in PARTS], _mib(uncounted),
+                     _pair(r["last_step_peak"] - r["last_step_start"], pred["activations"]),
+                     _pair(rest, pred["activations"] + pred["transient"]), _mib(r["peak_before_training"]),
+                     f"{r['peak'] / 2**30:.2f}", f"{pred['peak'] / 2**30:.2f}", f"{100 * err:+.1f}%"])
     return rows
 
 
-HEADERS = ["layout", "size", "rank", "baseline MiB", "params MiB meas / pred (ratio)", "grads", "optimizer", "master",
-           "comm buffers", "uncounted MiB", "last-step rise / activations pred", "peak before training MiB",
-           "peak GiB", "pred peak GiB", "peak / pred"]
-SLOPE_HEADERS = ["layout", "rank", "peak slope B/param", "pred state B/param", "ratio", "intercept GiB",
+HEADERS = ["layout", "size", "rank", "baseline MiB meas / pred (ratio)", "params MiB meas / pred (ratio)", "grads",
+           "optimizer", "master", "comm buffers", "uncounted MiB", "last-step rise / activations pred",
+           "peak - baseline - state / activations + transient pred", "peak before training MiB", "peak GiB",
+           "pred peak GiB", "error"]
+SLOPE_HEADERS = ["layout", "rank", "peak slope B/param", "pred peak slope B/param", "ratio", "intercept GiB",
                  "baseline GiB (small)"]
 
 
-def slope_rows(results: dict, sizes: list) -> list:
-    """Per layout and rank: (peak_large − peak_small) / (N_large − N_small) beside the predicted state bytes."""
+def slope_rows(results: dict, sizes: list, seq: int) -> list:
+    """Per layout and rank: (peak_large − peak_small) / (N_large − N_small) beside the planner's."""
     rows = []
     if len(sizes) < 2:
         return rows
@@ -141,11 +138,21 @@ def slope_rows(results: dict, sizes: list) -> list:
             continue
         for rs, rl in zip(results[(layout, s)], results[(layout, l)]):
             slope = (rl["peak"] - rs["peak"]) / (nl - ns)
-            pred = (predicted_states(layout, rl["params_unsharded"])["total"]
-                    - predicted_states(layout, rs["params_unsharded"])["total"]) / (nl - ns)
+            pred = (predicted(layout, SIZES[l], seq)["peak"] - predicted(layout, SIZES[s], seq)["peak"]) / (nl - ns)
             rows.append([layout, rs["rank"], f"{slope:.2f}", f"{pred:.2f}", f"{slope / pred:.2f}",
                          f"{(rs['peak'] - slope * ns) / 2**30:.2f}", f"{rs['baseline'] / 2**30:.2f}"])
     return rows
+
+
+def calibration_line(rows: list) -> str:
+    """The worst error of the table and where the planner's constants come from."""
+    errors = [float(r[-1].rstrip("%")) for r in rows if r[-1].endswith("%")]
+    worst = f"{max(errors, key=abs):+.1f}%" if errors else "n/a"
+    return (f"Worst error {worst} over {len(errors)} ranks. The planner's activation factor and transient "
+            f"({CALIBRATION}) were fitted on the 2026-11-25 20:00 run of this benchmark (its table is in "
+            "docs/benchmarks.md as of commit 4429ade: peak minus the measured baseline and state; there every layout "
+            "but dp within 5.7%); the CPU profile's baseline is this run's measured one (520 MiB; 559-564 MiB on "
+            "2026-11-25 20:00).")
 
 
 def parse(argv=None):
@@ -158,6 +165,10 @@ def parse(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--markdown", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
+    p.add_argument("--raw", default=None,
+                   help="JSON file: with a run, write every rank's measurements to it (after each layout); with "
+                        "--from-raw, read them instead of running (re-render the table after a model change)")
+    p.add_argument("--from-raw", action="store_true", help="render the table from --raw's file, launch nothing")
     a = p.parse_args(argv)
     a.sizes = (a.sizes or ("tiny,tiny2" if a.tiny else "small,large")).split(",")
     a.layouts = (a.layouts or ("single,dp2" if a.tiny else ",".join(TWO_RANK))).split(",")
@@ -168,6 +179,8 @@ def parse(argv=None):
     for name in a.layouts + a.layouts4:
         if name not in LAYOUTS:
             p.error(f"--layouts: unknown layout {name!r}; valid: {', '.join(LAYOUTS)}")
+    if a.from_raw and not a.raw:
+        p.error("--from-raw needs --raw FILE")
     if a.seq < 1 or a.steps < 2:
         p.error("--seq must be >= 1 and --steps >= 2")
     return a
@@ -177,26 +190,42 @@ def main(argv=None) -> None:
     a = parse(argv)
     plan = [(lay, s) for s in a.sizes for lay in a.layouts] + [(lay, a.sizes[0]) for lay in a.layouts4]
     results, rows, t0 = {}, [], time.time()
+    saved = json.loads(Path(a.raw).read_text()) if a.from_raw else {}
+    # what the run was: its machine line and duration (a file written before "_meta" existed: say so)
+    meta = saved.pop("_meta", f"(raw file {a.raw}, no machine line recorded)") if a.from_raw else None
+    saved = {tuple(k.split("@")): v for k, v in saved.items()}
     for layout, size_name in plan:
         try:
-            results[(layout, size_name)] = run_layout(layout, size_name, a.seq, a.steps)
+            results[(layout, size_name)] = saved.get((layout, size_name)) if a.from_raw else \
+                run_layout(layout, size_name, a.seq, a.steps)
         except RuntimeError as e:
             print(f"{layout} @ {size_name}: launch failed\n{str(e)[-3000:]}", file=sys.stderr)
-            rows.append([layout, size_name, "launch failed", *[""] * (len(HEADERS) - 3)])
+            results[(layout, size_name)] = None
+        if results[(layout, size_name)] is None:
+            del results[(layout, size_name)]
+            rows.append([layout, size_name, "not measured", *[""] * (len(HEADERS) - 3)])
             continue
+        if a.raw and not a.from_raw:
+            meta = f"{machine_line()}, {time.time() - t0:.0f} s"
+            Path(a.raw).write_text(json.dumps({"_meta": meta, **{f"{k[0]}@{k[1]}": v for k, v in results.items()}}))
         rows += rank_rows(layout, size_name, results[(layout, size_name)], a.seq)
         print(f"{layout} @ {size_name}: done ({time.time() - t0:.0f} s)", flush=True)
     sizes_line = "; ".join(f"{s}: {total_params(SIZES[s]) / 1e6:.1f}M parameters "
                            f"({', '.join(f'{k} {v}' for k, v in SIZES[s].items())})" for s in a.sizes)
     device = next(iter(results.values()))[0]["device"] if results else "?"
     print_table(f"Memory per rank (fp32 AdamW, seq {a.seq}, micro-batch 1, {a.steps} steps, {device})", HEADERS, rows)
-    slopes = slope_rows(results, a.sizes)
+    slopes = slope_rows(results, a.sizes, a.seq)
     print_table("Peak slope per model parameter between the two sizes", SLOPE_HEADERS, slopes)
     print(f"\n{sizes_line}\n{machine_line()}")
     if a.markdown:
-        body = (f"Measured {machine_line()}; device {device}; {sizes_line}. fp32 AdamW, seq {a.seq}, micro-batch 1, "
-                f"{a.steps} steps, `python scripts/bench_memory.py --markdown` ({time.time() - t0:.0f} s). Cells "
-                "are `measured / predicted (ratio)` in MiB.\n\n" + markdown_table(HEADERS, rows)
+        how = (f"measured {meta}, `python scripts/bench_memory.py --raw FILE`, rendered with `--from-raw --markdown`"
+               if a.from_raw else f"measured {machine_line()}, `python scripts/bench_memory.py --markdown` "
+               f"({time.time() - t0:.0f} s)")
+        body = (f"{how[0].upper() + how[1:]}; device {device}; {sizes_line}. fp32 AdamW, seq {a.seq}, micro-batch 1, "
+                f"{a.steps} steps. Cells are `measured / predicted (ratio)` in MiB; the prediction is the layout "
+                "planner's for the busiest rank (`paddletrainer.planning.predict_memory`, profile "
+                "`CPU-this-machine`), error = measured peak / predicted - 1. " + calibration_line(rows) + "\n\n"
+                + markdown_table(HEADERS, rows)
                 + "\n\n### Peak slope per model parameter\n\n" + markdown_table(SLOPE_HEADERS, slopes))
         update_markdown_section("Memory per rank (bench_memory.py)", body)
 

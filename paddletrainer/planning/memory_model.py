@@ -7,9 +7,9 @@ without sharding: tp splits the matmul weights, pp keeps one stage's layers); th
 sharding degree. The division is even here; Paddle's stage 1/2 (V1) assigns *whole* parameters to ranks, so a
 real partition is uneven by up to one parameter (``scripts/bench_memory.py`` measures how much).
 
-Not modelled: activations (they depend on the model and batch; ``scripts/cost_model.py`` has an estimate),
-per-tensor scalars (AdamW's beta powers, 8 bytes per parameter tensor), allocator overheads and the fixed
-process baseline (libraries, communication contexts).
+Not modelled here: activations (they depend on the model and batch: ``cost_model.memory``), per-tensor
+scalars (AdamW's beta powers, 8 bytes per parameter tensor), allocator overheads and the fixed process
+baseline (libraries, communication contexts): ``planner.predict_memory`` adds those.
 
 Pure arithmetic (no paddle), importable anywhere.
 """

@@ -43,7 +43,8 @@ CONSOLE_SCRIPTS = {"paddletrainer-launch": "paddletrainer.launch:main",
                    "paddletrainer-merge-checkpoint": "paddletrainer.tools.merge_checkpoint:main",
                    "paddletrainer-gpu-smoke": "paddletrainer.tools.gpu_smoke:main",
                    "paddletrainer-build-pretrain-data": "paddletrainer.tools.build_pretrain_data:main",
-                   "paddletrainer-export-paddlenlp-unified": "paddletrainer.tools.export_paddlenlp_unified:main"}
+                   "paddletrainer-export-paddlenlp-unified": "paddletrainer.tools.export_paddlenlp_unified:main",
+                   "paddletrainer-plan": "paddletrainer.tools.plan:main"}
 
 
 def normalize(name: str) -> str:

@@ -5,7 +5,8 @@ Order (each step names the function that does it):
 1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
    :func:`~.clipping.clip_gradients` or :func:`~.clipping.clip_grad_norm`, so Paddle never installs its
    GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
-2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel`.
+2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
+   parallel, expert parameters reduced over their edp group: :class:`~.expert.ExpertGradients`).
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and
    ``HybridParallelOptimizer`` carries dp and sharding stage 1 (stage 2/3 with pp are rejected).
 4. otherwise tp > 1 → :func:`~.tensor.apply_tensor_parallel` wraps the model first, because the sharding
@@ -35,6 +36,7 @@ from paddle.distributed import fleet
 
 from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel, gradient_buffers
+from .expert import ExpertGradients, check_expert_model, expert_parameters
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
@@ -118,12 +120,18 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         check_sequence_parallel_model(model, config.sequence_parallel)
         if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
+    check_expert_model(model, topology.layout.ep)  # ep > 1 runs with plain data parallel only (ParallelConfig)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
         model = apply_data_parallel(model, topology=topology,
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model))
+        experts = None
+        if topology.layout.ep > 1:
+            experts = ExpertGradients(expert_parameters(model), group=topology.group("edp"),
+                                      data_world_size=topology.data_world_size)
+        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model),
+                                        expert_grads=experts)
 
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,

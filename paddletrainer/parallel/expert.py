@@ -13,13 +13,15 @@ ep rank's tokens (the all-to-all's backward), so it is summed over the edp group
 """
 from __future__ import annotations
 
+import contextlib
+
 import paddle
 import paddle.distributed as dist
 
 from .topology import get_topology
 
 __all__ = ["expert_parallel_group", "expert_data_parallel_group", "token_group", "is_expert", "expert_parameters",
-           "check_expert_model", "broadcast_initial_state", "ExpertGradients", "NUM_EXPERTS_FIELDS"]
+           "check_expert_model", "broadcast_initial_state", "keep_experts", "ExpertGradients", "NUM_EXPERTS_FIELDS"]
 
 # model-config fields that name the number of routed experts (PaddleNLP's models and the MoE example's)
 NUM_EXPERTS_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
@@ -91,6 +93,22 @@ def broadcast_initial_state(model, topology) -> None:
             dist.broadcast(tensor, src=0)
         elif edp is not None:
             dist.broadcast(tensor, src=edp.ranks[0], group=edp)
+
+
+@contextlib.contextmanager
+def keep_experts(model, topology):
+    """Around a fleet wrapper that broadcasts the whole model over the dp group at construction (``TensorParallel``):
+    the expert parameters (different on each ep rank) are put back afterwards, then broadcast over their edp group
+    only. Nothing is done without expert parallel."""
+    params = expert_parameters(model) if topology.layout.ep > 1 else []
+    saved = [p.clone() for p in params]
+    yield
+    edp = topology.group("edp")
+    with paddle.no_grad():
+        for p, value in zip(params, saved):
+            p.set_value(value)
+            if edp is not None:
+                dist.broadcast(p, src=edp.ranks[0], group=edp)
 
 
 class ExpertGradients:

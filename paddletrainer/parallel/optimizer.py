@@ -85,7 +85,8 @@ class ParallelOptimizer:
             if self._split_param is not None:
                 # before the sync: its dp all-reduce runs over the slice parameters' gradients
                 self._split_param.link_slice_gradients()
-            self._optimizer._hybrid_sync_grad(self._hybrid_parameters())
+            # expert parameters are reduced over their own (edp) group below, never over dp
+            self._optimizer._hybrid_sync_grad([p for p in self._hybrid_parameters() if id(p) not in self._expert_ids])
         elif self._mode == STAGE2:
             # Exactly what GroupShardedStage2's redefined step runs before the update.
             self._model._grad_scale()

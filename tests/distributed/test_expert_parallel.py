@@ -6,7 +6,8 @@ aux and z-loss on) → lm head, its groups from ``paddletrainer.parallel.expert`
 13 samples against the loss computed sample by sample, the step-3 checkpoint resumed with ``max_steps`` 6 in the
 same layout and the one-process checkpoint resumed in this layout (both on the one-process 6-step curve); then the
 layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert) and dp4·ep2 (two replicas: the
-expert-data-parallel sum) run in CI, dp4·ep2 and ep4 resuming the ep2 checkpoint; ep4 with ``PT_FULL_MATRIX=1``.
+expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
+``PT_FULL_MATRIX=1``.
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations
@@ -42,11 +43,11 @@ def test_one_process_moe_reference_resumes_bit_exact(moe_reference):
 
 
 
-def launch_layout(base, ref, nproc, ep, foreign, name):
-    """One launch of the phases worker: global batch 8 over ``nproc`` data ranks, ``ep`` of them per expert group;
-    the layout's claims checked on every rank. Returns the launch's step-3 checkpoint."""
-    options = dict(per_device_train_batch_size=GLOBAL_BATCH // (2 * nproc), expert_parallel_degree=ep,
-                   max_grad_norm=CLIP)
+def launch_layout(base, ref, nproc, ep, foreign, name, tp=1):
+    """One launch of the phases worker: global batch 8 over ``nproc / tp`` data ranks, ``ep`` of them per expert
+    group; the layout's claims checked on every rank. Returns the launch's step-3 checkpoint."""
+    options = dict(per_device_train_batch_size=GLOBAL_BATCH // (2 * nproc // tp), expert_parallel_degree=ep,
+                   max_grad_norm=CLIP, tensor_parallel_degree=tp)
     launch(WORKER, nproc, phase_args("moe", base / "out", base / "res", None, foreign_checkpoint=foreign, **options),
            base, timeout=600)
     for r in read_results(base / "res", nproc):
@@ -83,6 +84,13 @@ def test_dp4_ep2_sums_expert_gradients_over_the_replicas_and_resumes_the_ep2_che
 @pytest.mark.skipif(not FULL, reason="full matrix only: PT_FULL_MATRIX=1")
 def test_ep4_one_expert_per_rank_resumes_the_ep2_checkpoint(tmp_path, moe_reference, ep2_checkpoint):
     launch_layout(tmp_path, moe_reference[0], 4, 4, ep2_checkpoint, "ep4")
+
+
+@pytest.mark.full_matrix
+@pytest.mark.skipif(not FULL, reason="full matrix only: PT_FULL_MATRIX=1")
+def test_ep2_tp2_trains_like_one_process_and_resumes_the_ep2_checkpoint(tmp_path, moe_reference, ep2_checkpoint):
+    """dp2·tp2·ep2: the lm head split over tp, the experts replicated over tp and split over the data ranks."""
+    launch_layout(tmp_path, moe_reference[0], 4, 2, ep2_checkpoint, "ep2·tp2", tp=2)
 
 
 OVERFLOW = "ep_overflow_worker.py"

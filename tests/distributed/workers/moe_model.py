@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import paddle
 import paddle.nn.functional as F
+from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
 
 from common import VOCAB
 from paddletrainer.moe import MoELayer
@@ -19,13 +21,24 @@ HIDDEN, NUM_EXPERTS = 16, 4
 
 
 class TinyMoE(paddle.nn.Layer):
-    def __init__(self, expert_group=None, token_group=None):
+    """Under tensor parallel (``tp`` > 1) the lm head is a ``ColumnParallelLinear`` (gathered output) holding this
+    tp rank's columns of the same full weight one process draws."""
+
+    def __init__(self, expert_group=None, token_group=None, tp=1, tp_rank=0):
         super().__init__()
         self.config = types.SimpleNamespace(num_experts=NUM_EXPERTS)
         self.embed = paddle.nn.Embedding(VOCAB, HIDDEN)
         self.mlp = MoELayer(HIDDEN, 16, NUM_EXPERTS, top_k=2, aux_loss_coef=0.01, z_loss_coef=0.001,
                             expert_group=expert_group, token_group=token_group)
-        self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+        weight = np.random.default_rng(5).normal(0.0, 0.05, (HIDDEN, VOCAB)).astype("float32")
+        if tp > 1:
+            self.head = ColumnParallelLinear(HIDDEN, VOCAB, has_bias=True, gather_output=True)
+            cols = VOCAB // tp
+            weight = weight[:, tp_rank * cols:(tp_rank + 1) * cols]
+        else:
+            self.head = paddle.nn.Linear(HIDDEN, VOCAB)
+        self.head.weight.set_value(paddle.to_tensor(weight))
+        self.head.bias.set_value(paddle.zeros_like(self.head.bias))
 
     def forward(self, input_ids, labels=None):
         h = self.embed(input_ids)
@@ -41,6 +54,6 @@ class TinyMoE(paddle.nn.Layer):
 
 def build_moe_model(args):
     """The model for ``args``' layout (the groups of its expert parallel), same initial weights on every layout."""
-    init_topology(args.parallel_config)
+    topology = init_topology(args.parallel_config)
     paddle.seed(1234)
-    return TinyMoE(expert.expert_parallel_group(), expert.token_group())
+    return TinyMoE(expert.expert_parallel_group(), expert.token_group(), topology.tp_degree, topology.tp_rank)

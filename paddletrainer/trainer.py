@@ -581,6 +581,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
             logs.update(overflow.scaler_logs(self.scaler, self.state.skipped_steps))
             logs.update(self.timers.report_and_reset())
+            extra = getattr(self.model, "extra_metrics", None)  # the model's own numbers (e.g. MoE expert load)
+            if callable(extra):
+                logs.update(extra())
             self.log(logs)
         metrics = None
         if control.should_evaluate and self.eval_dataset is not None:

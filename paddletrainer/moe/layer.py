@@ -102,6 +102,13 @@ class MoELayer(nn.Layer):
                               if shared_expert_intermediate_size > 0 else None)
         self.last_stats = None
         self._idle = None
+        self._window = None
+
+    def take_window_stats(self):
+        """The statistics of every training forward since the last call (pooled sums over the global batches:
+        tokens per expert added up, the aux loss of the pooled fractions), or None; starts a new window."""
+        window, self._window = self._window, None
+        return None if window is None else MoEStats(window, self.num_experts, self.top_k)
 
     # ------------------------------------------------------------------ routing
     def _route(self, x):
@@ -120,6 +127,8 @@ class MoELayer(nn.Layer):
         prob_sums, z_sum = probs.sum(axis=0), z_per_token.sum()
         sums = global_sums(paddle.to_tensor(counts, dtype="int64"), prob_sums, z_sum, n, self.token_group)
         self.last_stats = MoEStats(sums, self.num_experts, self.top_k)
+        if self.training:  # the window the next logged metrics cover (sums add up; read at logging steps)
+            self._window = sums if self._window is None else self._window + sums
         ranks = self.token_group.nranks if self.token_group is not None else 1
         tokens = sums[-1:].astype(probs.dtype)
         share = sums[: self.num_experts].astype(probs.dtype) / (tokens * self.top_k)
@@ -135,13 +144,15 @@ class MoELayer(nn.Layer):
         """Each local expert on its block of ``rows``. An expert with no rows does not run (Paddle's matmul
         backward fails on zero rows); it is run on one zero row instead and its output times zero is kept in
         ``self._idle`` so its parameters get a zero gradient (not None) like on the ranks where it had tokens."""
-        blocks = paddle.split(rows, per_expert, axis=0) if len(per_expert) > 1 else [rows]
+        blocks = paddle.split(rows, per_expert, axis=0) if len(per_expert) > 1 else [rows]  # rows: [n, hidden]
         outs, idle = [], []
         for g, block, count in zip(self.local_experts, blocks, per_expert):
             if count:
                 outs.append(self.experts[str(g)](block))
             else:
-                outs.append(paddle.zeros([0, self.hidden_size], dtype=rows.dtype))
+                # zero rows still connected to the graph: the exchange back must run its backward on this
+                # rank too (a collective), which Paddle skips for an input that needs no gradient
+                outs.append(block * 0)
                 idle.append((self.experts[str(g)](paddle.zeros([1, self.hidden_size], dtype=rows.dtype)) * 0).sum())
         self._idle = paddle.add_n(idle) if idle else None
         return paddle.concat(outs, axis=0) if len(outs) > 1 else outs[0]

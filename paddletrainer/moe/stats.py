@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import paddle
 import paddle.distributed as dist
 
-__all__ = ["MoEStats", "global_sums", "summary_metrics"]
+__all__ = ["MoEStats", "global_sums", "summary_metrics", "moe_metrics"]
 
 
 @paddle.no_grad()
@@ -82,3 +82,11 @@ def summary_metrics(named_stats: dict) -> dict:
     metrics["moe/max_imbalance"] = round(max(imbalances), 4)
     metrics["moe/aux_loss"] = round(sum(s.aux_loss for s in named_stats.values()) / len(named_stats), 6)
     return metrics
+
+
+def moe_metrics(layers: dict) -> dict:
+    """``{name: MoELayer}`` → :func:`summary_metrics` of each layer's training forwards since the last call
+    (``MoELayer.take_window_stats``; layers without a training forward since are left out). What a model's
+    ``extra_metrics()`` returns for the Trainer to log with the loss."""
+    windows = {name: layer.take_window_stats() for name, layer in layers.items()}
+    return summary_metrics({name: stats for name, stats in windows.items() if stats is not None})

@@ -128,3 +128,16 @@ def test_bad_sizes_are_refused_with_the_argument_named(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         MoELayer(**args)
+
+
+def test_rows_that_arrive_by_source_rank_are_regrouped_by_local_expert_and_back():
+    from paddletrainer.moe.dispatch import local_expert_order
+
+    received = np.array([[2, 0, 1], [0, 0, 3], [1, 2, 0]])  # [source rank, local expert]; zeros included
+    rows = np.array([f"r{s}e{e}" for s in range(3) for e in range(3) for _ in range(received[s, e])])
+    perm, inverse, per_expert = local_expert_order(received)
+    assert per_expert == [3, 2, 4]
+    assert rows[perm].tolist() == ["r0e0", "r0e0", "r2e0", "r2e1", "r2e1", "r0e2", "r1e2", "r1e2", "r1e2"]
+    assert rows[perm][inverse].tolist() == rows.tolist()
+    empty = local_expert_order(np.zeros([2, 2], dtype="int64"))
+    assert empty[0].shape == (0,) and empty[2] == [0, 0]

@@ -14,10 +14,12 @@ ep rank's tokens (the all-to-all's backward), so it is summed over the edp group
 from __future__ import annotations
 
 import contextlib
+import re
 
 import paddle
 import paddle.distributed as dist
 
+from .layout import launch_world_size
 from .topology import get_topology
 
 __all__ = ["expert_parallel_group", "expert_data_parallel_group", "token_group", "is_expert", "expert_parameters",
@@ -25,11 +27,19 @@ __all__ = ["expert_parallel_group", "expert_data_parallel_group", "token_group",
 
 # model-config fields that name the number of routed experts (PaddleNLP's models and the MoE example's)
 NUM_EXPERTS_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+# an expert parameter's structured name: "<layer prefix>experts.<global index>.<rest>"
+_EXPERT_NAME = re.compile(r"^(.*?)experts\.(\d+)\.")
 
 
 def _group(name: str):
     topology = get_topology()
-    if topology is None or topology.world_size == 1:
+    if topology is None:
+        if launch_world_size() > 1:  # a model built now would hold every expert and read one rank's tokens
+            raise RuntimeError("paddletrainer.parallel.expert: the process groups do not exist yet; call "
+                               "paddletrainer.parallel.init_topology(training_args.parallel_config) before building "
+                               "the MoE model (the Trainer reuses the same topology)")
+        return None
+    if topology.world_size == 1:
         return None
     return topology.group(name)
 
@@ -81,6 +91,17 @@ def check_expert_model(model, ep: int) -> None:
     if count is not None and count % ep:
         raise ValueError(f"expert_parallel_degree={ep} does not divide the model's {field}={count}: each ep rank "
                          f"holds num_experts / ep experts; use a divisor of {count}")
+    if count is not None:
+        held = {}
+        for name, p in model.named_parameters():
+            match = _EXPERT_NAME.match(name)
+            if match and is_expert(p):
+                held.setdefault(match.group(1), set()).add(match.group(2))
+        layer, experts = max(held.items(), key=lambda item: len(item[1]), default=(None, ()))
+        if len(experts) > count // ep:
+            raise ValueError(f"expert_parallel_degree={ep} but {layer}experts holds {len(experts)} of the {count} "
+                             f"experts on this rank (expected {count // ep}): build the model with "
+                             "expert_parallel_group() after init_topology(args.parallel_config)")
 
 
 @paddle.no_grad()

@@ -70,10 +70,10 @@ def test_expert_groups_are_consecutive_data_ranks_and_the_replicas_holding_the_s
 
 
 class _Experts(paddle.nn.Layer):
-    def __init__(self, num_experts, marked=True):
+    def __init__(self, num_experts, marked=True, held=1):
         super().__init__()
         self.config = types.SimpleNamespace(num_experts=num_experts)
-        self.experts = paddle.nn.LayerDict({"0": paddle.nn.Linear(2, 2)})
+        self.experts = paddle.nn.LayerDict({str(g): paddle.nn.Linear(2, 2) for g in range(held)})
         for p in self.experts.parameters():
             p.is_expert = marked
 
@@ -85,6 +85,20 @@ def test_the_model_is_checked_against_the_degree_at_wrap_time():
         check_expert_model(_Experts(6), 4)
     with pytest.raises(ValueError, match=r"^expert_parallel_degree=2 but _Experts has no expert parameter"):
         check_expert_model(_Experts(4, marked=False), 2)
+    # built without the expert group: every expert on every rank
+    with pytest.raises(ValueError, match=r"^expert_parallel_degree=2 but experts holds 4 of the 4 experts on this "
+                                         r"rank \(expected 2\): build the model with expert_parallel_group\(\)"):
+        check_expert_model(_Experts(4, held=4), 2)
+
+
+def test_the_group_lookups_refuse_a_multi_process_launch_before_the_topology_exists(world):
+    from paddletrainer.parallel import expert, reset_for_tests
+    reset_for_tests()
+    world(1)
+    assert expert.expert_parallel_group() is None and expert.token_group() is None
+    world(2)
+    with pytest.raises(RuntimeError, match="call paddletrainer.parallel.init_topology"):
+        expert.expert_parallel_group()
 
 
 def test_a_checkpoint_holding_other_ranks_experts_loads_but_a_foreign_tensor_is_still_unexpected():

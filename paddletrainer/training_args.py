@@ -16,7 +16,6 @@ PaddleNLP options refused, accepted without effect or translated (and where we d
 checks of :mod:`paddletrainer.config.paddlenlp_options`; the layout rules: :mod:`paddletrainer.parallel.config`.
 """
 
-import dataclasses
 import logging
 import math
 import os
@@ -205,8 +204,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "2*cp-1-r of 2*cp chunks of every sequence; the model needs a cp path (PaddleNLP's Llama with "
         "config.context_parallel_degree and use_flash_attention). -1: off."))
     expert_parallel_degree: int = field(default=-1, metadata=_help(
-        "Expert parallel degree for MoE models: this many consecutive data ranks (dp × sharding) split the experts; "
-        "must divide the data ranks and the number of experts."))
+        "Expert parallel degree (MoE): that many data ranks split the experts; must divide dp × sharding."))
     expert_tensor_parallel_degree: int = field(default=-1, metadata=_help(
         "Expert tensor parallel degree (unsupported in PaddleNLP too): must stay -1 or 1."))
     data_parallel_config: str = field(default="", metadata=_help(
@@ -490,8 +488,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         every layout check; what stays here is PaddleNLP's option handling around it."""
         self.sharding = parse_sharding(self.sharding)
         paddlenlp_options.apply_deprecated_sharding_degree(self)
-        paddlenlp_options.refuse_unsupported_parallel(
-            self, [a.option for a in option_axes()] + ["expert_parallel_degree"])
+        paddlenlp_options.refuse_unsupported_parallel(self, [a.option for a in option_axes()])
         if self.sharding_parallel_degree > 1 and not self.sharding:
             raise ValueError(
                 f"sharding_parallel_degree={self.sharding_parallel_degree} has no effect without sharding: "
@@ -499,9 +496,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         layout = resolve_layout(  # each axis's degree from the option its AXES entry names
             self._world_size, bool(self.sharding), {a.name: getattr(self, a.option) for a in option_axes()},
             self.hybrid_parallel_topo_order)
-        ep = paddlenlp_options.expert_parallel_degree_of(self, layout.dp)
-        if ep > 1:
-            layout = dataclasses.replace(layout, ep=ep)  # Layout's own check: ep divides the data ranks
+        layout = paddlenlp_options.with_expert_parallel(self, layout)  # Layout checks: ep divides the data ranks
         arg_checks.check_samples_per_step(self, layout.data_world_size)
         if self.sharding and layout.sharding == 1:
             self._drop_sharding_of_degree_one()

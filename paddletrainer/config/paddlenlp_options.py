@@ -43,6 +43,7 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
   ``do_predict``.
 """
+import dataclasses
 import logging
 import re
 from typing import Any, Dict, FrozenSet, List
@@ -63,6 +64,7 @@ __all__ = [
     "apply_paddleformers_names",
     "check_data_parallel_size",
     "expert_parallel_degree_of",
+    "with_expert_parallel",
     "parse_parallel_config",
     "parse_refined_recompute",
     "parse_unified_checkpoint_options",
@@ -240,12 +242,13 @@ def apply_deprecated_sharding_degree(args) -> None:
 
 def refuse_unsupported_parallel(args, axis_options) -> None:
     """A ``DEGREE_OPTIONS`` degree > 1 that is not among ``axis_options`` (the options of the layout's axes,
-    ``parallel.layout.option_axes``: today expert parallel), auto-parallel and ``to_static`` are
-    parsed but refused when switched on."""
+    ``parallel.layout.option_axes``, nor expert parallel: today expert tensor parallel), auto-parallel and
+    ``to_static`` are parsed but refused when switched on."""
     if args.sep_parallel_degree > 1 and args.context_parallel_degree > 1:  # PaddleNLP asserts it too
         raise ValueError(f"sep_parallel_degree={args.sep_parallel_degree} and context_parallel_degree="
                          f"{args.context_parallel_degree} cannot both be > 1 (both run on fleet's sep axis): pick one")
-    for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options)):
+    # expert parallel is carved from the data ranks (Layout.ep, with_expert_parallel), not an axis of the grid
+    for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options) | {"expert_parallel_degree"}):
         if getattr(args, option) > 1:
             raise ValueError(f"{option}={getattr(args, option)} is not supported by paddletrainer: use -1 or 1")
     for option in ("enable_auto_parallel", "to_static"):
@@ -253,6 +256,12 @@ def refuse_unsupported_parallel(args, axis_options) -> None:
             continue  # auto_training_args.AutoTrainingArguments: the degrees build our layout
         if getattr(args, option):
             raise ValueError(f"{option}=True is not supported by paddletrainer: use False")
+
+
+def with_expert_parallel(args, layout):
+    """``layout`` with its expert-parallel degree (:func:`expert_parallel_degree_of`) set."""
+    ep = expert_parallel_degree_of(args, layout.dp)
+    return dataclasses.replace(layout, ep=ep) if ep > 1 else layout
 
 
 def expert_parallel_degree_of(args, dp: int) -> int:

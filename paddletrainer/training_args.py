@@ -204,7 +204,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "2*cp-1-r of 2*cp chunks of every sequence; the model needs a cp path (PaddleNLP's Llama with "
         "config.context_parallel_degree and use_flash_attention). -1: off."))
     expert_parallel_degree: int = field(default=-1, metadata=_help(
-        "Expert parallel degree for MoE models. Not supported by paddletrainer: must stay -1 or 1."))
+        "Expert parallel degree (MoE): that many data ranks split the experts; must divide dp × sharding."))
     expert_tensor_parallel_degree: int = field(default=-1, metadata=_help(
         "Expert tensor parallel degree (unsupported in PaddleNLP too): must stay -1 or 1."))
     data_parallel_config: str = field(default="", metadata=_help(
@@ -306,7 +306,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     enable_auto_parallel: Optional[bool] = field(default=False, metadata=_help(
         "PaddleNLP's semi-auto parallel mode. Not supported by paddletrainer: must stay False."))
     use_expert_parallel: Optional[bool] = field(default=False, metadata=_help(
-        "MoE expert parallel. Not supported by paddletrainer: must stay False."))
+        "MoE expert parallel over the data-parallel group (PaddleNLP's MoELayer): expert_parallel_degree = dp."))
     expert_max_capacity: Optional[int] = field(default=2**32, metadata=_help("MoE expert max token capacity."))
     expert_min_capacity: Optional[int] = field(default=1, metadata=_help("MoE expert min token capacity."))
     release_grads: Optional[bool] = field(default=False, metadata=_help(
@@ -496,6 +496,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         layout = resolve_layout(  # each axis's degree from the option its AXES entry names
             self._world_size, bool(self.sharding), {a.name: getattr(self, a.option) for a in option_axes()},
             self.hybrid_parallel_topo_order)
+        layout = paddlenlp_options.with_expert_parallel(self, layout)  # Layout checks: ep divides the data ranks
         arg_checks.check_samples_per_step(self, layout.data_world_size)
         if self.sharding and layout.sharding == 1:
             self._drop_sharding_of_degree_one()

@@ -54,6 +54,21 @@ from paddletrainer.planning.cost_model import (  # noqa: E402,F401
     Config, Layout, communication, long_context_communication, memory, param_counts, pipeline_bubble)
 
 
+def moe_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, bytes_per_value: int = 4) -> dict:
+    """Token exchange of one MoE layer under expert parallel, per rank and micro-batch (``paddletrainer/moe``).
+
+    ``tokens``: this rank's tokens in the micro-batch. Each (token, slot) row of ``hidden`` values goes to its
+    expert's rank and comes back: 2 all-to-alls forward (dispatch, combine), their reverses backward (2 more),
+    each of ``tokens · top_k`` rows. With balanced routing 1/ep of the rows stay on the rank: the wire is
+    (ep-1)/ep of the payload. The per-expert counts exchanged first (ep × experts int64) are negligible.
+    On CPU the all-to-all fill (parallel/cpu/all_to_all.py) all-gathers: ep x the minimum wire."""
+    rows = tokens * top_k * hidden * bytes_per_value
+    payload = 4 * rows
+    return {"payload": payload, "min_wire": payload * (ep - 1) // ep,
+            "what": f"4 all-to-alls (dispatch + combine, fwd and bwd) of {tokens}x{top_k} rows of {hidden} per MoE "
+                    f"layer per micro-batch; CPU fill: {ep}x the min wire"}
+
+
 # ------------------------------------------------------------------------------------ printing
 def print_model(c: Config, lay: Layout, dtype: str) -> tuple:
     pc = param_counts(c, lay)
@@ -128,6 +143,8 @@ def main(argv=None):
     p.add_argument("--sequence-parallel", action="store_true", help="sequence parallel inside tp (activations / tp)")
     p.add_argument("--sep", type=int, default=1, help="sep_parallel_degree (Ulysses all-to-all)")
     p.add_argument("--cp", type=int, default=1, help="context_parallel_degree (ring attention)")
+    p.add_argument("--ep", type=int, default=1, help="expert_parallel_degree: prints the all-to-all of one MoE layer")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token (with --ep)")
     p.add_argument("--measure", action="store_true", help="measure the tiny Llama on CPU launches (2 procs each)")
     p.add_argument("--measure-hidden", type=int, default=None,
                    help="measure the tiny Llama widened to this hidden size (intermediate 2x), e.g. 512: per-tensor "
@@ -163,6 +180,11 @@ def main(argv=None):
                      sequence_parallel=a.sequence_parallel, sep=a.sep, cp=a.cp)
     print(machine_line())
     mrows, crows = print_model(c, lay, a.dtype)
+    if a.ep > 1:
+        moe = moe_all_to_all(lay.micro_batch * c.seq // (lay.sep * lay.cp), c.hidden, a.top_k, a.ep,
+                             2 if a.dtype == "bf16" else 4)
+        crows.append([f"ep{a.ep} (per MoE layer)", fmt_bytes(moe["payload"]), fmt_bytes(moe["min_wire"]), moe["what"]])
+        print(f"\nexpert parallel: {crows[-1][0]}: payload {crows[-1][1]}, min wire {crows[-1][2]} ({moe['what']})")
 
     rows = srows = trows = xrows = []
     measured = "tiny Llama" + (f" widened to hidden {a.measure_hidden}" if a.measure_hidden else "")

@@ -66,6 +66,8 @@ def expert_groups(training_args):
     except ImportError:
         expert = None
     if expert is not None:
+        from paddletrainer.parallel import init_topology
+        init_topology(training_args.parallel_config)  # the groups exist from here; the Trainer reuses them
         return expert.expert_parallel_group(), expert.token_group()
     if training_args.world_size > 1 or getattr(training_args, "expert_parallel_degree", 1) > 1:
         raise ValueError("llm_examples/moe: this paddletrainer has no expert-parallel axis "

@@ -369,12 +369,14 @@ def pieces_for(index: dict, key: str, target: Placement) -> List[dict]:
 
 
 def compare_to_index(
-    index: dict, expected: Dict[str, Tuple[Tuple[int, ...], str]], complete_model: bool, prefix: str = MODEL_PREFIX
+    index: dict, expected: Dict[str, Tuple[Tuple[int, ...], str]], complete_model: bool, prefix: str = MODEL_PREFIX,
+    elsewhere=None,
 ) -> List[str]:
     """Mismatches between what the local model expects (global key -> (global shape, dtype)) and the index.
 
     ``complete_model``: the local model holds every tensor (no pipeline split), so keys in the checkpoint
-    that the model lacks are reported too. Dtype differences are not mismatches (loading casts).
+    that the model lacks are reported too, except those ``elsewhere(key)`` says another rank holds (expert
+    parallel: the other ranks' experts). Dtype differences are not mismatches (loading casts).
     """
     stored = index["tensors"]
     problems = []
@@ -385,7 +387,7 @@ def compare_to_index(
             problems.append(f"shape mismatch: {key} checkpoint {stored[key]['shape']} vs model {list(shape)}")
     if complete_model:
         for key in sorted(stored):
-            if key.startswith(prefix) and key not in expected:
+            if key.startswith(prefix) and key not in expected and not (elsewhere and elsewhere(key)):
                 problems.append(f"unexpected in checkpoint: {key} {stored[key]['shape']}")
     return problems
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -81,7 +82,7 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: 
     targets = dict(models)
     problems = L.compare_to_index(
         index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
-        complete_model=topo.pp_degree == 1,
+        complete_model=topo.pp_degree == 1, elsewhere=other_ranks_expert(models),
     )
     # Sharding offload trains host master weights; one the checkpoint lacks (saved without offload, or
     # without optimizer state) starts from the loaded weight, as Paddle's offload starts from the model.
@@ -96,6 +97,28 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: 
     if problems:
         raise L.CheckpointMismatchError(problems)
     return targets, masters, optimizer_restored
+
+
+_EXPERT_KEY = re.compile(r"^(.*\.experts\.)(\d+)(\..*)$")
+
+
+def other_ranks_expert(models: Dict[str, LocalTensor]):
+    """A predicate: is a checkpoint key another expert of one of this rank's expert layers (expert parallel:
+    each rank holds only its experts, named by their global index; ``...experts.<g>.<rest>``)? None when this
+    rank holds no expert parameter."""
+    templates = set()
+    for key, lt in models.items():
+        match = _EXPERT_KEY.match(key)
+        if match and getattr(lt.tensor, "is_expert", False):
+            templates.add((match.group(1), match.group(3)))
+    if not templates:
+        return None
+
+    def elsewhere(key: str) -> bool:
+        match = _EXPERT_KEY.match(key)
+        return bool(match) and (match.group(1), match.group(3)) in templates
+
+    return elsewhere
 
 
 def _optimizer_targets(index: dict, optimizer, by_param, models, masters, targets, warnings: List[str]) -> list:

@@ -34,6 +34,7 @@ PARALLEL_INPUTS = (
     "sequence_parallel", "fuse_sequence_parallel_allreduce", "sharding_stage3_segment_size",
     "virtual_pipeline_model_parallel_size", "gradient_accumulation_steps", "per_device_train_batch_size", "seed",
     "ddp_find_unused_parameters", "data_parallel_size", "amp_master_grad", "split_inputs_sequence_dim",
+    "expert_parallel_degree", "use_expert_parallel",  # expert parallel is carved from the data ranks: not an AXES entry
 )
 
 

@@ -14,8 +14,11 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   When the degree is *derived* (-1) and the world leaves room for 1 only, sharding is dropped with a warning,
   as PaddleNLP does, so configs written for a bigger cluster still run. On one process sharding is dropped.
 * ``gradient_accumulation_steps`` below the pipeline degree raises (the pipeline could not be filled).
-* expert parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
+* expert tensor parallel (and sep together with context parallel), auto-parallel and ``to_static`` are
   parsed but refused when switched on.
+* ``expert_parallel_degree`` / ``use_expert_parallel`` (``expert_parallel_degree_of``): PaddleNLP asserts dp == 1
+  with ep > 1 (ep carved from the sharding ranks only); here the ep group is carved from all data ranks (dp and
+  sharding), and both names given must agree.
 * PaddleFormers 1.2's renamed parallel options are accepted as aliases (``PADDLEFORMERS_NAMES``:
   ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``sharding_parallel_size``,
   ``context_parallel_size``, ``expert_model_parallel_size``, ``expert_tensor_model_parallel_size``); two names of
@@ -40,6 +43,7 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
   ``do_predict``.
 """
+import dataclasses
 import logging
 import re
 from typing import Any, Dict, FrozenSet, List
@@ -59,6 +63,8 @@ __all__ = [
     "apply_options_without_behaviour",
     "apply_paddleformers_names",
     "check_data_parallel_size",
+    "expert_parallel_degree_of",
+    "with_expert_parallel",
     "parse_parallel_config",
     "parse_refined_recompute",
     "parse_unified_checkpoint_options",
@@ -236,19 +242,42 @@ def apply_deprecated_sharding_degree(args) -> None:
 
 def refuse_unsupported_parallel(args, axis_options) -> None:
     """A ``DEGREE_OPTIONS`` degree > 1 that is not among ``axis_options`` (the options of the layout's axes,
-    ``parallel.layout.option_axes``: today expert parallel), auto-parallel and ``to_static`` are
-    parsed but refused when switched on."""
+    ``parallel.layout.option_axes``, nor expert parallel: today expert tensor parallel), auto-parallel and
+    ``to_static`` are parsed but refused when switched on."""
     if args.sep_parallel_degree > 1 and args.context_parallel_degree > 1:  # PaddleNLP asserts it too
         raise ValueError(f"sep_parallel_degree={args.sep_parallel_degree} and context_parallel_degree="
                          f"{args.context_parallel_degree} cannot both be > 1 (both run on fleet's sep axis): pick one")
-    for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options)):
+    # expert parallel is carved from the data ranks (Layout.ep, with_expert_parallel), not an axis of the grid
+    for option in (o for o in DEGREE_OPTIONS if o not in set(axis_options) | {"expert_parallel_degree"}):
         if getattr(args, option) > 1:
             raise ValueError(f"{option}={getattr(args, option)} is not supported by paddletrainer: use -1 or 1")
-    for option in ("enable_auto_parallel", "use_expert_parallel", "to_static"):
+    for option in ("enable_auto_parallel", "to_static"):
         if option == "enable_auto_parallel" and getattr(type(args), "auto_parallel_on_our_layout", False):
             continue  # auto_training_args.AutoTrainingArguments: the degrees build our layout
         if getattr(args, option):
             raise ValueError(f"{option}=True is not supported by paddletrainer: use False")
+
+
+def with_expert_parallel(args, layout):
+    """``layout`` with its expert-parallel degree (:func:`expert_parallel_degree_of`) set."""
+    ep = expert_parallel_degree_of(args, layout.dp)
+    return dataclasses.replace(layout, ep=ep) if ep > 1 else layout
+
+
+def expert_parallel_degree_of(args, dp: int) -> int:
+    """The expert-parallel degree from PaddleNLP's two names: ``expert_parallel_degree`` (> 1: that many data
+    ranks split the experts) and ``use_expert_parallel`` (PaddleNLP's ``MoELayer`` then splits the experts over the
+    data-parallel group: the degree is ``dp``). Both given must agree. Unlike PaddleNLP 3.0.0b4, which asserts
+    dp == 1 and carves ep from the sharding ranks only, the ep group may span dp and sharding ranks."""
+    degree = args.expert_parallel_degree
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree == 0 or degree < -1:
+        raise ValueError(f"expert_parallel_degree={degree!r} is invalid: use -1 (unset) or a positive integer")
+    if not args.use_expert_parallel:
+        return max(degree, 1)
+    if degree > 1 and degree != dp:
+        raise ValueError(f"use_expert_parallel=True splits the experts over the data-parallel group (dp={dp}) but "
+                         f"expert_parallel_degree={degree}: set only one of them")
+    return max(dp, 1)
 
 
 def refuse_unproven_parallel_options(degrees, pipeline: FrozenSet[str], sharding: FrozenSet[str],

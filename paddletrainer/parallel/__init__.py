@@ -30,7 +30,11 @@ from .layout import AXES, Axis, Layout, coordinates_of
 _PADDLE_NAMES = {
     "Topology": "topology", "init_topology": "topology", "get_topology": "topology", "hybrid_order": "topology",
     "build_strategy": "topology", "check_cpu_options": "topology", "needs_cpu_backend": "topology",
-    "reset_for_tests": "topology",
+    "reset_for_tests": "topology", "expert_group_ranks": "topology",
+    "expert_parallel_group": "expert", "expert_data_parallel_group": "expert", "token_group": "expert",
+    "is_expert": "expert", "expert_parameters": "expert", "check_expert_model": "expert",
+    "broadcast_initial_state": "expert", "keep_experts": "expert", "ExpertGradients": "expert",
+    "NUM_EXPERTS_FIELDS": "expert",
     "parallelize": "apply", "wrap_captures_accumulation": "apply",
     "ParallelOptimizer": "optimizer",
     "GradientBuffers": "data_parallel", "apply_data_parallel": "data_parallel", "gradient_buffers": "data_parallel",

@@ -5,11 +5,14 @@ Order (each step names the function that does it):
 1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
    :func:`~.clipping.clip_gradients` or :func:`~.clipping.clip_grad_norm`, so Paddle never installs its
    GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
-2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel`.
+2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
+   parallel, expert parameters reduced over their edp group: :class:`~.expert.ExpertGradients`).
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and
    ``HybridParallelOptimizer`` carries dp and sharding stage 1 (stage 2/3 with pp are rejected).
 4. otherwise tp > 1 → :func:`~.tensor.apply_tensor_parallel` wraps the model first, because the sharding
-   wrappers of step 5 must see the ``TensorParallel`` model (its parameters are the tp-local shards).
+   wrappers of step 5 must see the ``TensorParallel`` model (its parameters are the tp-local shards). Under
+   expert parallel its dp broadcast must not reach the experts (:func:`~.expert.keep_experts`), and
+   ``ParallelOptimizer`` reduces them over their edp group after fleet's dp sync of the dense parameters.
 5. sharding > 1 → :func:`~.sharding.apply_sharding`: stage 1 wraps the optimizer (and the model, unless tp
    did), stage 2/3 wrap both with the group-sharded classes.
 4b. sep > 1 → :func:`~.segment.apply_segment_parallel` (fleet's ``SegmentParallel`` when neither tp nor sharding
@@ -35,6 +38,7 @@ from paddle.distributed import fleet
 
 from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel, gradient_buffers
+from .expert import ExpertGradients, check_expert_model, expert_parameters, keep_experts
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
@@ -118,12 +122,14 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         check_sequence_parallel_model(model, config.sequence_parallel)
         if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
+    check_expert_model(model, topology.layout.ep)  # ep > 1 runs with dp and tp only (ParallelConfig)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
         model = apply_data_parallel(model, topology=topology,
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model))
+        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model),
+                                        expert_grads=_expert_gradients(model, topology))
 
     if topology.pp_degree > 1:
         model, optimizer = apply_pipeline(model, optimizer, topology=topology,
@@ -131,7 +137,9 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
         return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
 
-    model = apply_tensor_parallel(model, topology=topology)
+    experts = _expert_gradients(model, topology)
+    with keep_experts(model, topology):  # TensorParallel broadcasts every parameter over dp
+        model = apply_tensor_parallel(model, topology=topology)
     stage = config.sharding_stage  # 0 unless the layout has a sharding group (ParallelConfig's check)
     # sep: no pp and no stage 2/3 here (ParallelConfig); the tp or stage-1 wrapper broadcasts over sep itself
     model = apply_segment_parallel(model, topology=topology, wrapped=topology.tp_degree > 1 or stage == 1)
@@ -146,4 +154,12 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
                                           wrap_model=topology.tp_degree == 1)
     else:
         optimizer = fleet.distributed_optimizer(optimizer)
-    return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
+    return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts)
+
+
+def _expert_gradients(model, topology):
+    """Under expert parallel, the expert half of the gradient sync (:class:`~.expert.ExpertGradients`); else None."""
+    if topology.layout.ep == 1:
+        return None
+    return ExpertGradients(expert_parameters(model), group=topology.group("edp"),
+                           data_world_size=topology.data_world_size)

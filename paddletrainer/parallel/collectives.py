@@ -49,6 +49,8 @@ def _check_group(topology):
     ranks with this rank's dp coordinate: tp × pp × sharding), or None when no reduction is needed."""
     # dp ranks hold identical synchronised gradients, so dp is never summed; the partial sums over tp, pp and
     # sharding are disjoint (see ParallelOptimizer.counted_gradients).
+    if topology.layout.ep > 1:  # each ep rank holds other experts: the world (ParallelOptimizer counts once)
+        return dist.collective._get_default_group()
     if topology.hcg is None:
         return None
     group = topology.hcg.get_check_parallel_group()

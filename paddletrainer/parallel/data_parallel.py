@@ -22,6 +22,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.distributed.parallel import sync_params_buffers
 
+from .expert import broadcast_initial_state, is_expert
 from .sharding import is_stage2_model, stage2_no_sync
 
 __all__ = ["GradientBuffers", "apply_data_parallel", "gradient_buffers", "no_sync"]
@@ -103,7 +104,8 @@ class GradientBuffers:
         self._group = group
         self._scale = 1.0 / degree
         self._find_unused = find_unused_parameters
-        params = [p for p in model.parameters() if not p.stop_gradient]
+        # expert parameters are reduced over their own (edp) group at step time: expert.ExpertGradients
+        params = [p for p in model.parameters() if not p.stop_gradient and not is_expert(p)]
         self._buckets = [_Bucket(dtype, members)
                          for dtype, members in _assign_buckets(params, first_bucket_bytes, bucket_bytes)]
         self._armed = True  # False inside no_sync
@@ -239,7 +241,10 @@ def apply_data_parallel(model, *, topology, find_unused_parameters: bool = False
     if topology.use_hybrid:
         raise ValueError("apply_data_parallel sets up plain data parallel only; "
                          "hybrid layouts sync dp in the optimizer")
-    sync_params_buffers(model, comm_group=None, src_rank=0)
+    if topology.layout.ep > 1:
+        broadcast_initial_state(model, topology)  # the ep ranks hold different experts
+    else:
+        sync_params_buffers(model, comm_group=None, src_rank=0)
     buffers = GradientBuffers(model, degree=topology.dp_degree, find_unused_parameters=find_unused_parameters)
     object.__setattr__(model, _ATTRIBUTE, buffers)
     return model

@@ -131,6 +131,9 @@ class Layout:
     pp: int = 1
     sep: int = 1
     cp: int = 1
+    # expert parallel: not a grid axis (it multiplies nothing) but carved from the data ranks: groups of ``ep``
+    # consecutive data ranks (data_rank // ep the replica, data_rank % ep the ep rank) split the experts
+    ep: int = 1
     # Not part of equality: two layouts with the same degrees compare equal; init_topology compares it itself.
     topo_order: str = dataclasses.field(default=DEFAULT_TOPO_ORDER, compare=False)
 
@@ -148,6 +151,12 @@ class Layout:
             raise ValueError(f"sep_parallel_degree={self.sep} and context_parallel_degree={self.cp} cannot both be > 1 "
                              "(both run on fleet's sep axis): pick one")
         hybrid_order(self.topo_order)  # raises for an unknown order
+        if isinstance(self.ep, bool) or not isinstance(self.ep, int) or self.ep < 1:
+            raise ValueError(f"expert_parallel_degree: degree {self.ep!r} is invalid, must be an integer >= 1")
+        if self.data_world_size % self.ep:
+            raise ValueError(f"expert_parallel_degree={self.ep} does not divide the data ranks (data parallel × "
+                             f"sharding = {self.data_world_size} in {self.describe()}): expert parallel is carved "
+                             f"from the data ranks; use a divisor of {self.data_world_size}")
 
     def degree(self, name: str) -> int:
         """The degree of axis ``name`` (ours or fleet's)."""
@@ -196,7 +205,16 @@ class Layout:
 
     def as_dict(self) -> Dict[str, int]:
         """``{"world_size", "<axis>_degree" ...}``: the writing layout a checkpoint index records."""
-        return {"world_size": self.world_size, **{f"{a.name}_degree": self.degree(a.name) for a in self._named_axes()}}
+        named = {"world_size": self.world_size, **{f"{a.name}_degree": self.degree(a.name) for a in self._named_axes()}}
+        if self.ep > 1:  # named only when active, so checkpoints without experts keep their recorded layout
+            named["ep_degree"] = self.ep
+        return named
+
+    def ep_coordinates(self, coords: Mapping[str, int]) -> Tuple[int, int]:
+        """``(ep rank, expert-data-parallel replica)`` of a rank at ``coords``: its data rank modulo ``ep`` and
+        divided by ``ep`` (the ep group is ``ep`` consecutive data ranks of one cell of the other axes)."""
+        data_rank = self.data_rank(coords)
+        return data_rank % self.ep, data_rank // self.ep
 
     def fleet_degrees(self) -> Dict[str, int]:
         """``{"<fleet name>_degree": degree}`` for fleet's ``hybrid_configs``."""
@@ -208,7 +226,8 @@ class Layout:
 
     def describe(self) -> str:
         """``dp2·sharding1·tp2·pp2`` (for messages; a later axis only when active, ``...·sep2``)."""
-        return "·".join(f"{a.name}{self.degree(a.name)}" for a in self._named_axes())
+        text = "·".join(f"{a.name}{self.degree(a.name)}" for a in self._named_axes())
+        return text + (f"·ep{self.ep}" if self.ep > 1 else "")
 
 
 def _env_int(name: str, default: Optional[int]) -> Optional[int]:

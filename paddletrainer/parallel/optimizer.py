@@ -38,9 +38,10 @@ class ParallelOptimizer:
         model: the wrapped model (stage 2/3 keep their synchronisation functions on it).
         dp_buffers: plain data parallel's :class:`~.data_parallel.GradientBuffers` (their reduction is finished
             by :meth:`sync_gradients`, they are zeroed in place by :meth:`clear_grad`).
+        expert_grads: under expert parallel, the :class:`~.expert.ExpertGradients` reduced after the dense sync.
     """
 
-    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None):
+    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None, expert_grads=None):
         if mode not in (LOCAL, HYBRID, STAGE2, STAGE3):
             raise ValueError(f"unknown ParallelOptimizer mode {mode!r}")
         self._optimizer = optimizer
@@ -48,6 +49,8 @@ class ParallelOptimizer:
         self._topology = topology
         self._model = model
         self._dp_buffers = dp_buffers
+        self._expert_grads = expert_grads
+        self._expert_ids = {id(p) for p in expert_grads.parameters} if expert_grads is not None else set()
         self._synced = False
         # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
         self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
@@ -82,7 +85,8 @@ class ParallelOptimizer:
             if self._split_param is not None:
                 # before the sync: its dp all-reduce runs over the slice parameters' gradients
                 self._split_param.link_slice_gradients()
-            self._optimizer._hybrid_sync_grad(self._hybrid_parameters())
+            # expert parameters are reduced over their own (edp) group below, never over dp
+            self._optimizer._hybrid_sync_grad([p for p in self._hybrid_parameters() if id(p) not in self._expert_ids])
         elif self._mode == STAGE2:
             # Exactly what GroupShardedStage2's redefined step runs before the update.
             self._model._grad_scale()
@@ -91,6 +95,8 @@ class ParallelOptimizer:
             self._model._update_params_slice()
         elif self._dp_buffers is not None:
             self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
+        if self._expert_grads is not None:
+            self._expert_grads.sync()
         self._synced = True
 
     @paddle.no_grad()
@@ -124,6 +130,8 @@ class ParallelOptimizer:
             self._optimizer.clear_grad()
         elif self._dp_buffers is not None:
             self._dp_buffers.zero()  # in place: the gradients stay views of the all-reduce buckets
+            if self._expert_grads is not None:  # not in the buckets
+                self._expert_grads.zero(set_to_zero)
         else:
             self._optimizer.clear_grad(set_to_zero)
 
@@ -155,7 +163,9 @@ class ParallelOptimizer:
         * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
           rank 0 only;
         * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker);
-        * sep / cp: on sep (cp) rank 0 only (Paddle's norm group, the "check" group, spans those ranks).
+        * sep / cp: on sep (cp) rank 0 only (Paddle's norm group, the "check" group, spans those ranks);
+        * expert parallel: the squares are summed over the whole world (experts differ between the ep ranks), so
+          a dense gradient counts on dp rank 0 only and an expert gradient on its first edp replica only.
 
         Every gradient is listed (counted or not) so that clipping can scale all of them.
         """
@@ -176,6 +186,9 @@ class ParallelOptimizer:
                 counted = False
             if topo.sep_rank != 0 or topo.cp_rank != 0:  # after the sync every sep/cp rank holds the same sum
                 counted = False
+            if topo.layout.ep > 1:  # the norm is summed over the world: count one replica of each tensor
+                replica = topo.layout.ep_coordinates(topo.coords)[1] if id(param) in self._expert_ids else topo.dp_rank
+                counted = counted and replica == 0
             entries.append((param.name, grad, counted))
         return entries
 

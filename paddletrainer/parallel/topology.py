@@ -40,6 +40,7 @@ __all__ = [
     "build_strategy",
     "check_cpu_options",
     "needs_cpu_backend",
+    "expert_group_ranks",
     "reset_for_tests",
 ]
 
@@ -90,7 +91,9 @@ class Topology:
         return int(self.coords[axis(name).name])
 
     def group(self, name: str):
-        return self.groups.get(axis(name).name if name != "data" else "data")
+        """The group of an axis, or "data" (dp × sharding), "ep" / "edp" (expert parallel and expert data
+        parallel, see :func:`expert_group_ranks`); None when it has one rank."""
+        return self.groups.get(name if name in ("data", "ep", "edp") else axis(name).name)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -252,7 +255,8 @@ def _build_topology(config: ParallelConfig) -> Topology:
     if not layout.use_hybrid:
         dist.init_parallel_env()
         group = dist.collective._get_default_group()
-        return Topology(layout=layout, rank=rank, local_rank=local_rank, groups={"dp": group, "data": group})
+        groups = {"dp": group, "data": group, **_expert_groups(rank, layout)}
+        return Topology(layout=layout, rank=rank, local_rank=local_rank, groups=groups)
 
     fleet.init(is_collective=True, strategy=build_strategy(config, on_cpu))
     hcg = fleet.get_hybrid_communicate_group()
@@ -261,6 +265,7 @@ def _build_topology(config: ParallelConfig) -> Topology:
     groups = {a.name: getattr(hcg, a.hcg_group)() if layout.degree(a.name) > 1 else None for a in AXES}
     coords = layout.coordinates(rank)
     groups["data"] = _data_group(rank, layout, groups)
+    groups.update(_expert_groups(rank, layout))
     placed = {a.name: getattr(hcg, a.hcg_rank)() if layout.degree(a.name) > 1 else 0 for a in AXES}
     if placed != coords:
         raise RuntimeError(f"fleet placed rank {rank} at {placed}, Layout.coordinates says {coords}: the rank "
@@ -283,6 +288,40 @@ def _data_group(rank: int, layout: Layout, groups):
         group = dist.new_group(cells[key])
         if rank in cells[key]:
             mine = group
+    return mine
+
+
+def expert_group_ranks(layout: Layout) -> dict:
+    """``{"ep": [[rank, ...], ...], "edp": [...]}``: the expert-parallel groups (``ep`` consecutive data ranks of
+    one cell of the other axes: they split the experts) and the expert-data-parallel groups (the ranks of one
+    cell holding the same experts: equal data rank modulo ``ep``), each listed by data rank."""
+    cells = {}
+    for other in range(layout.world_size):
+        c = layout.coordinates(other)
+        key = tuple(c[a.name] for a in AXES if not a.splits_data)
+        cells.setdefault(key, []).append((layout.data_rank(c), other))
+    ep, found = layout.ep, {"ep": [], "edp": []}
+    for key in sorted(cells):
+        ranks = [r for _, r in sorted(cells[key])]
+        found["ep"] += [ranks[i:i + ep] for i in range(0, len(ranks), ep)]
+        found["edp"] += [ranks[i::ep] for i in range(ep)]
+    return found
+
+
+def _expert_groups(rank: int, layout: Layout) -> dict:
+    """This rank's "ep" and "edp" groups (None when ep is 1 or the group has one rank); every rank creates every
+    group in the same order (new_group is collective)."""
+    if layout.ep == 1:
+        return {}
+    mine = {}
+    for name, lists in expert_group_ranks(layout).items():
+        mine[name] = None
+        for ranks in lists:
+            if len(ranks) == 1:
+                continue
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[name] = group
     return mine
 
 

@@ -62,11 +62,15 @@ def fingerprint(tensors: Sequence[paddle.Tensor]) -> paddle.Tensor:
     return paddle.stack(rows)
 
 
-def replicated_tensors(model, sharding_stage: int) -> Tuple[List[str], List[paddle.Tensor]]:
+def replicated_tensors(model, sharding_stage: int, skip_experts: bool = False) -> Tuple[List[str], List[paddle.Tensor]]:
     """The names and tensors this rank holds that its replicas hold too: every parameter of the user's model;
-    under stage 3 a sliced parameter's slice (``fw_storage``; the full parameter is released between steps)."""
+    under stage 3 a sliced parameter's slice (``fw_storage``; the full parameter is released between steps).
+    ``skip_experts`` (expert parallel): the data ranks hold different experts, so expert parameters
+    (``is_expert``) are left out (not compared: the expert-data-parallel replicas are not checked yet)."""
     names, tensors = [], []
     for name, param in unwrap_model(model).named_parameters():
+        if skip_experts and getattr(param, "is_expert", False):
+            continue
         if sharding_stage == 3 and getattr(param, "fw_storage", None) is not None:
             param = param.fw_storage
         if not param._is_initialized():
@@ -114,6 +118,7 @@ class ReplicaCheck:
         self.every = config.every_steps if self.group is not None else 0
         self._model = model
         self._world_size = topology.world_size
+        self._skip_experts = topology.layout.ep > 1
         self._axes = "data-parallel" if config.sharding_stage in (0, 3) else "data-parallel and sharding"
 
     @property
@@ -141,7 +146,7 @@ class ReplicaCheck:
         self.verified_step = step
 
     def _verdict(self, step: int) -> Optional[ReplicaDivergenceError]:
-        names, tensors = replicated_tensors(self._model, self.config.sharding_stage)
+        names, tensors = replicated_tensors(self._model, self.config.sharding_stage, self._skip_experts)
         gathered: List[paddle.Tensor] = []
         dist.all_gather(gathered, fingerprint(tensors), group=self.group)
         table = paddle.stack(gathered).numpy()  # the check's one host read

@@ -1,7 +1,8 @@
 """Adding a parallel axis is its ``AXES`` entry and ``Layout`` field (parallel/layout.py), its checks
 (parallel/config.py) and its wrap function: nothing in the arguments layer (training_args, configs, compat)
 names the axes. Shown with the context-parallel axis (``context_parallel_degree``), added that way after the
-sep axis; an option without an entry (expert parallel) is still refused."""
+sep axis; an option without an entry (expert tensor parallel) is still refused. (Expert parallel is carved from the
+data ranks rather than a grid axis: ``Layout.ep``, see test_expert_parallel_axis.py.)"""
 
 import pytest
 
@@ -14,8 +15,9 @@ def make(tmp_path, **kwargs):
 
 def test_an_option_without_an_axes_entry_is_refused(tmp_path, world):
     world(8)
-    with pytest.raises(ValueError, match="^expert_parallel_degree=2 is not supported by paddletrainer: use -1 or 1$"):
-        make(tmp_path, expert_parallel_degree=2)
+    with pytest.raises(ValueError, match="^expert_tensor_parallel_degree=2 is not supported by paddletrainer: use -1 "
+                                         "or 1$"):
+        make(tmp_path, expert_tensor_parallel_degree=2)
 
 
 def test_with_its_axes_entry_the_degree_option_is_read_into_the_layout_and_config(tmp_path, world):
@@ -29,8 +31,8 @@ def test_with_its_axes_entry_the_degree_option_is_read_into_the_layout_and_confi
     # cp ranks read the same samples (splits_data=False): two data streams, one per dp rank
     assert layout.data_world_size == 2 and args.dataset_world_size == 2
     # the other refusals stay
-    with pytest.raises(ValueError, match="^expert_parallel_degree=2 is not supported by paddletrainer"):
-        make(tmp_path, expert_parallel_degree=2)
+    with pytest.raises(ValueError, match="^expert_tensor_parallel_degree=2 is not supported by paddletrainer"):
+        make(tmp_path, expert_tensor_parallel_degree=2)
 
 
 def test_the_new_degree_is_validated_against_the_world_size(tmp_path, world):

@@ -53,6 +53,9 @@ def build_model(work: TrainerWorkerArguments, args: TrainingArguments):
     if work.model == "mlp":
         paddle.seed(1234)  # identical initial weights in every process and layout
         return MLP()
+    if work.model == "moe":
+        from moe_model import build_moe_model
+        return build_moe_model(args)
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
 
     # The PaddleNLP way: degrees and ranks from the training arguments, read before any Trainer exists.

@@ -31,15 +31,8 @@ from . import checks
 from .optim import overflow
 from .optim.amp import AmpConfig
 from .checkpoint.peft import peft_type
-from .trainer_callback import (
-    CallbackHandler,
-    DefaultFlowCallback,
-    PrinterCallback,
-    ProgressCallback,
-    TrainerCallback,
-    TrainerControl,
-    TrainerState,
-)
+from .trainer_callback import (CallbackHandler, DefaultFlowCallback, PrinterCallback, ProgressCallback, TrainerCallback,
+                               TrainerControl, TrainerState)
 from .runtime.callback import RobustnessCallback
 from .data.collate import DataCollatorWithPadding, default_data_collator
 from .data.loader import close_batches
@@ -581,9 +574,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
             logs.update(overflow.scaler_logs(self.scaler, self.state.skipped_steps))
             logs.update(self.timers.report_and_reset())
-            extra = getattr(self.model, "extra_metrics", None)  # the model's own numbers (e.g. MoE expert load)
-            if callable(extra):
-                logs.update(extra())
+            logs.update(getattr(self.model, "extra_metrics", dict)())  # the model's own numbers (MoE expert load)
             self.log(logs)
         metrics = None
         if control.should_evaluate and self.eval_dataset is not None:

@@ -51,22 +51,7 @@ from cost_measure import LAYOUTS, MEASURE, PH, TINY_LLAMA, XH, run_measure, run_
 
 # the formulas live in the library (one place); re-exported for the tests and scripts that import them from here
 from paddletrainer.planning.cost_model import (  # noqa: E402,F401
-    Config, Layout, communication, long_context_communication, memory, param_counts, pipeline_bubble)
-
-
-def moe_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, bytes_per_value: int = 4) -> dict:
-    """Token exchange of one MoE layer under expert parallel, per rank and micro-batch (``paddletrainer/moe``).
-
-    ``tokens``: this rank's tokens in the micro-batch. Each (token, slot) row of ``hidden`` values goes to its
-    expert's rank and comes back: 2 all-to-alls forward (dispatch, combine), their reverses backward (2 more),
-    each of ``tokens · top_k`` rows. With balanced routing 1/ep of the rows stay on the rank: the wire is
-    (ep-1)/ep of the payload. The per-expert counts exchanged first (ep × experts int64) are negligible.
-    On CPU the all-to-all fill (parallel/cpu/all_to_all.py) all-gathers: ep x the minimum wire."""
-    rows = tokens * top_k * hidden * bytes_per_value
-    payload = 4 * rows
-    return {"payload": payload, "min_wire": payload * (ep - 1) // ep,
-            "what": f"4 all-to-alls (dispatch + combine, fwd and bwd) of {tokens}x{top_k} rows of {hidden} per MoE "
-                    f"layer per micro-batch; CPU fill: {ep}x the min wire"}
+    Config, Layout, communication, long_context_communication, memory, moe_all_to_all, param_counts, pipeline_bubble)
 
 
 # ------------------------------------------------------------------------------------ printing

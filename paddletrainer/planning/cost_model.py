@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-__all__ = ["Config", "Layout", "communication", "fmt_bytes", "long_context_communication", "memory",
+__all__ = ["Config", "Layout", "communication", "fmt_bytes", "long_context_communication", "memory", "moe_all_to_all",
            "param_counts", "pipeline_bubble"]
 
 
@@ -275,3 +275,18 @@ def long_context_communication(c: Config, lay: Layout) -> dict:
                      "what": f"ring send/recv of this rank's K/V: {C - 1} hops fwd, {C - 1} bwd + their grads "
                              f"{C} hops, per layer ({L}), per micro-batch (x{m})"}
     return out
+
+
+def moe_all_to_all(tokens: int, hidden: int, top_k: int, ep: int, bytes_per_value: int = 4) -> dict:
+    """Token exchange of one MoE layer under expert parallel, per rank and micro-batch (:mod:`paddletrainer.moe`).
+
+    ``tokens``: this rank's tokens in the micro-batch. Each (token, slot) row of ``hidden`` values goes to its
+    expert's rank and comes back: 2 all-to-alls forward (dispatch, combine), their reverses backward (2 more),
+    each of ``tokens · top_k`` rows. With balanced routing 1/ep of the rows stay on the rank: the wire is
+    (ep-1)/ep of the payload. The per-expert counts exchanged first (ep × experts int64) are negligible.
+    On CPU the all-to-all fill (parallel/cpu/all_to_all.py) all-gathers: ep x the minimum wire."""
+    rows = tokens * top_k * hidden * bytes_per_value
+    payload = 4 * rows
+    return {"payload": payload, "min_wire": payload * (ep - 1) // ep,
+            "what": f"4 all-to-alls (dispatch + combine, fwd and bwd) of {tokens}x{top_k} rows of {hidden} per MoE "
+                    f"layer per micro-batch; CPU fill: {ep}x the min wire"}

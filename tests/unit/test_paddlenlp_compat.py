@@ -422,8 +422,9 @@ def test_paddleformers_parallel_names_are_aliases_of_the_paddlenlp_degrees(tmp_p
     with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2 needs pipeline_parallel_degree >= 2"):
         TrainingArguments(output_dir=str(tmp_path), virtual_pipeline_model_parallel_size=2)
     assert TrainingArguments(output_dir=str(tmp_path), context_parallel_size=2).parallel_degrees.cp == 2
-    with pytest.raises(ValueError, match="expert_parallel"):
-        TrainingArguments(output_dir=str(tmp_path), expert_model_parallel_size=2)
+    assert TrainingArguments(output_dir=str(tmp_path), expert_model_parallel_size=2).parallel_degrees.ep == 2
+    with pytest.raises(ValueError, match="expert_tensor_parallel_degree=2 is not supported"):
+        TrainingArguments(output_dir=str(tmp_path), expert_tensor_model_parallel_size=2)
 
 
 def test_unknown_report_to_fails_before_any_process_group(tmp_path, monkeypatch):

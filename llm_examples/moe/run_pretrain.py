@@ -29,6 +29,7 @@ from paddlenlp.transformers import AutoTokenizer, LlamaConfig
 
 from paddletrainer import PdArgumentParser, Trainer, TrainingArguments, default_data_collator, get_last_checkpoint, set_seed
 from paddletrainer.data.pretrain import PretrainTokenDataset
+from paddletrainer.parallel import expert, init_topology
 from paddletrainer.errors import main_guard
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,20 +60,10 @@ class DataArguments:
 
 
 def expert_groups(training_args):
-    """``(expert_group, token_group)`` from the Trainer's topology (``paddletrainer.parallel.expert``). Without
-    that module only one process is possible: the statistics would otherwise cover one rank's tokens only."""
-    try:
-        from paddletrainer.parallel import expert
-    except ImportError:
-        expert = None
-    if expert is not None:
-        from paddletrainer.parallel import init_topology
-        init_topology(training_args.parallel_config)  # the groups exist from here; the Trainer reuses them
-        return expert.expert_parallel_group(), expert.token_group()
-    if training_args.world_size > 1 or getattr(training_args, "expert_parallel_degree", 1) > 1:
-        raise ValueError("llm_examples/moe: this paddletrainer has no expert-parallel axis "
-                         "(paddletrainer.parallel.expert): run the MoE example on one process")
-    return None, None
+    """``(expert_group, token_group)`` from the Trainer's topology (``paddletrainer.parallel.expert``), built here
+    so the model holds only its ep rank's experts; the Trainer reuses the same topology."""
+    init_topology(training_args.parallel_config)
+    return expert.expert_parallel_group(), expert.token_group()
 
 
 def build_model(model_args, data_args, training_args):

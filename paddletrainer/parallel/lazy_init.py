@@ -17,14 +17,16 @@ keeps the slice: exact too, with a peak of that one parameter.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import types
 
 import paddle
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
-from paddle.nn.initializer import constant, kaiming, normal, uniform, xavier
+from paddle.nn.initializer import constant, initializer, kaiming, normal, uniform, xavier
 
 __all__ = ["is_lazy", "lazy_parameter_names", "check_lazy_model", "start_lazy_model", "stage3_slice_ranges",
-           "materialize_stage3", "SLICE_ATTR", "STAGE3_EXCLUDED_LAYERS"]
+           "materialize_stage3", "SLICE_ATTR", "ORDER_ATTR", "STAGE3_EXCLUDED_LAYERS"]
 
 SLICE_ATTR = "_paddletrainer_stage3_slice"  # the rank's slice, until GroupShardedStage3 takes it as fw_storage
 STAGE3_EXCLUDED_LAYERS = ("GroupNorm",)  # layer classes parallel.sharding keeps unsliced under stage 3
@@ -36,6 +38,36 @@ _STREAMED = {
     uniform.UniformInitializer: (), xavier.XavierInitializer: ("_fan_in", "_fan_out"),
     kaiming.MSRAInitializer: ("_fan_in",),
 }
+
+
+ORDER_ATTR = "_paddletrainer_creation_order"  # when the parameter was created under LazyGuard (see below)
+_created = itertools.count()
+
+
+def _record_creation_order() -> None:
+    """Stamp every parameter Paddle creates under ``LazyGuard`` with a running number.
+
+    One process draws the initial values at creation, in creation order; ``model.parameters()`` lists a
+    layer's own parameters before its sublayers', whatever order ``__init__`` created them in. So the draws
+    follow the stamps. Paddle 3.3.1 records every lazy initializer through ``Initializer._lazy_init`` (its
+    ``__call__`` under ``lazy_init_helper().state``); wrapped once, when this module is imported (the Trainer
+    imports it), so a model must be built after ``import paddletrainer.trainer`` (``from paddletrainer import
+    Trainer``), which :func:`check_lazy_model` checks.
+    """
+    original = initializer.Initializer._lazy_init
+    if getattr(original, "__paddletrainer_fill__", False):
+        return
+
+    @functools.wraps(original)
+    def lazy_init(self, param, block=None):
+        setattr(param, ORDER_ATTR, next(_created))
+        return original(self, param, block)
+
+    lazy_init.__paddletrainer_fill__ = True
+    initializer.Initializer._lazy_init = lazy_init
+
+
+_record_creation_order()
 
 
 def _is_lazy_parameter(param) -> bool:
@@ -59,6 +91,11 @@ def check_lazy_model(model, config, weights_cast: bool = False) -> None:
     ``config``: the run's ``ParallelConfig``."""
     if not is_lazy(model):
         return
+    unstamped = [p.name for p in model.parameters() if _is_lazy_parameter(p) and not hasattr(p, ORDER_ATTR)]
+    if unstamped:
+        raise ValueError(f"{type(model).__name__} was built under paddle.LazyGuard before paddletrainer's Trainer "
+                         f"was imported ({unstamped[0]} has no recorded creation order): import it first, then "
+                         "build the model (its initial values are drawn in creation order, as one process does)")
     if config.sharding_stage != 3:
         raise ValueError(f"{type(model).__name__} was built under paddle.LazyGuard (its parameters hold no data): "
                          "only sharding stage 3 (sharding=\"stage3\", sharding_parallel_degree > 1) starts such a "
@@ -110,10 +147,10 @@ def stage3_slice_ranges(model, *, rank: int, nranks: int, segment_size: int, dev
 
 def materialize_stage3(model, ranges: dict) -> None:
     """Initialise ``model``'s lazy parameters in model order: those in ``ranges`` only as their flat slice
-    (stored as ``param.<SLICE_ATTR>``, zero beyond the parameter as Paddle's padding), the others whole."""
-    for param in model.parameters():
-        if not _is_lazy_parameter(param):
-            continue
+    (stored as ``param.<SLICE_ATTR>``, zero beyond the parameter as Paddle's padding), the others whole, in
+    the order they were created (see :func:`_record_creation_order`)."""
+    lazy = [p for p in model.parameters() if _is_lazy_parameter(p)]
+    for param in sorted(lazy, key=lambda p: getattr(p, ORDER_ATTR)):
         if param.name in ranges:
             setattr(param, SLICE_ATTR, _slice_of(param, *ranges[param.name]))
             param._init_func = None  # the parameter itself stays without storage

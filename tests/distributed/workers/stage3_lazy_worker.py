@@ -58,6 +58,12 @@ def data(n, width):
     return [{"x": x[i], "labels": y[i]} for i in range(n)]
 
 
+def vm_data_mib():
+    """This process's data segment now (``VmData``: what ``RLIMIT_DATA`` bounds), in MiB."""
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmData:")) / 1024
+
+
 def main():
     work, args = parse_worker_arguments(LazyWorkerArguments)
     rank = paddle.distributed.get_rank()
@@ -83,7 +89,7 @@ def main():
     write_json(path, {"losses": [h["loss"] for h in history if "loss" in h],
                       "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
                       "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "limit_mib": work.limit_mib})
+                      "vm_data_mib": vm_data_mib(), "limit_mib": work.limit_mib})
     exit_cleanly(trainer.topology)
 
 

@@ -99,3 +99,13 @@ def test_the_trainer_refuses_a_lazy_model_without_stage3_before_any_group(tmp_pa
     args = TrainingArguments(output_dir=str(tmp_path), report_to="none")
     with pytest.raises(ValueError, match=r"Net was built under paddle\.LazyGuard"):
         Trainer(model=model, args=args)
+
+
+def test_a_lazy_model_without_a_recorded_creation_order_is_refused_by_name():
+    with paddle.LazyGuard():
+        model = Net()
+    unrecorded = model.xavier.weight  # as if built before paddletrainer's Trainer (and with it lazy_init) was imported
+    delattr(unrecorded, lazy_init.ORDER_ATTR)
+    config = types.SimpleNamespace(sharding_stage=3, sharding_offload=False)
+    with pytest.raises(ValueError, match=rf"before paddletrainer's Trainer was imported \({unrecorded.name} has no"):
+        lazy_init.check_lazy_model(model, config)

@@ -51,3 +51,17 @@ def test_stage3_starts_a_lazily_built_model_one_process_cannot_train_under_the_l
         assert result["limit_mib"] == LIMIT_MIB
         close(result["losses"], reference["losses"], f"rank {rank} losses", rtol=1e-5)
         close(result["grad_norms"], reference["grad_norms"], f"rank {rank} grad norms", rtol=1e-5)
+
+
+def test_a_lazily_built_stage3_model_resumes_a_one_process_checkpoint_and_continues_its_curve(tmp_path):
+    small = dict(width=96, depth=3, learning_rate=0.01, max_steps=4, sharding_stage3_segment_size=1000)
+    run_single(WORKER, args(tmp_path / "ref_out", tmp_path / "ref", per_device_train_batch_size=4,
+                            save_strategy="steps", save_steps=2, **small))
+    reference = read_results(tmp_path / "ref", 1)[0]
+    launch(WORKER, 2, args(tmp_path / "out", tmp_path / "res", per_device_train_batch_size=2, lazy=True,
+                           sharding="stage3", sharding_parallel_degree=2,
+                           resume_from_checkpoint=tmp_path / "ref_out" / "checkpoint-2", **small), tmp_path)
+    for rank, result in enumerate(read_results(tmp_path / "res", 2)):
+        # steps 3 and 4, trained from the loaded slices (the first two entries are the checkpoint's history)
+        close(result["losses"][2:], reference["losses"][2:], f"rank {rank} losses after resuming", rtol=1e-5)
+        close(result["grad_norms"][2:], reference["grad_norms"][2:], f"rank {rank} grad norms", rtol=1e-5)

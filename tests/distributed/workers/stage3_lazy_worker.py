@@ -79,7 +79,7 @@ def main():
         else:
             model = DeepMLP(work.width, work.depth)
         trainer = Trainer(model=model, args=args, train_dataset=data(64, work.width))
-        trainer.train()
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     except (MemoryError, RuntimeError) as exc:  # Paddle's allocator raises ResourceExhausted as RuntimeError/MemoryError
         if not work.limit_mib or "memory" not in str(exc).lower():
             raise

@@ -12,7 +12,9 @@
   (:class:`_BalancedStage2Optimizer`) instead of Paddle's greedy in model order.
 * stage 3: ``GroupShardedStage3`` (parameters sharded too: each rank keeps a flat slice of every
   parameter larger than ``segment_size`` elements, gathered on demand in forward/backward), with its
-  gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`).
+  gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`). A model
+  built under ``paddle.LazyGuard`` arrives with each sliced parameter's slice already drawn (``lazy_init``):
+  that slice becomes its own ``fw_storage`` and is not broadcast, so no rank holds the whole model.
 
 Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
 ``cpu.sharding_construction.group_sharded_construction()``.
@@ -94,7 +96,8 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
         else:
             model = _ReduceScatterStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
                                          segment_size=config.stage3_segment_size, offload=offload,
-                                         dp_group=dp_group, device=device, exclude_layer=list(lazy_init.STAGE3_EXCLUDED_LAYERS))
+                                         dp_group=dp_group, device=device,
+                                         exclude_layer=list(lazy_init.STAGE3_EXCLUDED_LAYERS))
     return model, optimizer
 
 

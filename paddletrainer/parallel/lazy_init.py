@@ -7,12 +7,14 @@ only this rank's flat slice (``parallel.sharding._ReduceScatterStage3`` installs
 no rank ever holds the whole model) and initialises the small, unsliced ones whole.
 
 The values are those of one process that built the model eagerly from the same RNG state: every rank
-draws each sliced parameter's whole random stream, in model order, but in flat chunks of ``CHUNK`` elements,
+draws each sliced parameter's whole random stream, in creation order, in flat chunks of ``CHUNK`` elements,
 keeping only the part inside its slice, so the peak is one chunk. That is exact on Paddle's CPU kernels for
 the initializers of :data:`_STREAMED` (uniform and truncated-normal draw one engine value per element; the
 normal draws pairs, hence an even ``CHUNK``; Xavier/Kaiming get the whole parameter's fans). Any other
 initializer (or another device, whose generators are offset-based) initialises the parameter whole and
-keeps the slice: exact too, with a peak of that one parameter.
+keeps the slice: exact too, with a peak of that one parameter. An initializer that ignores ``LazyGuard``
+(Paddle 3.3.1's ``Orthogonal``; a PaddleNLP ``_init_weights`` that ``set_value``s each weight) fills its
+parameter at construction, whole and from the stream as it is then: such parameters are not lazy here.
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
+from .parallel.lazy_init import check_lazy_model, start_lazy_model
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
 from .runtime.device import resolve_device
@@ -117,12 +118,14 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         package_logger, level = logging.getLogger("paddletrainer"), args.get_process_log_level()  # HF's log_level
         if level != package_logger.getEffectiveLevel():  # "passive" (the main process's default) changes nothing
             package_logger.setLevel(level)
-        set_seed(args.seed)
+        set_seed(args.seed)  # a LazyGuard model draws its slices from here (as if built now; the stream rewound)
+        start_lazy_model(model, self.topology, args.parallel_config, rewind_rng=True)
         if model is None:
             if model_init is None:
                 raise ValueError("Trainer needs a model or a model_init function")
             model = model_init()
             peft_type(model)
+            start_lazy_model(model, self.topology, args.parallel_config, rewind_rng=False)  # as built eagerly
         if args.recompute:
             enable_recompute(model)
         self.model = model
@@ -138,19 +141,15 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self._optimizer_built_here = False  # create_optimizer sets it: then max_grad_norm is the clip
-        self.gradient_clip = None  # a GradientClip, taken off the optimizer when it is wrapped
-        self.scaler = None
+        self.gradient_clip, self.scaler = None, None  # a GradientClip, taken off the optimizer when it is wrapped
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
         self._wrapped = False
         self._wrapped_accumulation: Optional[int] = None  # the GA the wrapped model counts in, when it counts
         self._checkpointer = ckpt.Checkpointer()  # the save in flight (async saves); see _save_checkpoint
         self._loop: Optional[LoopState] = None  # the running state of a train() call, fresh for each call
-
-        self.state = TrainerState(
-            is_local_process_zero=self.topology.local_rank == 0,
-            is_world_process_zero=self.topology.rank == 0,
-        )
+        self.state = TrainerState(is_local_process_zero=self.topology.local_rank == 0,
+                                  is_world_process_zero=self.topology.rank == 0)
         self.control = TrainerControl()
         self._stop = GracefulStop()  # asked by the loop after each optimizer step; RobustnessCallback installs it
         self.callback_handler = CallbackHandler(self._default_callbacks(criterion) + list(callbacks or []),
@@ -168,6 +167,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if model is not None:
             checks.check_model_for_layout(model, self.args.parallel_degrees)
             peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
+            check_lazy_model(model, self.args.parallel_config, self.amp.enabled and self.amp.level == "O2")
         check_report_to(self.args.report_to)  # unknown names and missing writer libraries, before any group exists
         if optimizer is not None:
             checks.check_optimizer_for_layout(optimizer, self.args.parallel_config)

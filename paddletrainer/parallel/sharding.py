@@ -12,7 +12,9 @@
   (:class:`_BalancedStage2Optimizer`) instead of Paddle's greedy in model order.
 * stage 3: ``GroupShardedStage3`` (parameters sharded too: each rank keeps a flat slice of every
   parameter larger than ``segment_size`` elements, gathered on demand in forward/backward), with its
-  gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`).
+  gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`). A model
+  built under ``paddle.LazyGuard`` arrives with each sliced parameter's slice already drawn (``lazy_init``):
+  that slice becomes its own ``fw_storage`` and is not broadcast, so no rank holds the whole model.
 
 Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
 ``cpu.sharding_construction.group_sharded_construction()``.
@@ -28,6 +30,7 @@ import tokenize
 
 import paddle
 import paddle.distributed as dist
+from paddle.base import core
 from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
     DygraphShardingOptimizerV2,
@@ -39,6 +42,7 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
 from . import cpu as cpu_backend
+from . import lazy_init
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
 from .wrappers import optimizer_layers
@@ -92,7 +96,8 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
         else:
             model = _ReduceScatterStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
                                          segment_size=config.stage3_segment_size, offload=offload,
-                                         dp_group=dp_group, device=device, exclude_layer=["GroupNorm"])
+                                         dp_group=dp_group, device=device,
+                                         exclude_layer=list(lazy_init.STAGE3_EXCLUDED_LAYERS))
     return model, optimizer
 
 
@@ -187,6 +192,32 @@ class _ReduceScatterStage3(GroupShardedStage3):
         check_paddle_stage3_sources()  # before Paddle's constructor allocates or communicates anything
         super().__init__(*args, **kwargs)
 
+    @paddle.autograd.no_grad()
+    def _sync_params_and_buffers(self):
+        # Paddle broadcasts every parameter from the group's first rank. A lazily built model's sliced
+        # parameters hold no data: each rank drew its own slice from the same stream (lazy_init), so only the
+        # materialised ones are broadcast, over the sharding group and then dp, as Paddle does.
+        for param in self._layer.parameters():
+            if hasattr(param, lazy_init.SLICE_ATTR):
+                continue
+            dist.broadcast(param, src=self._global_root_rank, group=self._group, sync_op=True)
+            if self._dp_group is not None and self._dp_group.nranks > 1:
+                dist.broadcast(param, src=self._dp_group.ranks[0], group=self._dp_group, sync_op=True)
+
+    def _param_storage(self, param, buffer_size):
+        """Paddle's slice storage of ``param``; for a lazily built parameter, the slice ``lazy_init`` drew."""
+        piece = getattr(param, lazy_init.SLICE_ATTR, None)
+        if piece is None:
+            return super()._param_storage(param, buffer_size)
+        start, end = self._param2buffer[param.name][self._rank]
+        if list(piece.shape) != [end - start] or self._offload or param.dtype != paddle.float32:
+            raise RuntimeError(f"lazy stage 3: {param.name}'s slice ({piece.shape}, {param.dtype}) is not Paddle's "
+                               f"range {start}..{end} of an fp32 parameter without offload")
+        param.fw_storage = core.eager.Tensor(value=piece, name="slice@" + param.name)  # what Paddle names it
+        param.status = "part"
+        delattr(param, lazy_init.SLICE_ATTR)
+        return None
+
     def _get_allreduce_fn(self, param):
         release_full_param = super()._get_allreduce_fn(param)
 
@@ -244,6 +275,14 @@ _PADDLE_STAGE3_SOURCES = (
     (group_sharded_stage3, "_create_params_grad",
      "549139a61f7eabf7f32bbf07f85e11b97c1d0f2b9248238aab739236d9e509e1",
      "that full_grad still holds the padded gradient buffer, fp32 when the parameter has main_grad"),
+    (GroupShardedStage3, "_sync_params_and_buffers",
+     "e537fbb4a5f710df2b5d800bbfd9a3af149d3c70ea4dd99da8407980af4fdab4",
+     "that it still only broadcasts every parameter over the group, then dp (the lazy override skips the "
+     "sliced lazy ones)"),
+    (GroupShardedStage3, "_param_storage",
+     "474094b3aac2cd1abbdede5ba265ecb77c91500ff5fe73724c79d6f314fe788c",
+     "that for an fp32 parameter without offload it still only sets fw_storage ('slice@' name) to the rank's "
+     "range and status 'part', then clears the parameter (what the lazy override does)"),
 )
 
 

@@ -60,10 +60,13 @@ class MoELayer(nn.Layer):
     """Dropless top-k MoE MLP; ``forward(x) -> (output shaped like x, auxiliary loss term)`` (see module).
 
     Args:
-        hidden_size, moe_intermediate_size: the experts' SwiGLU sizes.
-        num_experts, top_k: experts in the layer (over all ep ranks) and experts per token.
+        hidden_size: the model width (the experts' input and output size).
+        moe_intermediate_size: each expert's SwiGLU inner size.
+        num_experts: experts in the layer (over all ep ranks).
+        top_k: experts per token.
         norm_topk_prob: renormalise the top-k probabilities to sum to one (Mixtral) or keep them (Qwen2-MoE).
-        aux_loss_coef, z_loss_coef: coefficients of the load-balance and router z-losses (0 = off).
+        aux_loss_coef: coefficient of the load-balance loss (0 = off).
+        z_loss_coef: coefficient of the router z-loss (0 = off).
         shared_expert_intermediate_size: > 0 adds a dense SwiGLU every token goes through.
         expert_group: the Paddle group of the expert-parallel ranks (None: every expert on this process).
         token_group: the group over which the global batch's tokens are split (every data rank) for the

@@ -125,7 +125,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
                 raise ValueError("Trainer needs a model or a model_init function")
             model = model_init()
             peft_type(model)
-            start_lazy_model(model, self.topology, args.parallel_config, rewind_rng=False)  # as built eagerly
+            start_lazy_model(model, self.topology, args.parallel_config, rewind_rng=False,  # as built eagerly
+                             weights_cast=self.amp.enabled and self.amp.level == "O2")
         if args.recompute:
             enable_recompute(model)
         self.model = model

@@ -82,7 +82,7 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: 
     targets = dict(models)
     problems = L.compare_to_index(
         index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
-        complete_model=topo.pp_degree == 1, elsewhere=other_ranks_expert(models),
+        complete_model=topo.pp_degree == 1, elsewhere=other_ranks_expert(models, topo.layout.ep),
     )
     # Sharding offload trains host master weights; one the checkpoint lacks (saved without offload, or
     # without optimizer state) starts from the loaded weight, as Paddle's offload starts from the model.
@@ -102,21 +102,27 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: 
 _EXPERT_KEY = re.compile(r"^(.*\.experts\.)(\d+)(\..*)$")
 
 
-def other_ranks_expert(models: Dict[str, LocalTensor]):
-    """A predicate: is a checkpoint key another expert of one of this rank's expert layers (expert parallel:
-    each rank holds only its experts, named by their global index; ``...experts.<g>.<rest>``)? None when this
-    rank holds no expert parameter."""
-    templates = set()
+def other_ranks_expert(models: Dict[str, LocalTensor], ep: int):
+    """A predicate: is a checkpoint key an expert another ep rank holds, in one of this rank's expert layers
+    (expert parallel: each rank holds ``num_experts / ep`` experts, named by their global index;
+    ``...experts.<g>.<rest>``)? Only global indices below ``num_experts`` count: a checkpoint of a model with
+    more experts is a mismatch, never silently cut. None without expert parallel or expert parameters."""
+    if ep == 1:
+        return None
+    held: Dict[tuple, set] = {}
     for key, lt in models.items():
         match = _EXPERT_KEY.match(key)
         if match and getattr(lt.tensor, "is_expert", False):
-            templates.add((match.group(1), match.group(3)))
-    if not templates:
+            held.setdefault((match.group(1), match.group(3)), set()).add(int(match.group(2)))
+    if not held:
         return None
 
     def elsewhere(key: str) -> bool:
         match = _EXPERT_KEY.match(key)
-        return bool(match) and (match.group(1), match.group(3)) in templates
+        if not match or (match.group(1), match.group(3)) not in held:
+            return False
+        mine = held[(match.group(1), match.group(3))]
+        return int(match.group(2)) < len(mine) * ep and int(match.group(2)) not in mine
 
     return elsewhere
 

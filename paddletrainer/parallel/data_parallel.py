@@ -20,7 +20,6 @@ import weakref
 
 import paddle
 import paddle.distributed as dist
-from paddle.distributed.parallel import sync_params_buffers
 
 from .expert import broadcast_initial_state, is_expert
 from .sharding import is_stage2_model, stage2_no_sync
@@ -100,12 +99,14 @@ class GradientBuffers:
     """
 
     def __init__(self, model, *, group=None, degree: int, find_unused_parameters: bool = False,
-                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, bucket_bytes: int = BUCKET_BYTES):
+                 first_bucket_bytes: int = FIRST_BUCKET_BYTES, bucket_bytes: int = BUCKET_BYTES,
+                 leave_out_experts: bool = False):
         self._group = group
         self._scale = 1.0 / degree
         self._find_unused = find_unused_parameters
-        # expert parameters are reduced over their own (edp) group at step time: expert.ExpertGradients
-        params = [p for p in model.parameters() if not p.stop_gradient and not is_expert(p)]
+        # under expert parallel the expert parameters are reduced over their own (edp) group at step time
+        # (expert.ExpertGradients); without it every rank holds every expert and they are reduced like the rest
+        params = [p for p in model.parameters() if not p.stop_gradient and not (leave_out_experts and is_expert(p))]
         self._buckets = [_Bucket(dtype, members)
                          for dtype, members in _assign_buckets(params, first_bucket_bytes, bucket_bytes)]
         self._armed = True  # False inside no_sync
@@ -241,11 +242,10 @@ def apply_data_parallel(model, *, topology, find_unused_parameters: bool = False
     if topology.use_hybrid:
         raise ValueError("apply_data_parallel sets up plain data parallel only; "
                          "hybrid layouts sync dp in the optimizer")
-    if topology.layout.ep > 1:
-        broadcast_initial_state(model, topology)  # the ep ranks hold different experts
-    else:
-        sync_params_buffers(model, comm_group=None, src_rank=0)
-    buffers = GradientBuffers(model, degree=topology.dp_degree, find_unused_parameters=find_unused_parameters)
+    # expert-aware: the ep ranks hold different experts, and sync_params_buffers skips the experts' no_sync flag
+    broadcast_initial_state(model, topology)
+    buffers = GradientBuffers(model, degree=topology.dp_degree, find_unused_parameters=find_unused_parameters,
+                              leave_out_experts=topology.layout.ep > 1)
     object.__setattr__(model, _ATTRIBUTE, buffers)
     return model
 

@@ -19,14 +19,12 @@ import re
 import paddle
 import paddle.distributed as dist
 
-from .layout import launch_world_size
+from .layout import NUM_EXPERTS_FIELDS, launch_world_size
 from .topology import get_topology
 
 __all__ = ["expert_parallel_group", "expert_data_parallel_group", "token_group", "is_expert", "expert_parameters",
            "check_expert_model", "broadcast_initial_state", "keep_experts", "ExpertGradients", "NUM_EXPERTS_FIELDS"]
 
-# model-config fields that name the number of routed experts (PaddleNLP's models and the MoE example's)
-NUM_EXPERTS_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 # an expert parameter's structured name: "<layer prefix>experts.<global index>.<rest>"
 _EXPERT_NAME = re.compile(r"^(.*?)experts\.(\d+)\.")
 
@@ -106,11 +104,12 @@ def check_expert_model(model, ep: int) -> None:
 
 @paddle.no_grad()
 def broadcast_initial_state(model, topology) -> None:
-    """What ``sync_params_buffers`` does at wrapping, expert-aware: dense parameters and buffers from global rank
-    0, expert parameters from the first rank of each edp group (the ep ranks hold different experts)."""
-    edp = topology.group("edp")
+    """Plain data parallel's start: every parameter and buffer broadcast from global rank 0, except, under expert
+    parallel, the expert parameters, broadcast from the first rank of each edp group (the ep ranks hold different
+    experts). Unlike ``sync_params_buffers`` it does not skip ``no_sync`` parameters (every expert is one)."""
+    edp = topology.group("edp") if topology.layout.ep > 1 else None
     for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
-        if not is_expert(tensor):
+        if topology.layout.ep == 1 or not is_expert(tensor):
             dist.broadcast(tensor, src=0)
         elif edp is not None:
             dist.broadcast(tensor, src=edp.ranks[0], group=edp)

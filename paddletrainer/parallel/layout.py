@@ -20,7 +20,7 @@ import dataclasses
 import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
-__all__ = ["AXES", "Axis", "Layout", "DEFAULT_TOPO_ORDER", "axis", "coordinates_of", "hybrid_order",
+__all__ = ["AXES", "Axis", "Layout", "DEFAULT_TOPO_ORDER", "NUM_EXPERTS_FIELDS", "axis", "coordinates_of", "hybrid_order",
            "launch_world_size", "launch_rank", "launch_local_rank", "option_axes"]
 
 
@@ -62,6 +62,10 @@ AXES: Tuple[Axis, ...] = (
     Axis("cp", "context_parallel_degree", "sep", "cp", False,
          "get_sep_parallel_group", "get_sep_parallel_rank", named_at_degree_1=False),
 )
+
+# Model-config fields that name the number of routed experts (PaddleNLP's MoE models and the MoE example's):
+# what ``Layout.ep`` must divide (parallel.expert checks the model; the planner refuses a config it cannot price).
+NUM_EXPERTS_FIELDS = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
 
 # fleet's axis orders (fleet names, outermost first). cp is always 1 here but stays in the order so the grid
 # has the same shape fleet builds by default.

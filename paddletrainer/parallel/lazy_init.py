@@ -108,14 +108,14 @@ def check_lazy_model(model, config, weights_cast: bool = False) -> None:
                          f"only without {what}; drop that option or build the model without LazyGuard")
 
 
-def start_lazy_model(model, topology, config, *, rewind_rng: bool) -> None:
+def start_lazy_model(model, topology, config, *, rewind_rng: bool, weights_cast: bool = False) -> None:
     """Materialise ``model``'s lazy parameters for stage 3 on ``topology``'s sharding group (see the module
     docstring), drawing from paddle's RNG state as it is now; ``rewind_rng``: then set that state back (a
     model built before the caller seeded: one process drew its values before that seed). No-op for None or a
-    model without lazy parameters; refuses the layouts :func:`check_lazy_model` refuses."""
+    model without lazy parameters; refuses the layouts :func:`check_lazy_model` refuses (``weights_cast``: AMP O2)."""
     if model is None or not is_lazy(model):
         return
-    check_lazy_model(model, config)
+    check_lazy_model(model, config, weights_cast)
     device = paddle.get_device().split(":")[0]  # what parallel.sharding gives GroupShardedStage3
     state = paddle.get_rng_state() if rewind_rng else None
     materialize_stage3(model, stage3_slice_ranges(model, rank=topology.sharding_rank,

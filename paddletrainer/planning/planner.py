@@ -28,6 +28,7 @@ import json
 import math
 from pathlib import Path
 
+from ..parallel.layout import NUM_EXPERTS_FIELDS
 from .cost_model import Config, Layout, communication, fmt_bytes, memory, param_counts
 from .memory_model import DTYPE_BYTES, OPTIMIZER_STATES, state_bytes_per_rank
 from .profiles import DeviceProfile, get_profile
@@ -113,6 +114,10 @@ def config_from_paddlenlp(source, seq_length: int | None = None) -> Config:
                            "intermediate_size") if k not in d]
     if missing:
         raise ValueError(f"model config lacks {', '.join(missing)} (a PaddleNLP Llama-style config.json has them)")
+    experts = next((f"{k}={d[k]}" for k in NUM_EXPERTS_FIELDS if int(d.get(k) or 0) > 1), None)
+    if experts:
+        raise ValueError(f"model config has {experts}: the planner prices dense models only (its memory and time "
+                         "would be a dense model's); plan a mixture-of-experts model by hand (docs/layouts.md)")
     seq = seq_length or d.get("seq_length")
     if not seq:
         raise ValueError("no sequence length: pass seq_length (--seq-length); the config has no seq_length")

@@ -75,6 +75,11 @@ def test_ep2_trains_evaluates_and_resumes_like_one_process_and_its_checkpoint_re
     assert_curve(r["foreign"], ref["uninterrupted"], 6, "ep2 checkpoint resumed in one process")
 
 
+def test_a_moe_model_under_plain_dp2_without_expert_parallel_reduces_its_expert_gradients_like_the_rest(
+        tmp_path, moe_reference, ep2_checkpoint):
+    launch_layout(tmp_path, moe_reference[0], 2, 1, ep2_checkpoint, "dp2 (ep1)")
+
+
 def test_dp4_ep2_sums_expert_gradients_over_the_replicas_and_resumes_the_ep2_checkpoint(
         tmp_path, moe_reference, ep2_checkpoint):
     launch_layout(tmp_path, moe_reference[0], 4, 2, ep2_checkpoint, "dp4·ep2")

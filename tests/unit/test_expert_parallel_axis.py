@@ -101,14 +101,18 @@ def test_the_group_lookups_refuse_a_multi_process_launch_before_the_topology_exi
         expert.expert_parallel_group()
 
 
-def test_a_checkpoint_holding_other_ranks_experts_loads_but_a_foreign_tensor_is_still_unexpected():
+def test_a_checkpoint_holding_other_ranks_experts_loads_but_a_foreign_tensor_or_a_larger_moe_is_unexpected():
     model = _Experts(4)
     weight = model.experts["0"].weight
-    local = {"model/mlp.experts.0.weight": types.SimpleNamespace(tensor=weight)}
-    index = {"tensors": {k: {"shape": [2, 2]} for k in ("model/mlp.experts.0.weight", "model/mlp.experts.3.weight",
-                                                         "model/other.weight")}}
+    local = {"model/mlp.experts.0.weight": types.SimpleNamespace(tensor=weight)}  # ep4: one expert per rank
+    keys = ("model/mlp.experts.0.weight", "model/mlp.experts.3.weight", "model/mlp.experts.4.weight",
+            "model/other.weight")
+    index = {"tensors": {k: {"shape": [2, 2]} for k in keys}}
     expected = {"model/mlp.experts.0.weight": ((2, 2), "float32")}
-    problems = L.compare_to_index(index, expected, complete_model=True, elsewhere=other_ranks_expert(local))
-    assert problems == ["unexpected in checkpoint: model/other.weight [2, 2]"]
-    weight.is_expert = False  # without expert parameters every key the model lacks is unexpected
-    assert other_ranks_expert(local) is None
+    problems = L.compare_to_index(index, expected, complete_model=True, elsewhere=other_ranks_expert(local, 4))
+    # expert 3 is another ep rank's; expert 4 belongs to a model with more experts than this one's 4
+    assert sorted(problems) == ["unexpected in checkpoint: model/mlp.experts.4.weight [2, 2]",
+                                "unexpected in checkpoint: model/other.weight [2, 2]"]
+    assert other_ranks_expert(local, 1) is None  # without expert parallel every key the model lacks is unexpected
+    weight.is_expert = False  # likewise without expert parameters
+    assert other_ranks_expert(local, 4) is None

@@ -109,3 +109,11 @@ def test_a_lazy_model_without_a_recorded_creation_order_is_refused_by_name():
     config = types.SimpleNamespace(sharding_stage=3, sharding_offload=False)
     with pytest.raises(ValueError, match=rf"before paddletrainer's Trainer was imported \({unrecorded.name} has no"):
         lazy_init.check_lazy_model(model, config)
+
+
+def test_a_lazy_model_from_model_init_is_refused_under_o2_like_one_passed_in():
+    with paddle.LazyGuard():
+        model = Net()
+    config = types.SimpleNamespace(sharding_stage=3, sharding_offload=False)
+    with pytest.raises(ValueError, match="without fp16_opt_level O2"):
+        lazy_init.start_lazy_model(model, None, config, rewind_rng=False, weights_cast=True)

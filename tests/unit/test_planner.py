@@ -112,6 +112,15 @@ def test_config_from_paddlenlp_reads_gqa_and_tying(tmp_path):
         config_from_paddlenlp({k: v for k, v in cfg.items() if k != "intermediate_size"})
 
 
+def test_a_mixture_of_experts_config_is_refused_rather_than_priced_as_a_dense_model():
+    cfg = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000,
+           "intermediate_size": 128, "seq_length": 64}
+    assert config_from_paddlenlp({**cfg, "num_experts": 1}).hidden == 64  # one expert is a dense MLP
+    for field in ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"):
+        with pytest.raises(ValueError, match=f"model config has {field}=8: the planner prices dense models only"):
+            config_from_paddlenlp({**cfg, field: 8})
+
+
 MEASURED = Path(__file__).parent / "fixtures" / "bench_memory_cpu.json"
 
 

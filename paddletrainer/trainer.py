@@ -49,6 +49,7 @@ from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
+from .parallel.expert import check_expert_model
 from .parallel.lazy_init import check_lazy_model, start_lazy_model
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
@@ -169,6 +170,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             checks.check_model_for_layout(model, self.args.parallel_degrees)
             peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
             check_lazy_model(model, self.args.parallel_config, self.amp.enabled and self.amp.level == "O2")
+            degrees = self.args.parallel_degrees
+            check_expert_model(model, degrees.ep, self.args.parallel_config.sequence_parallel and degrees.tp > 1)
         check_report_to(self.args.report_to)  # unknown names and missing writer libraries, before any group exists
         if optimizer is not None:
             checks.check_optimizer_for_layout(optimizer, self.args.parallel_config)

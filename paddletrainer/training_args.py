@@ -306,7 +306,8 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     enable_auto_parallel: Optional[bool] = field(default=False, metadata=_help(
         "PaddleNLP's semi-auto parallel mode. Not supported by paddletrainer: must stay False."))
     use_expert_parallel: Optional[bool] = field(default=False, metadata=_help(
-        "MoE expert parallel over the data-parallel group (PaddleNLP's MoELayer): expert_parallel_degree = dp."))
+        "MoE expert parallel over the data-parallel group: expert_parallel_degree = dp (experts marked is_expert, "
+        "as paddletrainer.moe.MoELayer does; PaddleNLP's own MoELayer is refused under it)."))
     expert_max_capacity: Optional[int] = field(default=2**32, metadata=_help("MoE expert max token capacity."))
     expert_min_capacity: Optional[int] = field(default=1, metadata=_help("MoE expert min token capacity."))
     release_grads: Optional[bool] = field(default=False, metadata=_help(

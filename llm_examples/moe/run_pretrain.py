@@ -6,8 +6,8 @@ Same arguments as llm_examples/llama/run_pretrain.py (TrainingArguments + model/
     python llm_examples/moe/run_pretrain.py llm_examples/moe/quickstart.json
 
 2. Expert parallel (``--expert_parallel_degree``, the experts of every MoE layer split over that many data
-   ranks), once the Trainer's expert axis is available:
-    flock /tmp/paddletrainer-mp.lock timeout 600 python -m paddle.distributed.launch --nproc_per_node 2 \
+   ranks; equal to one process with the same global batch, ``tests/examples/test_moe_example_ep.py``):
+    python -m paddle.distributed.launch --nproc_per_node 2 \
         llm_examples/moe/run_pretrain.py llm_examples/moe/quickstart.json --expert_parallel_degree 2 \
         --output_dir output/moe_cpu_ep2
 

@@ -7,8 +7,9 @@ the model is built; docs/paddlenlp_compat.md explains both.
 CPU quick run, one process (a 2-layer, 4-expert model on the Llama example's token files, ~1 minute):
     python llm_examples/moe/train_qwen2_moe.py llm_examples/moe/qwen2_moe_quickstart.json
 
-CPU, 2 processes, data parallel (PaddleNLP's MoELayer keeps every expert on every rank here; expert parallel
-is not an axis of paddletrainer yet):
+CPU, 2 processes, data parallel (PaddleNLP's MoELayer keeps every expert on every rank here: paddletrainer's
+plain dp does not initialise fleet, which that layer needs to split experts; for expert parallel use
+paddletrainer.moe.MoELayer, run_pretrain.py in this folder):
     python -m paddle.distributed.launch --nproc_per_node 2 \
         llm_examples/moe/train_qwen2_moe.py llm_examples/moe/qwen2_moe_quickstart.json \
         --output_dir output/qwen2_moe_dp2

@@ -266,8 +266,9 @@ def with_expert_parallel(args, layout):
 
 def expert_parallel_degree_of(args, dp: int) -> int:
     """The expert-parallel degree from PaddleNLP's two names: ``expert_parallel_degree`` (> 1: that many data
-    ranks split the experts) and ``use_expert_parallel`` (PaddleNLP's ``MoELayer`` then splits the experts over the
-    data-parallel group: the degree is ``dp``). Both given must agree. Unlike PaddleNLP 3.0.0b4, which asserts
+    ranks split the experts) and ``use_expert_parallel`` (the experts split over the data-parallel group, as PaddleNLP's
+    ``MoELayer`` does there: the degree is ``dp``; the model's experts must be marked ``is_expert``, as
+    :class:`paddletrainer.moe.MoELayer`'s are). Both given must agree. Unlike PaddleNLP 3.0.0b4, which asserts
     dp == 1 and carves ep from the sharding ranks only, the ep group may span dp and sharding ranks."""
     degree = args.expert_parallel_degree
     if isinstance(degree, bool) or not isinstance(degree, int) or degree == 0 or degree < -1:

@@ -84,6 +84,8 @@ class MoELayer(nn.Layer):
         ep = expert_group.nranks if expert_group is not None else 1
         _check(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by the expert-parallel "
                                       f"degree ({ep}) so every ep rank holds the same number of experts")
+        _check(ep == 1 or token_group is not None, "expert_group spans several ranks but token_group is None: pass "
+                                                  "token_group() too (the load-balance loss covers every data rank)")
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
         self.norm_topk_prob, self.aux_loss_coef, self.z_loss_coef = norm_topk_prob, aux_loss_coef, z_loss_coef
         self.expert_group, self.token_group = (expert_group if ep > 1 else None), token_group

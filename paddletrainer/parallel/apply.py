@@ -122,7 +122,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         check_sequence_parallel_model(model, config.sequence_parallel)
         if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
-    check_expert_model(model, topology.layout.ep)  # ep > 1 runs with dp and tp only (ParallelConfig)
+    # ep > 1 runs with dp and tp only (ParallelConfig); the Trainer ran this before any group too
+    check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:

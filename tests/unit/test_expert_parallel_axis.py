@@ -116,3 +116,19 @@ def test_a_checkpoint_holding_other_ranks_experts_loads_but_a_foreign_tensor_or_
     assert other_ranks_expert(local, 1) is None  # without expert parallel every key the model lacks is unexpected
     weight.is_expert = False  # likewise without expert parameters
     assert other_ranks_expert(local, 4) is None
+
+
+def test_the_trainer_refuses_a_model_the_expert_layout_cannot_run_before_any_process_group(tmp_path, world, monkeypatch):
+    import paddletrainer.trainer as trainer_module
+
+    def no_groups(*_):
+        raise AssertionError("init_topology was reached")
+
+    monkeypatch.setattr(trainer_module, "init_topology", no_groups)
+    world(2)
+    with pytest.raises(ValueError, match="expert_parallel_degree=2 but Linear has no expert parameter"):
+        trainer_module.Trainer(model=paddle.nn.Linear(2, 2), args=make(tmp_path, expert_parallel_degree=2))
+    # tp's sequence parallel: the MoE input would be a slice of the sequence (the Trainer passes the flag when tp > 1)
+    with pytest.raises(ValueError, match=r"sequence_parallel=True with a mixture-of-experts model \(_Experts"):
+        check_expert_model(_Experts(4), 1, sequence_parallel=True)
+    check_expert_model(paddle.nn.Linear(2, 2), 1, sequence_parallel=True)  # a dense model: nothing to refuse

@@ -105,7 +105,8 @@ def test_experts_are_named_by_global_index_flagged_and_built_the_same_in_every_l
     paddle.seed(11)
     whole = MoELayer(H, I, E, 2, shared_expert_intermediate_size=4)
     paddle.seed(11)
-    half = MoELayer(H, I, E, 2, shared_expert_intermediate_size=4, expert_group=SimpleNamespace(nranks=2, rank=1))
+    half = MoELayer(H, I, E, 2, shared_expert_intermediate_size=4, expert_group=SimpleNamespace(nranks=2, rank=1),
+                    token_group=SimpleNamespace(nranks=4))
     names = [n for n, _ in half.named_parameters()]
     assert [n for n in names if n.startswith("experts.")] == [
         f"experts.{g}.{p}_proj.weight" for g in (2, 3) for p in ("gate", "up", "down")]
@@ -122,6 +123,7 @@ def test_experts_are_named_by_global_index_flagged_and_built_the_same_in_every_l
     (dict(num_experts=0), "num_experts must be >= 1"),
     (dict(top_k=5), r"top_k must be in \[1, num_experts=4\]"),
     (dict(expert_group=SimpleNamespace(nranks=3, rank=0)), r"num_experts \(4\) must be divisible"),
+    (dict(expert_group=SimpleNamespace(nranks=2, rank=0)), "expert_group spans several ranks but token_group is None"),
 ])
 def test_bad_sizes_are_refused_with_the_argument_named(kwargs, message):
     args = dict(hidden_size=H, moe_intermediate_size=I, num_experts=E, top_k=2)

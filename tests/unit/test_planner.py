@@ -154,6 +154,9 @@ SIZES = ["--hidden-size", "1024", "--num-layers", "8", "--num-heads", "16", "--i
     (["missing.json", "--devices", "8", "--global-batch", "8"], "config"),
     ([*SIZES, "--devices", "8", "--global-batch", "8", "--optimizer", "adafactor"], "--optimizer"),
     (["config.json", *SIZES, "--devices", "8", "--global-batch", "8"], "--hidden-size"),  # both: which one?
+    ([*SIZES, "--num-kv-heads", "-3", "--devices", "8", "--global-batch", "8"], "--num-kv-heads"),
+    ([*SIZES, "--num-kv-heads", "5", "--devices", "8", "--global-batch", "8"], "--num-kv-heads"),  # 16 % 5
+    (["config.json", "--num-kv-heads", "4", "--devices", "8", "--global-batch", "8"], "--num-kv-heads"),  # ignored
 ])
 def test_cli_usage_errors_exit_2_naming_the_option(argv, option, capsys):
     with pytest.raises(SystemExit) as e:

@@ -57,13 +57,13 @@ def _model(ap: argparse.ArgumentParser, a) -> Config:
         if bad or a.num_heads and a.hidden_size % a.num_heads:
             ap.error(f"{', '.join(bad) or '--hidden-size'} must be positive (and --hidden-size a multiple of "
                      "--num-heads)")
-        if a.num_kv_heads is not None and (a.num_kv_heads < 1 or a.num_heads % a.num_kv_heads):
+        if a.num_kv_heads and (a.num_kv_heads < 1 or a.num_heads % a.num_kv_heads):  # 0: as many as --num-heads
             ap.error(f"--num-kv-heads {a.num_kv_heads} must be a positive divisor of --num-heads {a.num_heads}")
         return Config(seq=a.seq_length, kv_heads=a.num_kv_heads, tie=a.tie_embeddings,
                       **{field: sizes[opt] for opt, field in SIZE_OPTIONS.items()})
     given = [f"--{k.replace('_', '-')}" for k, v in sizes.items() if v is not None]
     given += [opt for opt, value in (("--num-kv-heads", a.num_kv_heads), ("--tie-embeddings", a.tie_embeddings))
-              if value not in (None, False)]  # the config.json says these too
+              if value]  # the config.json says these too
     if given:
         ap.error(f"give a config.json or the sizes, not both: {a.config} and {', '.join(given)}")
     try:

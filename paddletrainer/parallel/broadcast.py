@@ -40,15 +40,17 @@ def _data_group() -> Tuple[Any, int, int]:
     return hcg.get_data_parallel_group(), hcg.get_data_parallel_group_src_rank(), hcg.get_data_parallel_rank()
 
 
-def _node_local_rank() -> Tuple[int, int]:
-    """``(nodes, this process's rank on its node)`` as the launcher exports them."""
+def _processes_and_local_rank() -> Tuple[int, int]:
+    """``(processes in the job, this process's rank on its node)`` as the launcher exports them (PaddleNLP reads
+    the same two variables)."""
     return int(os.getenv("PADDLE_TRAINERS_NUM", "1")), int(os.getenv("PADDLE_RANK_IN_NODE", "0"))
 
 
 def distributed_isfile(filename: str) -> bool:
-    """Whether the first process of any node has ``filename`` (just ``os.path.isfile`` on one node)."""
-    nodes, local_rank = _node_local_rank()
-    if nodes <= 1:
+    """Whether the first process of any node has ``filename``. A collective whenever the job has more than one
+    process (every rank must call it); ``os.path.isfile`` in a one-process job."""
+    processes, local_rank = _processes_and_local_rank()
+    if processes <= 1:
         return os.path.isfile(filename)
     count = paddle.to_tensor([1 if local_rank == 0 and os.path.isfile(filename) else 0], dtype="int64")
     dist.all_reduce(count)
@@ -58,9 +60,9 @@ def distributed_isfile(filename: str) -> bool:
 def distributed_file(filename: str) -> str:
     """Make ``filename`` exist on every node: the lowest rank that is the first process of a node having it sends
     its bytes, and the first process of each node lacking it writes them (creating the directory). Returns
-    ``filename``. Raises ``FileNotFoundError`` when no node has it."""
-    nodes, local_rank = _node_local_rank()
-    if nodes <= 1:
+    ``filename``. Raises ``FileNotFoundError`` when no node has it. A collective in a multi-process job."""
+    processes, local_rank = _processes_and_local_rank()
+    if processes <= 1:
         return filename
     has_it = local_rank == 0 and os.path.isfile(filename)
     mine = paddle.to_tensor([dist.get_rank() if has_it else _NO_FILE], dtype="int64")

@@ -4,6 +4,8 @@ Launched by ``bench_memory.py`` (``paddle.distributed.launch``, or a plain proce
 
     python scripts/memory_worker.py --layout dp2 --hidden 512 --layers 4 --heads 8 --intermediate 1408 \\
         --vocab 32000 --seq 64 --steps 3 --result-dir DIR
+    python scripts/memory_worker.py --layout single --hidden 64 --layers 2 --heads 4 --intermediate 128 \
+        --vocab 640 --seq 2048 --steps 3 --result-dir DIR --data-limit-mib 1000   # the long-context mode's budget
 
 Measured per rank (``rank<r>.json``):
 

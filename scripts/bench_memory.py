@@ -158,10 +158,9 @@ def slope_rows(results: dict, sizes: list) -> list:
 
 
 # ------------------------------------------------------------------------------------ long context
-def long_context_plan(seq: int) -> list:
-    """(layout, sequence length): one process at S, 2S, 4S; every sep/cp layout at 4S."""
-    return [("single", seq), ("single", 2 * seq), ("single", 4 * seq)] + [
-        (name, 4 * seq) for name in LONG_CONTEXT_LAYOUTS]
+def long_context_plan(seq: int, layouts) -> list:
+    """(layout, sequence length): one process at S, 2S, 4S; each sep/cp layout of ``layouts`` at 4S."""
+    return [("single", seq), ("single", 2 * seq), ("single", 4 * seq)] + [(name, 4 * seq) for name in layouts]
 
 
 def run_long_context(layout: str, seq: int, steps: int, limit_mib: int) -> list:
@@ -203,7 +202,7 @@ def long_context_row(layout: str, seq: int, limit_mib: int, ranks: list, referen
 def long_context_main(a) -> None:
     rows, t0, reference = [], time.time(), {}
     for limit in [0] + ([a.data_limit_mib] if a.data_limit_mib else []):
-        for layout, seq in long_context_plan(a.seq):
+        for layout, seq in long_context_plan(a.seq, a.layouts):
             try:
                 ranks = run_long_context(layout, seq, a.steps, limit)
             except RuntimeError as e:
@@ -219,7 +218,8 @@ def long_context_main(a) -> None:
     print_table(title, LONG_HEADERS, rows)
     print(f"\n{machine_line()}")
     if a.markdown:
-        command = f"python scripts/bench_memory.py --long-context --seq {a.seq} --steps {a.steps}" + (
+        chosen = "" if a.layouts == list(LONG_CONTEXT_LAYOUTS) else f" --layouts {','.join(a.layouts)}"
+        command = f"python scripts/bench_memory.py --long-context --seq {a.seq} --steps {a.steps}{chosen}" + (
             f" --data-limit-mib {a.data_limit_mib}" if a.data_limit_mib else "") + " --markdown"
         body = (f"Measured {machine_line()}; cpu; Llama {shape} (math attention in one process and under sep, "
                 f"our ring attention under cp), fp32 AdamW, recompute off, one sequence per step, {a.steps} "
@@ -239,13 +239,19 @@ def parse(argv=None):
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--markdown", action="store_true", help="replace this benchmark's section of docs/benchmarks.md")
     p.add_argument("--long-context", action="store_true",
-                   help="one process at --seq S, 2S, 4S and sep2/sep4/cp2/cp4 at 4S (a model whose activations dominate)")
+                   help="one process at --seq S, 2S, 4S and sep2/sep4/cp2/cp4 (or --layouts) at 4S (a model whose "
+                        "activations dominate)")
     p.add_argument("--data-limit-mib", type=int, default=0,
                    help="with --long-context: run the plan again with every rank's RLIMIT_DATA at this many MiB")
     a = p.parse_args(argv)
     if a.long_context:
-        if a.tiny or a.sizes or a.layouts or a.layouts4:
-            p.error("--long-context takes its own model and layouts: drop --tiny/--sizes/--layouts/--layouts4")
+        if a.tiny or a.sizes or a.layouts4:
+            p.error("--long-context takes its own model: drop --tiny/--sizes/--layouts4")
+        a.layouts = (a.layouts or ",".join(LONG_CONTEXT_LAYOUTS)).split(",")
+        for name in a.layouts:
+            if name not in LONG_CONTEXT_LAYOUTS:
+                p.error(f"--layouts with --long-context: unknown layout {name!r}; "
+                        f"valid: {', '.join(LONG_CONTEXT_LAYOUTS)}")
         if a.seq < 2 or a.seq % 2 or a.steps < 2 or a.data_limit_mib < 0:
             p.error("--long-context needs an even --seq (4S splits into 2·cp4 = 8 chunks), --steps >= 2 and "
                     "--data-limit-mib >= 0")

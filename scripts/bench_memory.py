@@ -23,6 +23,13 @@ in bytes per model parameter, against the predicted state bytes per model parame
     python scripts/bench_memory.py --tiny
     python scripts/bench_memory.py --markdown            # sizes small + large, every 2-rank layout (+ 4-rank at small)
     python scripts/bench_memory.py --sizes small --layouts single,dp2
+
+``--long-context`` measures what sep (Ulysses) and cp (ring) buy instead: a Llama whose activations dominate
+(``LONG_CONTEXT_SIZE``, recompute off) trains one sequence per step in one process at ``--seq`` S, 2S and 4S,
+and under sep2, sep4, cp2 and cp4 at 4S; each run without a limit, then (``--data-limit-mib M``) again with
+every rank's ``RLIMIT_DATA`` at M MiB, the budget Paddle's CPU allocator obeys (``memory_worker.py``):
+
+    python scripts/bench_memory.py --long-context --seq 2048 --data-limit-mib 1400 --markdown
 """
 from __future__ import annotations
 
@@ -38,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import launch, machine_line, markdown_table, print_table, update_markdown_section  # noqa: E402
-from memory_worker import LAYOUTS  # noqa: E402
+from memory_worker import LAYOUTS, LONG_CONTEXT_LAYOUTS  # noqa: E402
 
 from paddletrainer.planning import CALIBRATION, Config, Layout, get_profile, predict_memory  # noqa: E402
 
@@ -49,6 +56,8 @@ SIZES = {  # name: Llama shape (no GQA, untied head)
     "small": dict(hidden=512, layers=4, heads=8, intermediate=1408, vocab=32000),
     "large": dict(hidden=1024, layers=8, heads=16, intermediate=2816, vocab=32000),
 }
+# activations dominate: attention scores grow with seq² per head, the weights are ~0.2M parameters
+LONG_CONTEXT_SIZE = dict(hidden=64, layers=2, heads=4, intermediate=128, vocab=640)
 TWO_RANK = [n for n, (k, _) in LAYOUTS.items() if k <= 2]
 FOUR_RANK = [n for n, (k, _) in LAYOUTS.items() if k == 4]
 MIB = 2**20
@@ -155,6 +164,77 @@ def calibration_line(rows: list) -> str:
             "2026-11-25 20:00).")
 
 
+# ------------------------------------------------------------------------------------ long context
+def long_context_plan(seq: int, layouts) -> list:
+    """(layout, sequence length): one process at S, 2S, 4S; each sep/cp layout of ``layouts`` at 4S."""
+    return [("single", seq), ("single", 2 * seq), ("single", 4 * seq)] + [(name, 4 * seq) for name in layouts]
+
+
+def run_long_context(layout: str, seq: int, steps: int, limit_mib: int) -> list:
+    """Every rank's result file; a rank refused memory under the limit writes ``out_of_memory`` (the launch
+    then fails: its error is kept only when no rank says why)."""
+    nproc = (LAYOUTS.get(layout) or LONG_CONTEXT_LAYOUTS[layout])[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        args = ["--layout", layout, "--seq", seq, "--steps", steps, "--result-dir", tmp,
+                "--data-limit-mib", limit_mib, *[x for k, v in LONG_CONTEXT_SIZE.items() for x in (f"--{k}", v)]]
+        try:
+            launch(WORKER, nproc, args, os.path.join(tmp, "logs"), timeout=900)
+        except RuntimeError as e:
+            found = [json.loads(f.read_text()) for f in sorted(Path(tmp).glob("rank*.json"))]
+            if not any("out_of_memory" in r for r in found):
+                raise
+            print(f"{layout} @ {seq}: out of memory under {limit_mib} MiB\n{str(e)[-800:]}", file=sys.stderr)
+            return found
+        return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+LONG_HEADERS = ["layout", "seq", "tokens per rank", "RLIMIT_DATA MiB", "outcome", "peak RSS MiB (max rank)",
+                "baseline MiB", "last-step rise MiB", "peak / one process at S"]
+
+
+def long_context_row(layout: str, seq: int, limit_mib: int, ranks: list, reference_peak) -> list:
+    nproc = (LAYOUTS.get(layout) or LONG_CONTEXT_LAYOUTS[layout])[0]
+    limit = str(limit_mib) if limit_mib else "none"
+    oom = [r for r in ranks if "out_of_memory" in r]
+    if oom:
+        return [layout, seq, seq // nproc, limit, f"out of memory (rank {oom[0]['rank']}: {oom[0]['out_of_memory']})",
+                "", "", "", ""]
+    peak = max(r["peak"] for r in ranks)
+    rise = max(r["last_step_peak"] - r["last_step_start"] for r in ranks)
+    ratio = f"{peak / reference_peak:.2f}" if reference_peak else ""
+    return [layout, seq, seq // nproc, limit, "trained", _mib(peak), _mib(max(r["baseline"] for r in ranks)),
+            _mib(rise), ratio]
+
+
+def long_context_main(a) -> None:
+    rows, t0, reference = [], time.time(), {}
+    for limit in [0] + ([a.data_limit_mib] if a.data_limit_mib else []):
+        for layout, seq in long_context_plan(a.seq, a.layouts):
+            try:
+                ranks = run_long_context(layout, seq, a.steps, limit)
+            except RuntimeError as e:
+                print(f"{layout} @ {seq}: launch failed\n{str(e)[-3000:]}", file=sys.stderr)
+                rows.append([layout, seq, "", limit or "none", "launch failed", "", "", "", ""])
+                continue
+            if (layout, seq) == ("single", a.seq) and "peak" in ranks[0] and "out_of_memory" not in ranks[0]:
+                reference[limit] = ranks[0]["peak"]
+            rows.append(long_context_row(layout, seq, limit, ranks, reference.get(limit)))
+            print(f"{layout} @ {seq}, limit {limit or 'none'}: {rows[-1][4]} ({time.time() - t0:.0f} s)", flush=True)
+    shape = ", ".join(f"{k} {v}" for k, v in LONG_CONTEXT_SIZE.items())
+    title = f"Long context: peak memory per rank (fp32 AdamW, Llama {shape}, micro-batch 1, {a.steps} steps)"
+    print_table(title, LONG_HEADERS, rows)
+    print(f"\n{machine_line()}")
+    if a.markdown:
+        chosen = "" if a.layouts == list(LONG_CONTEXT_LAYOUTS) else f" --layouts {','.join(a.layouts)}"
+        command = f"python scripts/bench_memory.py --long-context --seq {a.seq} --steps {a.steps}{chosen}" + (
+            f" --data-limit-mib {a.data_limit_mib}" if a.data_limit_mib else "") + " --markdown"
+        body = (f"Measured {machine_line()}; cpu; Llama {shape} (math attention in one process and under sep, "
+                f"our ring attention under cp), fp32 AdamW, recompute off, one sequence per step, {a.steps} "
+                f"steps, `{command}` ({time.time() - t0:.0f} s). RLIMIT_DATA is set in each rank before Paddle "
+                "loads; peak RSS is `VmHWM`.\n\n" + markdown_table(LONG_HEADERS, rows))
+        update_markdown_section("Long context: memory per rank (bench_memory.py --long-context)", body)
+
+
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="sizes tiny,tiny2 and layouts single,dp2 (the smoke test)")
@@ -169,7 +249,26 @@ def parse(argv=None):
                    help="JSON file: with a run, write every rank's measurements to it (after each layout); with "
                         "--from-raw, read them instead of running (re-render the table after a model change)")
     p.add_argument("--from-raw", action="store_true", help="render the table from --raw's file, launch nothing")
+    p.add_argument("--long-context", action="store_true",
+                   help="one process at --seq S, 2S, 4S and sep2/sep4/cp2/cp4 (or --layouts) at 4S (a model whose "
+                        "activations dominate)")
+    p.add_argument("--data-limit-mib", type=int, default=0,
+                   help="with --long-context: run the plan again with every rank's RLIMIT_DATA at this many MiB")
     a = p.parse_args(argv)
+    if a.long_context:
+        if a.tiny or a.sizes or a.layouts4:
+            p.error("--long-context takes its own model: drop --tiny/--sizes/--layouts4")
+        a.layouts = (a.layouts or ",".join(LONG_CONTEXT_LAYOUTS)).split(",")
+        for name in a.layouts:
+            if name not in LONG_CONTEXT_LAYOUTS:
+                p.error(f"--layouts with --long-context: unknown layout {name!r}; "
+                        f"valid: {', '.join(LONG_CONTEXT_LAYOUTS)}")
+        if a.seq < 2 or a.seq % 2 or a.steps < 2 or a.data_limit_mib < 0:
+            p.error("--long-context needs an even --seq (4S splits into 2·cp4 = 8 chunks), --steps >= 2 and "
+                    "--data-limit-mib >= 0")
+        return a
+    if a.data_limit_mib:
+        p.error("--data-limit-mib is a --long-context option")
     a.sizes = (a.sizes or ("tiny,tiny2" if a.tiny else "small,large")).split(",")
     a.layouts = (a.layouts or ("single,dp2" if a.tiny else ",".join(TWO_RANK))).split(",")
     a.layouts4 = [] if a.tiny or a.layouts4 == "none" else (a.layouts4 or ",".join(FOUR_RANK)).split(",")
@@ -188,6 +287,9 @@ def parse(argv=None):
 
 def main(argv=None) -> None:
     a = parse(argv)
+    if a.long_context:
+        long_context_main(a)
+        return
     plan = [(lay, s) for s in a.sizes for lay in a.layouts] + [(lay, a.sizes[0]) for lay in a.layouts4]
     results, rows, t0 = {}, [], time.time()
     saved = json.loads(Path(a.raw).read_text()) if a.from_raw else {}

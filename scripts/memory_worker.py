@@ -4,6 +4,8 @@ Launched by ``bench_memory.py`` (``paddle.distributed.launch``, or a plain proce
 
     python scripts/memory_worker.py --layout dp2 --hidden 512 --layers 4 --heads 8 --intermediate 1408 \\
         --vocab 32000 --seq 64 --steps 3 --result-dir DIR
+    python scripts/memory_worker.py --layout single --hidden 64 --layers 2 --heads 4 --intermediate 128 \
+        --vocab 640 --seq 2048 --steps 3 --result-dir DIR --data-limit-mib 1000   # the long-context mode's budget
 
 Measured per rank (``rank<r>.json``):
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -50,6 +54,14 @@ LAYOUTS = {
     "dp4": (4, {"dp": 4}),
     "tp2_pp2": (4, {"tp": 2, "pp": 2}),
 }
+# The long-context mode (bench_memory.py --long-context): one sequence split over sep (Ulysses) or cp (ring) ranks.
+LONG_CONTEXT_LAYOUTS = {
+    "sep2": (2, {"sep": 2}),
+    "sep4": (4, {"sep": 4}),
+    "cp2": (2, {"cp": 2}),
+    "cp4": (4, {"cp": 4}),
+}
+ALL_LAYOUTS = {**LAYOUTS, **LONG_CONTEXT_LAYOUTS}
 STAGE3_SEGMENT = 4096  # every weight matrix sliced under stage 3 (the norms, 'hidden' elements, stay whole)
 
 
@@ -183,12 +195,28 @@ def build_args(a, lay: dict, output_dir: str):
               learning_rate=1e-5, seed=3, tensor_parallel_degree=lay.get("tp", 1),
               pipeline_parallel_degree=lay.get("pp", 1), remove_unused_columns=False,
               recompute=bool(lay.get("recompute")), sequence_parallel=bool(lay.get("sequence_parallel")))
+    kw.update(long_context_options(lay))
     if lay.get("sharding", 1) > 1:
         kw.update(sharding=f"stage{lay['stage']}", sharding_parallel_degree=lay["sharding"],
                   sharding_stage3_segment_size=STAGE3_SEGMENT)
         if lay.get("split_param"):
             kw.update(sharding_parallel_config="split_param")
     return TrainingArguments(**kw)
+
+
+def long_context_options(lay: dict) -> dict:
+    """The sep / cp degrees of a long-context layout as TrainingArguments options (none for the others)."""
+    return {option: lay[key] for key, option in (("sep", "sep_parallel_degree"), ("cp", "context_parallel_degree"))
+            if lay.get(key, 1) > 1}
+
+
+def configure_long_context(cfg, lay: dict) -> None:
+    """Llama's sep attention (ReshardLayer) or its ring-attention path, which it runs only on the flash-attention
+    path (on the CPU build the cp axis puts our ring attention there); plain math attention otherwise."""
+    cfg.sep_parallel_degree = lay.get("sep", 1)
+    cfg.context_parallel_degree = lay.get("cp", 1)
+    cfg.use_flash_attention = lay.get("cp", 1) > 1
+    cfg.use_fused_rope = False
 
 
 def build_model(a, args, lay: dict):
@@ -203,6 +231,7 @@ def build_model(a, args, lay: dict):
     cfg.tensor_parallel_output = False
     cfg.sequence_parallel = bool(lay.get("sequence_parallel"))
     cfg.seq_length = a.seq
+    configure_long_context(cfg, lay)
     paddle.seed(3)
     return (LlamaForCausalLMPipe if args.pipeline_parallel_degree > 1 else LlamaForCausalLM)(cfg)
 
@@ -216,7 +245,7 @@ def run(a) -> dict:
     from paddletrainer.parallel import init_topology
 
     logging.disable(logging.WARNING)
-    nproc, lay = LAYOUTS[a.layout]
+    nproc, lay = ALL_LAYOUTS[a.layout]
     args = build_args(a, lay, tempfile.mkdtemp())
     init_topology(args.parallel_config)
     out = {"rank": paddle.distributed.get_rank(), "device": "gpu" if _on_gpu() else "cpu", "baseline": mem_now()}
@@ -254,16 +283,44 @@ def run(a) -> dict:
     return out
 
 
+def run_within_data_limit(a) -> dict:
+    """``run`` under ``RLIMIT_DATA`` (set before Paddle is imported: the limit covers the whole process).
+
+    RLIMIT_DATA, not RLIMIT_AS: it bounds the private writable mappings, where Paddle's CPU allocator gets its
+    memory (``posix_memalign``; beyond the limit it raises ``MemoryError: (ResourceExhausted) Fail to alloc``),
+    while RLIMIT_AS would also count the address space Paddle and its threads reserve but never touch. An
+    allocation refused there ends the rank with its result file saying so (``out_of_memory``): the bench
+    reports it as a row, not as a crash."""
+    limit = a.data_limit_mib * 2**20
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+    try:
+        result = run(a)
+    except MemoryError as e:
+        rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+        Path(a.result_dir, f"rank{rank}.json").write_text(json.dumps(
+            {"rank": rank, "out_of_memory": str(e).strip().splitlines()[0][:300], "peak": peak_rss_bytes()}))
+        sys.stderr.write(f"rank {rank}: out of memory under RLIMIT_DATA={a.data_limit_mib} MiB: {e}\n")
+        sys.stderr.flush()
+        os._exit(3)  # the other ranks wait in a collective: the launcher ends them
+    result["data_limit"] = limit
+    return result
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description="one rank of bench_memory.py (launched by it)")
-    p.add_argument("--layout", required=True, choices=sorted(LAYOUTS))
+    p.add_argument("--layout", required=True, choices=sorted(ALL_LAYOUTS))
     for name in ("hidden", "layers", "heads", "intermediate", "vocab", "seq", "steps"):
         p.add_argument(f"--{name}", type=int, required=True)
     p.add_argument("--result-dir", required=True)
+    p.add_argument("--data-limit-mib", type=int, default=0,
+                   help="RLIMIT_DATA of this rank in MiB (0: none): the memory budget Paddle's CPU allocator obeys")
     a = p.parse_args(argv)
     if a.steps < 2:
         p.error("--steps must be at least 2 (the last step is measured after the optimizer state exists)")
-    result = run(a)
+    if a.data_limit_mib:
+        result = run_within_data_limit(a)
+    else:
+        result = run(a)
     Path(a.result_dir, f"rank{result['rank']}.json").write_text(json.dumps(result))
 
 

@@ -89,6 +89,8 @@ LAYOUTS = [
     # read the same samples, each trains on half of every sequence (CI runs sep2 in the checkpoint test below)
     *layout("dp2_sep2", dp=2, sep=2, ci=True),
     *layout("tp2_sep2", tp=2, sep=2, ci=True),
+    # the 8-process sep row: a dp replica's gradients average over dp x sep ranks, heads split over tp x sep
+    *layout("dp2_tp2_sep2", dp=2, tp=2, sep=2, ci=True),
     *layout("s1x2_sep2", sharding=2, stage=1, sep=2),
     *layout("pp2_sep2", pp=2, sep=2),
     # ring context parallel (CPU: our ring attention, parallel/ring_attention.py, in Llama's RingFlashAttention
@@ -235,10 +237,10 @@ def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_a
         assert_curve(r["foreign"], ref["uninterrupted"], 6, f"tp2pp2 checkpoint resumed by sep2 rank {r['rank']}")
 
 
-def one_writer_per_piece(index, one_process_index):
-    """The sep2 checkpoint's tensors as one process writes them: the same tensors, each one whole piece, in the
-    same single model and optimizer files (one writer: sep rank 1 wrote no tensor data); each sep rank keeps
-    only its own RNG stream (``..._sep00`` / ``..._sep01``)."""
+def one_writer_per_piece(index, one_process_index, axis="sep"):
+    """The sep2 (cp2) checkpoint's tensors as one process writes them: the same tensors, each one whole piece, in
+    the same single model and optimizer files (one writer: rank 1 of the axis wrote no tensor data); each rank
+    of the axis keeps only its own RNG stream (``..._sep00`` / ``..._sep01``; ``cp`` for cp)."""
     assert index["tensors"].keys() == one_process_index["tensors"].keys()
     for key, tensor in index["tensors"].items():
         assert len(tensor["pieces"]) == 1, (key, tensor["pieces"])
@@ -250,15 +252,18 @@ def one_writer_per_piece(index, one_process_index):
         "model_state.tp00_pp00.safetensors", "optimizer.tp00_pp00_shard00.safetensors"}
     assert data_files(index) <= set(index["files"])
     rng = sorted(f for f in index["files"] if f.startswith("rng_state."))
-    assert rng == ["rng_state.dp00_shard00_tp00_pp00_sep00.json", "rng_state.dp00_shard00_tp00_pp00_sep01.json"]
+    assert rng == [f"rng_state.dp00_shard00_tp00_pp00_{axis}00.json", f"rng_state.dp00_shard00_tp00_pp00_{axis}01.json"]
 
-def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
+
+def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_and_under_tp2_pp2_and_back(
     tmp_path, trainer_reference, llama_weights
 ):
     """Ring context parallel ×2: the layout's claims as above — both cp ranks read the same 4 samples per
     micro-batch and keep the head/tail chunks (0, 3) and (1, 2) of every sequence; the logged loss is the whole
     sequences' mean, the grad norm counts each gradient once, eval logits come back in sequence order — then its
-    step-3 checkpoint (the cp ranks hold the same weights) continues the one-process curve in one process."""
+    step-3 checkpoint (written by cp rank 0 alone: the cp ranks hold the same weights, so its files and pieces
+    are the one-process checkpoint's) continues the one-process curve in one process and under tp2·pp2, and
+    that tp2·pp2 launch's own step-3 checkpoint continues it under cp2 (same global batch 8 everywhere)."""
     ref, foreign = trainer_reference("llama")
     cp = dict(per_device_train_batch_size=4, context_parallel_degree=2)
     launch(WORKER, 2, phase_args("llama", tmp_path / "cp", tmp_path / "cp_res", llama_weights,
@@ -266,8 +271,23 @@ def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process(
     saved = tmp_path / "cp" / "short" / "checkpoint-3"
     for r in read_results(tmp_path / "cp_res", 2):
         assert_layout_claims(r, ref, f"cp2 rank {r['rank']}")
+    one_writer_per_piece(read_index(str(saved)), read_index(str(foreign)), "cp")
 
     run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
                                   per_device_train_batch_size=4, foreign_checkpoint=saved))
     for r in read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, "cp2 checkpoint resumed in one process")
+
+    launch(WORKER, 4, phase_args("llama", tmp_path / "tp2pp2", tmp_path / "tp2pp2_res", llama_weights,
+                                 per_device_train_batch_size=4, tensor_parallel_degree=2,
+                                 pipeline_parallel_degree=2, foreign_checkpoint=saved),
+           tmp_path / "tp2pp2_launch", timeout=420)
+    for r in read_results(tmp_path / "tp2pp2_res", 4):
+        assert_curve(r["short"], ref["short"], 3, f"tp2pp2 rank {r['rank']} short run")
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"cp2 checkpoint resumed by tp2pp2 rank {r['rank']}")
+
+    launch(WORKER, 2, phase_args("llama", tmp_path / "cp_b", tmp_path / "cp_b_res", llama_weights,
+                                 foreign_checkpoint=tmp_path / "tp2pp2" / "short" / "checkpoint-3", **cp),
+           tmp_path / "cp_b_launch", timeout=420)
+    for r in read_results(tmp_path / "cp_b_res", 2):
+        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"tp2pp2 checkpoint resumed by cp2 rank {r['rank']}")

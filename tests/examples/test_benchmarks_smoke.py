@@ -143,3 +143,16 @@ def test_cost_model_long_context_rows_sep_and_cp():
     assert cp["cp"]["min_wire"] == 32 * (3 + 3 + 4) * 2 * shard and cp["cp"]["payload"] == 2 * cp["cp"]["min_wire"]
     for lay in (cm.Layout(global_batch=1, sep=4), cm.Layout(global_batch=1, cp=4)):
         assert cm.memory(c, lay)["activations"] == pytest.approx(whole / 4)
+
+
+def test_bench_memory_long_context_trains_one_process_at_s_2s_4s_and_sep2_cp2_at_4s(tmp_path):
+    """The long-context mode at a short --seq: one row per run, each trained, tokens per rank = seq / degree."""
+    proc = run_script([SCRIPTS / "bench_memory.py", "--long-context", "--seq", "64", "--steps", "2",
+                       "--layouts", "sep2,cp2"], tmp_path, timeout=600)
+    out = proc.stdout
+    assert any(t.startswith("Long context: peak memory per rank") for t in _tables(out)), out[-2000:]
+    rows = [r for r in map(str.split, out.splitlines()) if r[:1] in (["single"], ["sep2"], ["cp2"]) and r[1].isdigit()]
+    assert [(r[0], r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("single", "64", "64", "none", "trained"), ("single", "128", "128", "none", "trained"),
+        ("single", "256", "256", "none", "trained"), ("sep2", "256", "128", "none", "trained"),
+        ("cp2", "256", "128", "none", "trained")], out[-2000:]

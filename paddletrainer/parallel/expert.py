@@ -78,13 +78,14 @@ def _num_experts(model):
     return None, None
 
 
-def check_expert_model(model, ep: int) -> None:
+def check_expert_model(model, ep: int, *, staged: bool = False) -> None:
     """Raise ``ValueError`` unless ``model`` can run under ``expert_parallel_degree=ep``: with ep > 1 it has
     expert parameters (else the degree would split nothing while every rank skipped the dp sync of nothing),
-    and its config's number of experts, when it names one, is a multiple of ep."""
+    and its config's number of experts, when it names one, is a multiple of ep. ``staged``: ``model`` is one
+    pipeline stage, which may hold no MoE layer (the layers are cut between stages)."""
     if ep == 1:
         return
-    if not any(is_expert(p) for p in model.parameters()):
+    if not staged and not any(is_expert(p) for p in model.parameters()):
         raise ValueError(f"expert_parallel_degree={ep} but {type(model).__name__} has no expert parameter "
                          "(is_expert): build an MoE model with the expert group, or drop the degree")
     field, count = _num_experts(model)

@@ -1,6 +1,10 @@
 """A tiny token model around ``paddletrainer.moe.MoELayer`` for the expert-parallel Trainer tests: embedding →
 MoE MLP (residual) → lm head, loss = mean token cross entropy + the layer's auxiliary term.
 
+Under pipeline parallel (``TinyMoEPipe``) the same layers are cut in two stages: embedding → MoE MLP on the
+first, lm head and loss on the second; the MoE layer's auxiliary term travels with the hidden states as a second
+activation, so the last stage adds it to the loss and its gradient (1 / micro-batches) flows back to the router.
+
 The layer takes its groups from ``paddletrainer.parallel.expert`` (the MoE contract), so the topology is built
 first (``init_topology`` is idempotent: the Trainer gets the same one)."""
 from __future__ import annotations
@@ -10,7 +14,7 @@ import types
 import numpy as np
 import paddle
 import paddle.nn.functional as F
-from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
+from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear, LayerDesc, PipelineLayer
 
 from common import VOCAB
 from paddletrainer.moe import MoELayer
@@ -52,8 +56,56 @@ class TinyMoE(paddle.nn.Layer):
         return (loss + aux if self.training else loss), logits
 
 
+class _EmbedMoE(paddle.nn.Layer):
+    """First stage: ``TinyMoE``'s embedding and MoE block; outputs the residual stream and the auxiliary term."""
+
+    def __init__(self, full):
+        super().__init__()
+        self.embed, self.mlp = full.embed, full.mlp
+
+    def forward(self, input_ids):
+        h = self.embed(input_ids)
+        out, aux = self.mlp(h)
+        return h + out, aux.reshape([1])  # p2p sends tensors with at least one dimension
+
+
+class _Head(paddle.nn.Layer):
+    """Last stage: ``TinyMoE``'s lm head; in training also passes the auxiliary term on to the loss."""
+
+    def __init__(self, full):
+        super().__init__()
+        self.head = full.head
+
+    def forward(self, args):
+        hidden, aux = args
+        logits = self.head(hidden)
+        return (logits, aux) if self.training else logits
+
+
+class _PipeLoss:
+    """Mean token cross entropy, plus the auxiliary term in training (as ``TinyMoE``)."""
+
+    def __call__(self, output, labels):
+        logits, aux = output if isinstance(output, (tuple, list)) else (output, None)
+        loss = F.cross_entropy(logits.reshape([-1, VOCAB]), labels.reshape([-1])).mean()
+        return loss if aux is None else loss + aux.reshape([])
+
+
+class TinyMoEPipe(PipelineLayer):
+    """``TinyMoE`` in two pipeline stages, its parameters those of a ``TinyMoE`` built the same way."""
+
+    def __init__(self, full, num_stages):
+        super().__init__(layers=[LayerDesc(_EmbedMoE, full), LayerDesc(_Head, full)], num_stages=num_stages,
+                         loss_fn=_PipeLoss())
+        self.config = full.config
+
+    def _prepare_pipeline_inputs_func(self, batch):
+        return batch["input_ids"], batch.get("labels")  # predict() batches carry no labels
+
+
 def build_moe_model(args):
     """The model for ``args``' layout (the groups of its expert parallel), same initial weights on every layout."""
     topology = init_topology(args.parallel_config)
     paddle.seed(1234)
-    return TinyMoE(expert.expert_parallel_group(), expert.token_group(), topology.tp_degree, topology.tp_rank)
+    full = TinyMoE(expert.expert_parallel_group(), expert.token_group(), topology.tp_degree, topology.tp_rank)
+    return TinyMoEPipe(full, topology.pp_degree) if topology.pp_degree > 1 else full

@@ -7,7 +7,9 @@ aux and z-loss on) → lm head, its groups from ``paddletrainer.parallel.expert`
 same layout and the one-process checkpoint resumed in this layout (both on the one-process 6-step curve); then the
 layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert) and dp4·ep2 (two replicas: the
 expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
-``PT_FULL_MATRIX=1``.
+``PT_FULL_MATRIX=1``. ep2·pp2 (pp2 × dp2; the pipeline variant ``TinyMoEPipe``, its auxiliary loss carried from the
+MoE stage to the loss stage) runs in CI: loss, grad norm, eval and its own resume (no checkpoint exchange with the
+non-pipeline model: the pipeline names its layers differently).
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations

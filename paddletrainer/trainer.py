@@ -171,7 +171,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             peft_type(model)  # a PEFT type or LoRA option whose saves would be wrong is refused by name
             check_lazy_model(model, self.args.parallel_config, self.amp.enabled and self.amp.level == "O2")
             degrees = self.args.parallel_degrees
-            check_expert_model(model, degrees.ep, self.args.parallel_config.sequence_parallel and degrees.tp > 1)
+            check_expert_model(model, degrees.ep, self.args.parallel_config.sequence_parallel and degrees.tp > 1,
+                               staged=degrees.pp > 1)
         check_report_to(self.args.report_to)  # unknown names and missing writer libraries, before any group exists
         if optimizer is not None:
             checks.check_optimizer_for_layout(optimizer, self.args.parallel_config)

@@ -122,8 +122,10 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         check_sequence_parallel_model(model, config.sequence_parallel)
         if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
-    # ep > 1 runs with dp and tp only (ParallelConfig); the Trainer ran this before any group too
-    check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1)
+    # ep > 1 runs with dp, tp and pp (ParallelConfig); under pp a stage may hold no MoE layer. The Trainer ran
+    # this before any group too.
+    check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1,
+                       staged=topology.pp_degree > 1)
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
@@ -132,13 +134,15 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model),
                                         expert_grads=_expert_gradients(model, topology))
 
-    if topology.pp_degree > 1:
-        model, optimizer = apply_pipeline(model, optimizer, topology=topology,
-                                          virtual_pp_degree=config.virtual_pp_degree)
-        model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
-        return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model)
-
     experts = _expert_gradients(model, topology)
+    if topology.pp_degree > 1:
+        # fleet's dp broadcast skips the experts (no_sync); they are broadcast over their edp group only
+        with keep_experts(model, topology):
+            model, optimizer = apply_pipeline(model, optimizer, topology=topology,
+                                              virtual_pp_degree=config.virtual_pp_degree)
+        model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
+        return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts)
+
     with keep_experts(model, topology):  # TensorParallel broadcasts every parameter over dp
         model = apply_tensor_parallel(model, topology=topology)
     stage = config.sharding_stage  # 0 unless the layout has a sharding group (ParallelConfig's check)

@@ -102,17 +102,18 @@ class ParallelConfig:
         self._check_expert()
 
     def _check_expert(self) -> None:
-        """Expert parallel (carved from the data ranks; the Layout checks that ep divides them) runs with data and
-        tensor parallel; the axes whose gradient reduction or parameter split is not proven with it are refused."""
+        """Expert parallel (carved from the data ranks; the Layout checks that ep divides them) runs with data,
+        tensor and pipeline parallel; the axes whose gradient reduction or parameter split is not proven with it
+        (sep, cp, sharding) are refused."""
         d = self.layout
         if d.ep == 1:
             return
         unproven = [(option, degree) for option, degree in (
-            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp), ("pipeline_parallel_degree", d.pp), ("sharding_parallel_degree", d.sharding)) if degree > 1]
+            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp), ("sharding_parallel_degree", d.sharding)) if degree > 1]
         if unproven:
             option, degree = unproven[0]
             raise ValueError(f"expert_parallel_degree={d.ep} with {option}={degree} is not supported yet: use expert "
-                             "parallel with data and tensor parallel only")
+                             "parallel with data, tensor and pipeline parallel only")
 
     def _check_segment(self) -> None:
         """sep (Ulysses) runs with dp, tp, pp and sharding stage 1, ring context parallel (cp) with dp and tp

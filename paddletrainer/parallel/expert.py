@@ -76,18 +76,19 @@ def _num_experts(model):
     return None, None
 
 
-def check_expert_model(model, ep: int, sequence_parallel: bool = False) -> None:
+def check_expert_model(model, ep: int, sequence_parallel: bool = False, *, staged: bool = False) -> None:
     """Raise ``ValueError`` unless ``model`` can run under ``expert_parallel_degree=ep``: with ep > 1 it has
     expert parameters (else the degree would split nothing while every rank skipped the dp sync of nothing),
     and its config's number of experts, when it names one, is a multiple of ep. Needs no process group.
     ``sequence_parallel`` (tp's, active): a model with experts is refused at any ep — the MoE input would be
-    one tp rank's slice of the sequence, and the router and expert gradients partial sums no sync completes."""
+    one tp rank's slice of the sequence, and the router and expert gradients partial sums no sync completes.
+    ``staged``: ``model`` is one pipeline stage, which may hold no MoE layer (the layers are cut between stages)."""
     if sequence_parallel and any(is_expert(p) for p in model.parameters()):
         raise ValueError(f"sequence_parallel=True with a mixture-of-experts model ({type(model).__name__} has "
                          "expert parameters): not supported yet; use sequence_parallel=False")
     if ep == 1:
         return
-    if not any(is_expert(p) for p in model.parameters()):
+    if not staged and not any(is_expert(p) for p in model.parameters()):
         raise ValueError(f"expert_parallel_degree={ep} but {type(model).__name__} has no expert parameter "
                          "(is_expert): build an MoE model with the expert group, or drop the degree")
     field, count = _num_experts(model)

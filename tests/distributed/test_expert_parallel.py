@@ -7,7 +7,9 @@ aux and z-loss on) → lm head, its groups from ``paddletrainer.parallel.expert`
 same layout and the one-process checkpoint resumed in this layout (both on the one-process 6-step curve); then the
 layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert) and dp4·ep2 (two replicas: the
 expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
-``PT_FULL_MATRIX=1``.
+``PT_FULL_MATRIX=1``. ep2·pp2 (pp2 × dp2; the pipeline variant ``TinyMoEPipe`` with an MoE block on each stage, the auxiliary loss
+carried with the hidden states to the loss stage; against the two-block model in one process) runs in CI: loss, grad norm, eval and its own resume (no checkpoint exchange with the
+non-pipeline model: the pipeline names its layers differently).
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations
@@ -43,19 +45,21 @@ def test_one_process_moe_reference_resumes_bit_exact(moe_reference):
 
 
 
-def launch_layout(base, ref, nproc, ep, foreign, name, tp=1):
-    """One launch of the phases worker: global batch 8 over ``nproc / tp`` data ranks, ``ep`` of them per expert
-    group; the layout's claims checked on every rank. Returns the launch's step-3 checkpoint."""
-    options = dict(per_device_train_batch_size=GLOBAL_BATCH // (2 * nproc // tp), expert_parallel_degree=ep,
-                   max_grad_norm=CLIP, tensor_parallel_degree=tp)
-    launch(WORKER, nproc, phase_args("moe", base / "out", base / "res", None, foreign_checkpoint=foreign, **options),
-           base, timeout=600)
+def launch_layout(base, ref, nproc, ep, foreign, name, tp=1, pp=1, model="moe"):
+    """One launch of the phases worker: global batch 8 over ``nproc / (tp · pp)`` data ranks, ``ep`` of them per
+    expert group; the layout's claims checked on every rank. Returns the launch's step-3 checkpoint."""
+    options = dict(per_device_train_batch_size=GLOBAL_BATCH // (2 * nproc // (tp * pp)), expert_parallel_degree=ep,
+                   max_grad_norm=CLIP, tensor_parallel_degree=tp, pipeline_parallel_degree=pp)
+    if foreign is not None:
+        options["foreign_checkpoint"] = foreign
+    launch(WORKER, nproc, phase_args(model, base / "out", base / "res", None, **options), base, timeout=600)
     for r in read_results(base / "res", nproc):
         at = f"{name} rank {r['rank']}"
         assert_curve(r["short"], ref["short"], 3, f"{at} short run")
         assert r["short"]["eval_loss"] == pytest.approx(ref["short"]["direct_eval_loss"], rel=RTOL), at
         assert_curve(r["extended"], ref["uninterrupted"], 6, f"{at} resumed with max_steps 6")
-        assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} checkpoint {foreign} resumed")
+        if foreign is not None:
+            assert_curve(r["foreign"], ref["uninterrupted"], 6, f"{at} checkpoint {foreign} resumed")
     return base / "out" / "short" / "checkpoint-3"
 
 
@@ -96,6 +100,16 @@ def test_ep4_one_expert_per_rank_resumes_the_ep2_checkpoint(tmp_path, moe_refere
 def test_ep2_tp2_trains_like_one_process_and_resumes_the_ep2_checkpoint(tmp_path, moe_reference, ep2_checkpoint):
     """dp2·tp2·ep2: the lm head split over tp, the experts replicated over tp and split over the data ranks."""
     launch_layout(tmp_path, moe_reference[0], 4, 2, ep2_checkpoint, "ep2·tp2", tp=2)
+
+
+def test_ep2_pp2_carries_every_stages_aux_loss_and_trains_like_one_process(tmp_path):
+    """pp2 × dp2, ep2 carved from each stage's data ranks, two MoE blocks (``TinyMoEPipe``: one per stage, the
+    first's load-balance and z-loss terms passed with the hidden states, the second's added on the last stage)."""
+    run_single(WORKER, phase_args("moe2", tmp_path / "one" / "out", tmp_path / "one" / "res", None,
+                                  per_device_train_batch_size=4, direct_eval=True, uninterrupted=True,
+                                  max_grad_norm=CLIP))
+    ref = read_results(tmp_path / "one" / "res", 1)[0]
+    launch_layout(tmp_path / "pp", ref, 4, 2, None, "ep2·pp2", pp=2, model="moe2")
 
 
 OVERFLOW = "ep_overflow_worker.py"

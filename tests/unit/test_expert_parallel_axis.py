@@ -44,8 +44,8 @@ def test_a_script_changing_the_degree_after_parsing_rebuilds_and_rechecks(tmp_pa
 
 @pytest.mark.parametrize("world_size, kwargs, message", [
     (1, dict(expert_parallel_degree=2), r"^expert_parallel_degree=2 does not divide the data ranks .* = 1 "),
-    (4, dict(expert_parallel_degree=2, pipeline_parallel_degree=2, gradient_accumulation_steps=2),
-     r"^expert_parallel_degree=2 with pipeline_parallel_degree=2 is not supported yet"),
+    (8, dict(expert_parallel_degree=2, pipeline_parallel_degree=2, gradient_accumulation_steps=2, sharding="stage1",
+             sharding_parallel_degree=2), r"^expert_parallel_degree=2 with sharding_parallel_degree=2 is not supported"),
     (4, dict(expert_parallel_degree=2, sharding="stage1", sharding_parallel_degree=2),
      r"^expert_parallel_degree=2 with sharding_parallel_degree=2 is not supported yet"),
     (4, dict(expert_parallel_degree=2, sep_parallel_degree=2), r"^expert_parallel_degree=2 with sep_parallel_degree"),

@@ -41,7 +41,7 @@ EVAL_SIZE = 13
 @dataclass
 class PhaseArguments(TrainerWorkerArguments):
     # the phases' own defaults for two of the shared options
-    model: str = field(default="llama", metadata={"help": "llama | mlp | moe"})
+    model: str = field(default="llama", metadata={"help": "llama | mlp | moe | moe2"})
     num_samples: int = field(default=48, metadata={"help": "train set size"})
     extended_steps: int = field(default=6, metadata={"help": "max_steps of the resumed runs (0: no resume)"})
     foreign_checkpoint: str = field(default=None, metadata={"help": "a checkpoint saved by another layout"})

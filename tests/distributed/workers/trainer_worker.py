@@ -53,9 +53,9 @@ def build_model(work: TrainerWorkerArguments, args: TrainingArguments):
     if work.model == "mlp":
         paddle.seed(1234)  # identical initial weights in every process and layout
         return MLP()
-    if work.model == "moe":
+    if work.model in ("moe", "moe2"):  # moe2: two MoE blocks (one per stage under pipeline parallel)
         from moe_model import build_moe_model
-        return build_moe_model(args)
+        return build_moe_model(args, moe_layers=2 if work.model == "moe2" else 1)
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
 
     # The PaddleNLP way: degrees and ranks from the training arguments, read before any Trainer exists.

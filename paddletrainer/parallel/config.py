@@ -108,11 +108,18 @@ class ParallelConfig:
         if d.ep == 1:
             return
         unproven = [(option, degree) for option, degree in (
-            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp), ("pipeline_parallel_degree", d.pp), ("sharding_parallel_degree", d.sharding)) if degree > 1]
+            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp), ("pipeline_parallel_degree", d.pp))
+            if degree > 1]
         if unproven:
             option, degree = unproven[0]
             raise ValueError(f"expert_parallel_degree={d.ep} with {option}={degree} is not supported yet: use expert "
-                             "parallel with data and tensor parallel only")
+                             "parallel with data parallel, tensor parallel and sharding stage 1 only")
+        # stage 1 keeps the experts out of its partition (expert.shard_dense_parameters); stage 2/3 and stage 1's
+        # split_param would cut or place them by position, mixing different ranks' experts
+        if self.sharding_stage in (2, 3) or "split_param" in self.sharding_options:
+            which = "split_param" if self.sharding_stage == 1 else f"sharding='stage{self.sharding_stage}'"
+            raise ValueError(f"expert_parallel_degree={d.ep} with {which} is not supported yet: use sharding='stage1' "
+                             "without split_param")
 
     def _check_segment(self) -> None:
         """sep (Ulysses) runs with dp, tp, pp and sharding stage 1, ring context parallel (cp) with dp and tp

@@ -7,7 +7,8 @@ aux and z-loss on) → lm head, its groups from ``paddletrainer.parallel.expert`
 same layout and the one-process checkpoint resumed in this layout (both on the one-process 6-step curve); then the
 layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert) and dp4·ep2 (two replicas: the
 expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
-``PT_FULL_MATRIX=1``.
+``PT_FULL_MATRIX=1``. ep2 carved from sharding stage1×2 (world 2: experts outside the sharded partition, updated
+locally) runs in CI (about 40 s): its claims, the one-process checkpoint resumed in it and its checkpoint in one process.
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations
@@ -43,11 +44,11 @@ def test_one_process_moe_reference_resumes_bit_exact(moe_reference):
 
 
 
-def launch_layout(base, ref, nproc, ep, foreign, name, tp=1):
+def launch_layout(base, ref, nproc, ep, foreign, name, tp=1, **extra):
     """One launch of the phases worker: global batch 8 over ``nproc / tp`` data ranks, ``ep`` of them per expert
     group; the layout's claims checked on every rank. Returns the launch's step-3 checkpoint."""
     options = dict(per_device_train_batch_size=GLOBAL_BATCH // (2 * nproc // tp), expert_parallel_degree=ep,
-                   max_grad_norm=CLIP, tensor_parallel_degree=tp)
+                   max_grad_norm=CLIP, tensor_parallel_degree=tp, **extra)
     launch(WORKER, nproc, phase_args("moe", base / "out", base / "res", None, foreign_checkpoint=foreign, **options),
            base, timeout=600)
     for r in read_results(base / "res", nproc):
@@ -78,6 +79,19 @@ def test_ep2_trains_evaluates_and_resumes_like_one_process_and_its_checkpoint_re
 def test_dp4_ep2_sums_expert_gradients_over_the_replicas_and_resumes_the_ep2_checkpoint(
         tmp_path, moe_reference, ep2_checkpoint):
     launch_layout(tmp_path, moe_reference[0], 4, 2, ep2_checkpoint, "dp4·ep2")
+
+
+def test_ep2_with_sharding_stage1_keeps_experts_out_of_the_partition_and_its_checkpoint_resumes_in_one_process(
+        tmp_path, moe_reference):
+    """ep2 carved from a stage-1 sharding group of 2 (world 2): dense parameters sharded, each rank updating its
+    own experts; the one-process checkpoint resumed in this layout and this layout's in one process."""
+    ref, one_process_checkpoint = moe_reference
+    checkpoint = launch_layout(tmp_path / "s1", ref, 2, 2, one_process_checkpoint, "ep2·sharding stage1×2",
+                               sharding="stage1", sharding_parallel_degree=2)
+    run_single(WORKER, phase_args("moe", tmp_path / "one", tmp_path / "one_res", None, per_device_train_batch_size=4,
+                                  foreign_checkpoint=checkpoint, extended_steps=6, max_grad_norm=CLIP))
+    r = read_results(tmp_path / "one_res", 1)[0]
+    assert_curve(r["foreign"], ref["uninterrupted"], 6, "ep2·sharding stage1×2 checkpoint resumed in one process")
 
 
 @pytest.mark.full_matrix

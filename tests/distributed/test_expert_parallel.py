@@ -8,14 +8,17 @@ same layout and the one-process checkpoint resumed in this layout (both on the o
 layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert) and dp4·ep2 (two replicas: the
 expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
 ``PT_FULL_MATRIX=1``. ep2 carved from sharding stage1×2 (world 2: experts outside the sharded partition, updated
-locally) runs in CI (about 40 s): its claims, the one-process checkpoint resumed in it and its checkpoint in one process.
+locally) runs in CI (about 40 s): its claims, its step-3 model and optimizer states against one process's by global
+name, the one-process checkpoint resumed in it and its checkpoint in one process.
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 from launcher import launch, read_results, run_single
 from trainer_phases import GLOBAL_BATCH, RTOL, WORKER, assert_curve, close, phase_args
@@ -88,10 +91,22 @@ def test_ep2_with_sharding_stage1_keeps_experts_out_of_the_partition_and_its_che
     ref, one_process_checkpoint = moe_reference
     checkpoint = launch_layout(tmp_path / "s1", ref, 2, 2, one_process_checkpoint, "ep2·sharding stage1×2",
                                sharding="stage1", sharding_parallel_degree=2)
+    saved, expected = checkpoint_tensors(checkpoint), checkpoint_tensors(one_process_checkpoint)
+    assert sorted(saved) == sorted(expected) and any(".experts.3." in name for name in saved)
+    for name, value in expected.items():  # every expert by its global name, with its own Adam moments
+        assert np.allclose(saved[name], value, rtol=1e-4, atol=1e-5), f"{name}: {np.abs(saved[name] - value).max()}"
     run_single(WORKER, phase_args("moe", tmp_path / "one", tmp_path / "one_res", None, per_device_train_batch_size=4,
                                   foreign_checkpoint=checkpoint, extended_steps=6, max_grad_norm=CLIP))
     r = read_results(tmp_path / "one_res", 1)[0]
     assert_curve(r["foreign"], ref["uninterrupted"], 6, "ep2·sharding stage1×2 checkpoint resumed in one process")
+
+
+def checkpoint_tensors(checkpoint) -> dict:
+    """Every model and optimizer tensor a checkpoint holds (all ranks' files), by global name."""
+    tensors = {}
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        tensors.update(load_file(str(path)))
+    return tensors
 
 
 @pytest.mark.full_matrix

@@ -136,11 +136,13 @@ def overflow_args(base, **options):
     return [item for key, value in values.items() for item in (f"--{key}", str(value))]
 
 
-def test_an_overflow_in_one_experts_gradient_on_one_rank_makes_every_rank_skip_the_step(tmp_path):
+@pytest.mark.parametrize("sharding", [{}, dict(sharding="stage1", sharding_parallel_degree=2)], ids=["dp2", "stage1x2"])
+def test_an_overflow_in_one_experts_gradient_on_one_rank_makes_every_rank_skip_the_step(tmp_path, sharding):
+    """ep2 over dp2, and carved from sharding stage1×2 (the expert updated outside the sharded step)."""
     run_single(OVERFLOW, overflow_args(tmp_path / "one"))
     ref = read_results(tmp_path / "one" / "res", 1)[0]
-    launch(OVERFLOW, 2, overflow_args(tmp_path / "ep2", per_device_train_batch_size=2, expert_parallel_degree=2),
-           tmp_path / "ep2", timeout=420)
+    launch(OVERFLOW, 2, overflow_args(tmp_path / "ep2", per_device_train_batch_size=2, expert_parallel_degree=2,
+                                      **sharding), tmp_path / "ep2", timeout=420)
     ranks = read_results(tmp_path / "ep2" / "res", 2)
     assert [r["injected"] for r in ranks] == [False, True]  # expert 2 lives on ep rank 1 only
     for r in [ref] + ranks:

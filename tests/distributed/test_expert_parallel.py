@@ -9,7 +9,8 @@ layout's checkpoint resumed in one process. ep2 (dp2: one replica of each expert
 expert-data-parallel sum) run in CI, dp4·ep2, ep4 and ep2·tp2 resuming the ep2 checkpoint; ep4 and ep2·tp2 with
 ``PT_FULL_MATRIX=1``. ep2 carved from sharding stage1×2 (world 2: experts outside the sharded partition, updated
 locally) runs in CI (about 40 s): its claims, its step-3 model and optimizer states against one process's by global
-name, the one-process checkpoint resumed in it and its checkpoint in one process.
+name, the one-process checkpoint resumed in it and its checkpoint in one process; ep2 carved from stage1×4 (two
+replicas of each expert) resuming the ep2 checkpoint with ``PT_FULL_MATRIX=1``.
 An fp16 overflow injected into one expert's gradient (held by one rank only) makes every rank skip the step.
 """
 from __future__ import annotations
@@ -99,6 +100,15 @@ def test_ep2_with_sharding_stage1_keeps_experts_out_of_the_partition_and_its_che
                                   foreign_checkpoint=checkpoint, extended_steps=6, max_grad_norm=CLIP))
     r = read_results(tmp_path / "one_res", 1)[0]
     assert_curve(r["foreign"], ref["uninterrupted"], 6, "ep2·sharding stage1×2 checkpoint resumed in one process")
+
+
+@pytest.mark.full_matrix
+@pytest.mark.skipif(not FULL, reason="full matrix only: PT_FULL_MATRIX=1")
+def test_ep2_with_sharding_stage1x4_sums_expert_gradients_over_the_replicas_and_resumes_the_ep2_checkpoint(
+        tmp_path, moe_reference, ep2_checkpoint):
+    """ep2 carved from a stage-1 sharding group of 4: two replicas of each expert (edp 2) outside the partition."""
+    launch_layout(tmp_path, moe_reference[0], 4, 2, ep2_checkpoint, "ep2·sharding stage1×4", sharding="stage1",
+                  sharding_parallel_degree=4)
 
 
 def checkpoint_tensors(checkpoint) -> dict:

@@ -14,7 +14,8 @@ Order (each step names the function that does it):
    expert parallel its dp broadcast must not reach the experts (:func:`~.expert.keep_experts`), and
    ``ParallelOptimizer`` reduces them over their edp group after fleet's dp sync of the dense parameters.
 5. sharding > 1 → :func:`~.sharding.apply_sharding`: stage 1 wraps the optimizer (and the model, unless tp
-   did), stage 2/3 wrap both with the group-sharded classes.
+   did), stage 2/3 wrap both with the group-sharded classes. Under expert parallel (stage 1 only) the experts are
+   kept out of the sharded partition (:func:`~.expert.shard_dense_parameters`) and updated locally.
 4b. sep > 1 → :func:`~.segment.apply_segment_parallel` (fleet's ``SegmentParallel`` when neither tp nor sharding
    stage 1 wraps the model; gradients are summed over sep by ``HybridParallelOptimizer``).
 4c. cp > 1 → :func:`~.context.apply_context_parallel` (the CPU build's ring attention, and ``SegmentParallel``
@@ -38,7 +39,7 @@ from paddle.distributed import fleet
 
 from .config import ParallelConfig, expect_config
 from .data_parallel import apply_data_parallel, gradient_buffers
-from .expert import ExpertGradients, check_expert_model, expert_parameters, keep_experts
+from .expert import ExpertGradients, check_expert_model, expert_parameters, keep_experts, shard_dense_parameters
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
@@ -122,8 +123,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         check_sequence_parallel_model(model, config.sequence_parallel)
         if wrap_captures_accumulation(topology, config):
             apply_sequence_parallel(model, config)
-    # ep > 1 runs with dp, tp and pp (ParallelConfig); under pp a stage may hold no MoE layer. The Trainer ran
-    # this before any group too.
+    # ep > 1 runs with dp, tp, pp and stage 1 (ParallelConfig); under pp a stage may hold no MoE layer. The
+    # Trainer ran this before any group too.
     check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1,
                        staged=topology.pp_degree > 1)
     if topology.world_size == 1:
@@ -154,12 +155,18 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3
         return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
+    local_experts = False
     if stage == 1:
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config,
-                                          wrap_model=topology.tp_degree == 1)
+        # experts stay out of the sharded partition and broadcasts; ParallelOptimizer updates them locally
+        local_experts = experts is not None
+        with shard_dense_parameters(optimizer, experts.parameters if local_experts else []), \
+                keep_experts(model, topology):
+            model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config,
+                                              wrap_model=topology.tp_degree == 1)
     else:
         optimizer = fleet.distributed_optimizer(optimizer)
-    return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts)
+    return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts,
+                                    local_experts=local_experts)
 
 
 def _expert_gradients(model, topology):

@@ -103,17 +103,25 @@ class ParallelConfig:
 
     def _check_expert(self) -> None:
         """Expert parallel (carved from the data ranks; the Layout checks that ep divides them) runs with data,
-        tensor and pipeline parallel; the axes whose gradient reduction or parameter split is not proven with it
-        (sep, cp, sharding) are refused."""
+        tensor and pipeline parallel and with sharding stage 1 (not with pp); the axes whose gradient reduction or
+        parameter split is not proven with it (sep, cp, stage 2/3, pp with sharding) are refused."""
         d = self.layout
         if d.ep == 1:
             return
         unproven = [(option, degree) for option, degree in (
-            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp), ("sharding_parallel_degree", d.sharding)) if degree > 1]
+            ("sep_parallel_degree", d.sep), ("context_parallel_degree", d.cp)) if degree > 1]
+        if d.pp > 1 and d.sharding > 1:  # each proven with ep, not the two together
+            unproven.append(("sharding_parallel_degree", d.sharding))
         if unproven:
             option, degree = unproven[0]
             raise ValueError(f"expert_parallel_degree={d.ep} with {option}={degree} is not supported yet: use expert "
-                             "parallel with data, tensor and pipeline parallel only")
+                             "parallel with data, tensor and pipeline parallel, or sharding stage 1 without pipeline")
+        # stage 1 keeps the experts out of its partition (expert.shard_dense_parameters); stage 2/3 and stage 1's
+        # split_param would cut or place them by position, mixing different ranks' experts
+        if self.sharding_stage in (2, 3) or "split_param" in self.sharding_options:
+            which = "split_param" if self.sharding_stage == 1 else f"sharding='stage{self.sharding_stage}'"
+            raise ValueError(f"expert_parallel_degree={d.ep} with {which} is not supported yet: use sharding='stage1' "
+                             "without split_param")
 
     def _check_segment(self) -> None:
         """sep (Ulysses) runs with dp, tp, pp and sharding stage 1, ring context parallel (cp) with dp and tp

@@ -23,7 +23,8 @@ from .layout import NUM_EXPERTS_FIELDS, launch_world_size
 from .topology import get_topology
 
 __all__ = ["expert_parallel_group", "expert_data_parallel_group", "token_group", "is_expert", "expert_parameters",
-           "check_expert_model", "broadcast_initial_state", "keep_experts", "ExpertGradients", "NUM_EXPERTS_FIELDS"]
+           "check_expert_model", "broadcast_initial_state", "keep_experts", "shard_dense_parameters", "ExpertGradients",
+           "NUM_EXPERTS_FIELDS"]
 
 # an expert parameter's structured name: "<layer prefix>experts.<global index>.<rest>"
 _EXPERT_NAME = re.compile(r"^(.*?)experts\.(\d+)\.")
@@ -137,6 +138,25 @@ def keep_experts(model, topology):
                 dist.broadcast(p, src=edp.ranks[0], group=edp)
 
 
+@contextlib.contextmanager
+def shard_dense_parameters(optimizer, experts):
+    """Around the construction of sharding stage 1's optimizer (``DygraphShardingOptimizer``): it partitions,
+    reduces and broadcasts parameters by name and position, and the ep ranks hold different experts under the
+    same Paddle names, so it is given the dense parameters only. Afterwards the experts are appended to the
+    Paddle optimizer's own parameter list (its state and checkpoint entries are this rank's), and
+    ``ParallelOptimizer`` updates them locally after the sharded step. Nothing is done without experts."""
+    ids = {id(p) for p in experts}
+    if not ids:
+        yield
+        return
+    if optimizer._parameter_list and isinstance(optimizer._parameter_list[0], dict):
+        raise ValueError("expert parallel with sharding stage 1 needs an optimizer over a parameter list, not "
+                         "parameter groups (Paddle's stage-1 optimizer refuses groups)")
+    optimizer._parameter_list = [p for p in optimizer._parameter_list if id(p) not in ids]
+    yield
+    optimizer._parameter_list = list(optimizer._parameter_list) + list(experts)
+
+
 class ExpertGradients:
     """The expert half of the gradient sync: sum over the edp group, scale by 1/(data ranks)."""
 
@@ -163,3 +183,10 @@ class ExpertGradients:
     def zero(self, set_to_zero: bool = True) -> None:
         for p in self._params:
             p.clear_gradient(set_to_zero)
+
+    def apply(self, optimizer) -> None:
+        """Update the experts with ``optimizer`` (the Paddle optimizer that owns their state) on this rank
+        alone: under sharding stage 1 its sharded step leaves them out (:func:`shard_dense_parameters`)."""
+        params_grads = [(p, p.grad) for p in self._params if not p.stop_gradient and p.grad is not None]
+        if params_grads:
+            optimizer._apply_optimize(loss=None, startup_program=None, params_grads=params_grads)

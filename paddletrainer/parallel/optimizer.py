@@ -21,6 +21,7 @@ import paddle
 from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
 
 from .sharding import SplitParamSharding
+from .wrappers import unwrap_optimizer
 
 __all__ = ["ParallelOptimizer"]
 
@@ -39,9 +40,13 @@ class ParallelOptimizer:
         dp_buffers: plain data parallel's :class:`~.data_parallel.GradientBuffers` (their reduction is finished
             by :meth:`sync_gradients`, they are zeroed in place by :meth:`clear_grad`).
         expert_grads: under expert parallel, the :class:`~.expert.ExpertGradients` reduced after the dense sync.
+        local_experts: the experts are outside the wrapped optimizer's parameters (sharding stage 1 under expert
+            parallel, :func:`~.expert.shard_dense_parameters`): :meth:`step` updates them after the sharded step,
+            :meth:`clear_grad` clears them and :meth:`counted_gradients` lists them.
     """
 
-    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None, expert_grads=None):
+    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None, expert_grads=None,
+                 local_experts: bool = False):
         if mode not in (LOCAL, HYBRID, STAGE2, STAGE3):
             raise ValueError(f"unknown ParallelOptimizer mode {mode!r}")
         self._optimizer = optimizer
@@ -51,6 +56,7 @@ class ParallelOptimizer:
         self._dp_buffers = dp_buffers
         self._expert_grads = expert_grads
         self._expert_ids = {id(p) for p in expert_grads.parameters} if expert_grads is not None else set()
+        self._local_experts = local_experts and expert_grads is not None
         self._synced = False
         # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
         self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
@@ -108,6 +114,8 @@ class ParallelOptimizer:
             self._optimizer.step()
         elif self._mode == HYBRID:
             self._optimizer._step(self._hybrid_parameters())
+            if self._local_experts:
+                self._expert_grads.apply(unwrap_optimizer(self._optimizer))
         elif self._mode == STAGE2:
             # The class's step (skipping the instance-level wrapper that would scale again).
             type(self._optimizer).step(self._optimizer)
@@ -134,6 +142,8 @@ class ParallelOptimizer:
                 self._expert_grads.zero(set_to_zero)
         else:
             self._optimizer.clear_grad(set_to_zero)
+            if self._local_experts:  # not in the sharding optimizer's parameter list
+                self._expert_grads.zero(set_to_zero)
 
     def state_dict(self):
         return self._optimizer.state_dict()
@@ -201,7 +211,9 @@ class ParallelOptimizer:
         if self._mode == HYBRID:
             params = self._hybrid_parameters()
             owner = getattr(self._optimizer._inner_opt, "_param2rank", None) if topo.sharding_degree > 1 else None
-            return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in params]
+            local = self._expert_grads.parameters if self._local_experts else []  # this rank's own experts
+            return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in params] + \
+                [(p, p.grad, True) for p in local]
         if self._mode == STAGE2:
             owner = self._optimizer._param2rank
             return [(p, p.grad, owner[p.name] == topo.sharding_rank) for p in self._optimizer._local_params]

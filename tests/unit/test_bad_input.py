@@ -106,6 +106,8 @@ ARGS_CASES = [
                                                   gradient_accumulation_steps=2, sharding="stage1",
                                                   sharding_parallel_degree=2),
      ["expert_parallel_degree=2", "sharding_parallel_degree=2", "not supported yet"]),
+    ("expert_with_sharding_stage2", 4, dict(expert_parallel_degree=2, sharding="stage2", sharding_parallel_degree=2),
+     ["expert_parallel_degree=2", "sharding='stage2'", "not supported yet", "use sharding='stage1'"]),
     ("expert_names_disagree", 4, dict(expert_parallel_degree=2, use_expert_parallel=True),
      ["use_expert_parallel=True", "dp=4", "expert_parallel_degree=2", "set only one"]),
     ("unsupported_expert_tensor", 2, dict(expert_tensor_parallel_degree=2),

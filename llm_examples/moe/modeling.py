@@ -14,6 +14,7 @@ from __future__ import annotations
 from paddlenlp.transformers import LlamaForCausalLM
 
 from paddletrainer.moe import MoELayer
+from paddletrainer.metrics.throughput import flops_per_token_from_config
 from paddletrainer.moe.stats import moe_metrics
 
 MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -75,6 +76,13 @@ class MoELlamaForCausalLM(LlamaForCausalLM):
             return (outputs[0] + aux,) + outputs[1:]
         outputs["loss"] = outputs["loss"] + aux
         return outputs
+
+    def flops_per_token(self) -> int:
+        """Training FLOPs per token for the Trainer's MFU: Llama's count with each MoE layer's dense MLP replaced by
+        the weights a token goes through (router, top-k experts, shared expert): 6 FLOPs per weight."""
+        config, moe = self.config, self.moe_layers().values()
+        dense_mlp = 3 * config.hidden_size * config.intermediate_size
+        return flops_per_token_from_config(config) + 6 * sum(m.active_matmul_weights() - dense_mlp for m in moe)
 
     def extra_metrics(self) -> dict:
         """Expert load since the last call (the Trainer logs it with the loss): see ``moe_metrics``."""

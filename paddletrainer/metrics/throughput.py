@@ -52,8 +52,13 @@ def causal_lm_flops_per_token(num_layers: int, hidden_size: int, num_heads: int,
 
 
 def flops_per_token_of_model(model) -> Optional[float]:
-    """:func:`flops_per_token_from_config` of ``model.config``, or None when the model has no (usable) LlamaConfig-like
-    config (then MFU is not reported)."""
+    """The model's own ``flops_per_token()`` when it has one (a model the config cannot describe, e.g. a
+    mixture of experts, whose tokens go through ``top_k`` experts only), else :func:`flops_per_token_from_config`
+    of ``model.config``, or None when the model has no (usable) LlamaConfig-like config (then MFU is not
+    reported)."""
+    own = getattr(model, "flops_per_token", None)
+    if callable(own):
+        return own()
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "num_hidden_layers"):
         return None

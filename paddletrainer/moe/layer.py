@@ -87,6 +87,8 @@ class MoELayer(nn.Layer):
         _check(ep == 1 or token_group is not None, "expert_group spans several ranks but token_group is None: pass "
                                                   "token_group() too (the load-balance loss covers every data rank)")
         self.hidden_size, self.num_experts, self.top_k = hidden_size, num_experts, top_k
+        self.moe_intermediate_size = moe_intermediate_size
+        self.shared_expert_intermediate_size = shared_expert_intermediate_size
         self.norm_topk_prob, self.aux_loss_coef, self.z_loss_coef = norm_topk_prob, aux_loss_coef, z_loss_coef
         self.expert_group, self.token_group = (expert_group if ep > 1 else None), token_group
         self.experts_per_rank = num_experts // ep
@@ -108,6 +110,13 @@ class MoELayer(nn.Layer):
         self.last_stats = None
         self._idle = None
         self._window = None
+
+    def active_matmul_weights(self) -> int:
+        """Weights one token multiplies through (for FLOPs and MFU): the router, its ``top_k`` experts' SwiGLU
+        (gate, up, down) and the shared expert — not the other experts, which a dense count would include."""
+        h, inter = self.hidden_size, self.moe_intermediate_size
+        shared = 3 * h * self.shared_expert_intermediate_size if self.shared_expert is not None else 0
+        return h * self.num_experts + self.top_k * 3 * h * inter + shared
 
     def take_window_stats(self):
         """The statistics of every training forward since the last call (pooled sums over the global batches:

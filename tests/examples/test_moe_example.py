@@ -26,9 +26,15 @@ def test_moe_pretrain_loss_falls_logs_expert_load_and_the_saved_model_reloads(tm
     probe = ("import sys; sys.path.insert(0, r'%s'); from modeling import MoELlamaForCausalLM;"
              "m = MoELlamaForCausalLM.from_pretrained(r'%s');"
              "names = [n for n, p in m.named_parameters() if getattr(p, 'is_expert', False)];"
-             "print(len(names), names[0], names[-1])") % (MOE, out)
-    assert run_script(["-c", probe], cwd=REPO).stdout.split()[-3:] == [
+             "print(len(names), names[0], names[-1]);"
+             "from paddletrainer.metrics import flops_per_token_from_config as dense;"
+             "print(m.flops_per_token(), dense(m.config))") % (MOE, out)
+    lines = run_script(["-c", probe], cwd=REPO).stdout.splitlines()
+    assert lines[-2].split()[-3:] == [
         "24", "llama.layers.1.mlp.experts.0.gate_proj.weight", "llama.layers.3.mlp.experts.3.down_proj.weight"]
+    # MFU's FLOPs: layers 1 and 3 swap their dense MLP (3·64·128) for router 64·4 + 2 experts 3·64·64 + shared 3·64·64
+    moe, dense = map(int, lines[-1].split())
+    assert moe - dense == 6 * 2 * (64 * 4 + 3 * 3 * 64 * 64 - 3 * 64 * 128)
 
 
 def test_a_bad_moe_config_is_refused_naming_the_key(tmp_path):

@@ -55,3 +55,19 @@ def test_the_trainer_logs_the_models_extra_metrics_at_each_logging_step(tmp_path
     for entry in logged:
         assert entry["moe/max_imbalance"] >= 1.0 and entry["moe/moe/imbalance"] == entry["moe/max_imbalance"]
         assert entry["moe/aux_loss"] > 0
+
+
+def test_mfu_counts_the_weights_a_token_goes_through_not_every_expert():
+    from paddletrainer.metrics import flops_per_token_of_model
+
+    layer = MoELayer(8, 6, 4, 2, shared_expert_intermediate_size=5)
+    # router 8x4, two experts' SwiGLU 3x8x6 each, the shared expert 3x8x5
+    assert layer.active_matmul_weights() == 8 * 4 + 2 * 3 * 8 * 6 + 3 * 8 * 5
+
+    class Counted(paddle.nn.Layer):
+        config = None
+
+        def flops_per_token(self):
+            return 1234
+
+    assert flops_per_token_of_model(Counted()) == 1234  # the model's own count wins over its config's

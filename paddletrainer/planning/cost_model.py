@@ -167,66 +167,9 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
         group = "" if n_seq == 1 else f" over dp×{'sep' if lay.sep > 1 else 'cp'} ({D} ranks)"
         out["dp"] = {"payload": Gd, "min_wire": 2 * (D - 1) / D * Gd, "what": f"all-reduce grads{group}, once per step"}
     if lay.sharding > 1:
-        S = lay.sharding
-        f = (S - 1) / S
-        if lay.stage <= 1 and lay.split_param:
-            # V2: reduce-scatter the fused gradient buffers (payload G, counted at its input), all-gather the
-            # updated parameter buffers (W). Minimum: the same algorithm, (S-1)/S·(G + W).
-            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
-                               "what": "reduce-scatter grad buffers + all-gather param buffers, once per step"}
-        elif lay.stage <= 1:
-            # fleet's V1: reduce each grad to its owner (payload G), owners broadcast updated params (payload W).
-            # Minimum: reduce-scatter + all-gather = (S-1)/S·(G + W).
-            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
-                               "what": "reduce grads to owners + broadcast params, once per step"}
-        elif lay.stage == 2:
-            # GroupShardedStage2 reduces every gradient to its owner in a backward hook; paddletrainer's no_sync
-            # keeps the hooks disarmed on all micro-batches but the last (G once), then owners broadcast the
-            # updated params (W). Minimum: (S-1)/S·(G + W).
-            out["sharding"] = {"payload": G + W, "min_wire": f * (G + W),
-                               "what": "reduce grads to owners on the last micro-batch + broadcast params"}
-        else:
-            # Stage 3: all-gather params before forward and again before backward of every micro-batch (2·W each),
-            # and reduce-scatter each gradient into its owner's slice every micro-batch (G, counted at its input;
-            # paddletrainer's hook — Paddle's own all-reduces the whole gradient, 2x the wire). Minimum is the
-            # same algorithm: (S-1)/S·m·(2W + G).
-            out["sharding"] = {"payload": m * (2 * W + G), "min_wire": f * m * (2 * W + G),
-                               "what": f"all-gather params fwd+bwd, reduce-scatter grads into slices, each "
-                                       f"micro-batch (x{m})"}
+        out["sharding"] = _sharding_communication(c, lay, G, W, m)
     if lay.tp > 1:
-        t = lay.tp
-        L = param_counts(c, lay)["layers_per_stage"]
-        # Megatron TP per micro-batch and layer: forward all-reduces [b,s,h] after attention (o_proj) and after
-        # the MLP (down_proj): 2. Backward all-reduces the input grad of every column-parallel projection (its
-        # _c_identity): 1 for a fused qkv + 1 for a fused gate_up = 2 — the minimum; PaddleNLP's Llama by default
-        # has separate q, k, v (3) and gate, up (2) projections: 5. Plus the vocab-parallel embedding (forward)
-        # and the LM head's input (backward): 2 per micro-batch. Logits gathered (tensor_parallel_output=False):
-        # an all-gather of [b,s,V] fp32.
-        bwd = (1 if lay.fused_qkv else 3) + (1 if lay.fused_ffn else 2)
-        unfused = (2 + 5) * L + 2
-        gather = lay.micro_batch * c.seq * c.vocab * 4 if lay.tp_output_gathered else 0
-        if not lay.sequence_parallel:
-            n_ar = (2 + bwd) * L + 2
-            n_min = 4 * L + 2
-            out["tp"] = {"payload": m * (n_ar * act + gather),
-                         "min_wire": m * (2 * (t - 1) / t * n_min * act + (t - 1) / t * gather),
-                         "what": f"{n_ar} all-reduces of [b,s,h] (unfused q/k/v, gate/up: {unfused}; min {n_min}, "
-                                 f"fused) + logits all-gather, per micro-batch (x{m})"}
-        else:
-            # Sequence parallel: each column projection all-gathers its [s/t,b,h] input forward (reduce-scatter
-            # backward), o_proj and down_proj reduce-scatter forward (all-gather backward): 2·(bwd + 2) per layer,
-            # each moving (t-1)/t of [b,s,h] at least — the wire of the (bwd + 2) all-reduces they replace. Plus
-            # the embedding's all-reduce, the scatter/gather around the layers (an all-gather each way) and the
-            # head's input-grad all-reduce. The CPU reduce-scatter is an all-reduce (parallel/cpu/reduce_scatter.py), so its wire
-            # is 2x the minimum for the reduce-scatter half: about 1.5x overall.
-            # Once per step, the tp all-reduce of the norm weights' gradients (sequence-parallel parameters).
-            n_ag, n_rs = (bwd + 2) * L + 2, (bwd + 2) * L
-            norms = (2 * L + 1) * c.hidden * 4
-            out["tp"] = {"payload": m * ((n_ag + n_rs + 2) * act + gather) + norms,
-                         "min_wire": m * ((t - 1) / t * (n_ag + n_rs) * act + 2 * (t - 1) / t * 2 * act
-                                          + (t - 1) / t * gather) + 2 * (t - 1) / t * norms,
-                         "what": f"SP: {n_ag} all-gathers + {n_rs} reduce-scatters of [b,s,h] (fused: {4 * L + 2} + "
-                                 f"{4 * L}) + 2 all-reduces + logits all-gather, per micro-batch (x{m}); norm grads"}
+        out["tp"] = _tp_communication(c, lay, act, m)
     if lay.pp > 1:
         p, v = lay.pp, lay.vpp
         # Per micro-batch each chunk boundary carries the activation forward and its gradient backward: p·v
@@ -240,6 +183,70 @@ def communication(c: Config, lay: Layout, dtype: str = "fp32") -> dict:
                              f"(x{m}), avg over stages; bubble {100 * pipeline_bubble(lay):.1f}%"}
     out.update(long_context_communication(c, lay))
     return out
+
+
+def _sharding_communication(c: Config, lay: Layout, G: float, W: float, m: int) -> dict:
+    """The sharding axis of :func:`communication` (``G``/``W``: this rank's gradient/parameter bytes)."""
+    S = lay.sharding
+    f = (S - 1) / S
+    if lay.stage <= 1 and lay.split_param:
+        # V2: reduce-scatter the fused gradient buffers (payload G, counted at its input), all-gather the
+        # updated parameter buffers (W). Minimum: the same algorithm, (S-1)/S·(G + W).
+        return {"payload": G + W, "min_wire": f * (G + W),
+                "what": "reduce-scatter grad buffers + all-gather param buffers, once per step"}
+    if lay.stage <= 1:
+        # fleet's V1: reduce each grad to its owner (payload G), owners broadcast updated params (payload W).
+        # Minimum: reduce-scatter + all-gather = (S-1)/S·(G + W).
+        return {"payload": G + W, "min_wire": f * (G + W),
+                "what": "reduce grads to owners + broadcast params, once per step"}
+    if lay.stage == 2:
+        # GroupShardedStage2 reduces every gradient to its owner in a backward hook; paddletrainer's no_sync
+        # keeps the hooks disarmed on all micro-batches but the last (G once), then owners broadcast the
+        # updated params (W). Minimum: (S-1)/S·(G + W).
+        return {"payload": G + W, "min_wire": f * (G + W),
+                "what": "reduce grads to owners on the last micro-batch + broadcast params"}
+    # Stage 3: all-gather params before forward and again before backward of every micro-batch (2·W each),
+    # and reduce-scatter each gradient into its owner's slice every micro-batch (G, counted at its input;
+    # paddletrainer's hook — Paddle's own all-reduces the whole gradient, 2x the wire). Minimum is the
+    # same algorithm: (S-1)/S·m·(2W + G).
+    return {"payload": m * (2 * W + G), "min_wire": f * m * (2 * W + G),
+            "what": f"all-gather params fwd+bwd, reduce-scatter grads into slices, each micro-batch (x{m})"}
+
+
+def _tp_communication(c: Config, lay: Layout, act: float, m: int) -> dict:
+    """The tensor-parallel axis of :func:`communication` (``act``: one [b, s, h] fp32 activation in bytes)."""
+    t = lay.tp
+    L = param_counts(c, lay)["layers_per_stage"]
+    # Megatron TP per micro-batch and layer: forward all-reduces [b,s,h] after attention (o_proj) and after
+    # the MLP (down_proj): 2. Backward all-reduces the input grad of every column-parallel projection (its
+    # _c_identity): 1 for a fused qkv + 1 for a fused gate_up = 2 — the minimum; PaddleNLP's Llama by default
+    # has separate q, k, v (3) and gate, up (2) projections: 5. Plus the vocab-parallel embedding (forward)
+    # and the LM head's input (backward): 2 per micro-batch. Logits gathered (tensor_parallel_output=False):
+    # an all-gather of [b,s,V] fp32.
+    bwd = (1 if lay.fused_qkv else 3) + (1 if lay.fused_ffn else 2)
+    unfused = (2 + 5) * L + 2
+    gather = lay.micro_batch * c.seq * c.vocab * 4 if lay.tp_output_gathered else 0
+    if not lay.sequence_parallel:
+        n_ar = (2 + bwd) * L + 2
+        n_min = 4 * L + 2
+        return {"payload": m * (n_ar * act + gather),
+                "min_wire": m * (2 * (t - 1) / t * n_min * act + (t - 1) / t * gather),
+                "what": f"{n_ar} all-reduces of [b,s,h] (unfused q/k/v, gate/up: {unfused}; min {n_min}, "
+                        f"fused) + logits all-gather, per micro-batch (x{m})"}
+    # Sequence parallel: each column projection all-gathers its [s/t,b,h] input forward (reduce-scatter
+    # backward), o_proj and down_proj reduce-scatter forward (all-gather backward): 2·(bwd + 2) per layer,
+    # each moving (t-1)/t of [b,s,h] at least — the wire of the (bwd + 2) all-reduces they replace. Plus
+    # the embedding's all-reduce, the scatter/gather around the layers (an all-gather each way) and the
+    # head's input-grad all-reduce. The CPU reduce-scatter is an all-reduce (parallel/cpu/reduce_scatter.py),
+    # so its wire is 2x the minimum for the reduce-scatter half: about 1.5x overall.
+    # Once per step, the tp all-reduce of the norm weights' gradients (sequence-parallel parameters).
+    n_ag, n_rs = (bwd + 2) * L + 2, (bwd + 2) * L
+    norms = (2 * L + 1) * c.hidden * 4
+    return {"payload": m * ((n_ag + n_rs + 2) * act + gather) + norms,
+            "min_wire": m * ((t - 1) / t * (n_ag + n_rs) * act + 2 * (t - 1) / t * 2 * act
+                             + (t - 1) / t * gather) + 2 * (t - 1) / t * norms,
+            "what": f"SP: {n_ag} all-gathers + {n_rs} reduce-scatters of [b,s,h] (fused: {4 * L + 2} + "
+                    f"{4 * L}) + 2 all-reduces + logits all-gather, per micro-batch (x{m}); norm grads"}
 
 
 def long_context_communication(c: Config, lay: Layout) -> dict:

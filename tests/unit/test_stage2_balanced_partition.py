@@ -1,7 +1,9 @@
 """Sharding stage 2 assigns whole parameters to ranks largest first, so the ranks' shares are near-equal, and
 refuses to run on Paddle stage-2 code other than what the partition was written against (no processes needed)."""
+import weakref
 from types import SimpleNamespace
 
+import paddle
 import pytest
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
@@ -90,6 +92,35 @@ def test_the_partition_is_cached_where_paddles_clear_cache_empties_it():
     assert [[p.name for p in seg] for seg in again] == names and len(names) == 2 and all(names)
 
 
+class HoldsTensor:
+    """A finished reduce task: like gloo's, it keeps the tensor it reduced alive while it is referenced."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def wait(self):
+        return True
+
+
+def test_a_synchronous_reduce_task_is_not_kept_so_the_reduced_gradient_is_freed():
+    # The gradient a rank reduced to another rank's owner must die with the parameter's reference to it:
+    # Paddle's _update_task kept the last task (the embedding's gradient on the non-owner) across the step.
+    gradient = paddle.ones([4])
+    stand_in = SimpleNamespace(_reduce_overlap=False, _comm_task=None)
+    sharding._BalancedStage2Optimizer._update_task(stand_in, HoldsTensor(gradient))
+    assert stand_in._comm_task is None
+    alive = weakref.ref(gradient)  # paddle Tensors take weak references
+    del gradient
+    assert alive() is None
+
+
+def test_an_overlapped_reduce_task_is_kept_for_the_step_to_wait_on():
+    stand_in = SimpleNamespace(_reduce_overlap=True, _comm_task=None)
+    task = HoldsTensor(None)
+    sharding._BalancedStage2Optimizer._update_task(stand_in, task)
+    assert stand_in._comm_task is task
+
+
 def test_a_bad_world_size_is_refused():
     with pytest.raises(ValueError, match="world_size must be >= 1"):
         sharding.balanced_partition([1], 0)
@@ -111,7 +142,10 @@ def test_the_installed_paddle_passes_the_stage2_source_check(fresh_check):
                                          (GroupShardedOptimizerStage2, "param2rank"),
                                          (GroupShardedOptimizerStage2, "dtype_rank_params"),
                                          (GroupShardedOptimizerStage2, "_clear_cache"),
-                                         (GroupShardedStage2, "_fresh_trainable")])
+                                         (GroupShardedStage2, "_fresh_trainable"),
+                                         (GroupShardedOptimizerStage2, "_update_task"),
+                                         (GroupShardedStage2, "_get_reduce_fn"),
+                                         (GroupShardedStage2, "_redefine_opt_step")])
 def test_a_changed_paddle_stage2_function_fails_the_check_naming_it(monkeypatch, fresh_check, owner, name):
     original = sharding._paddle_source
     changed = getattr(owner, name)

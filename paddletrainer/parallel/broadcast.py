@@ -19,6 +19,8 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 from paddle.distributed.parallel import sync_params_buffers
 
+from .layout import launch_local_rank, launch_world_size
+
 __all__ = ["distributed_isfile", "distributed_file", "broadcast_dp_optimizer", "broadcast_moe_optimizer",
            "broadcast_dataset_rank0_model"]
 
@@ -41,9 +43,9 @@ def _data_group() -> Tuple[Any, int, int]:
 
 
 def _processes_and_local_rank() -> Tuple[int, int]:
-    """``(processes in the job, this process's rank on its node)`` as the launcher exports them (PaddleNLP reads
-    the same two variables)."""
-    return int(os.getenv("PADDLE_TRAINERS_NUM", "1")), int(os.getenv("PADDLE_RANK_IN_NODE", "0"))
+    """``(processes in the job, this process's rank on its node)`` as the launcher exports them (the layout's
+    readers of ``PADDLE_TRAINERS_NUM`` and ``PADDLE_RANK_IN_NODE``, which PaddleNLP reads too)."""
+    return launch_world_size(), launch_local_rank() or 0
 
 
 def distributed_isfile(filename: str) -> bool:

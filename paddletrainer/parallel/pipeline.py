@@ -12,6 +12,8 @@ import types
 import numpy as np
 import paddle
 
+from ..paddle_contract import pipeline_inputs_hook
+
 __all__ = ["apply_pipeline", "check_virtual_pipeline_split", "train_batch", "eval_batch", "stack_micro_batches"]
 
 
@@ -64,7 +66,7 @@ def _is_interleaved(model) -> bool:
 
 def _as_pair(micro_batch, layers):
     if isinstance(micro_batch, dict):
-        prepare = getattr(layers, "_prepare_pipeline_inputs_func", None)
+        prepare = pipeline_inputs_hook(layers)
         if prepare is None:
             raise TypeError("dict micro-batches need a model with _prepare_pipeline_inputs_func; pass (inputs, labels)")
         return tuple(prepare(dict(micro_batch)))

@@ -152,8 +152,9 @@ def test_trainer_sharding_stage2_llama_matches_single_process_and_resumes_under_
     launch(WORKER, 2, llama_args(pp2 / "out", pp2 / "res", llama_weights, pipeline_parallel_degree=2,
                                  resume_from_checkpoint=st2 / "out" / "checkpoint-2", finetune="own"), pp2)
     assert_matches(read_results(pp2 / "res", 2), ref, resumed_from=2)
-    for name, r in [("stage2x2", r) for r in read_results(st2 / "res", 2)] + [("pp2", r) for r in read_results(pp2 / "res", 2)]:
-        assert_finetune(r, finetune_reference, f"{name} rank {r['rank']}")
+    for name, results in (("stage2x2", read_results(st2 / "res", 2)), ("pp2", read_results(pp2 / "res", 2))):
+        for rank, r in enumerate(results):
+            assert_finetune(r, finetune_reference, f"{name} rank {rank}")
 
 
 def test_trainer_stage3_offload_llama_matches_single_process_and_checkpoints_resume_both_ways(

@@ -77,7 +77,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             a dict with ``"loss"``, or logits when ``criterion`` is given. A ``PipelineLayer`` under pipeline
             parallel.
         criterion: ``loss = criterion(logits, labels)`` for models that return logits.
-        args: ``TrainingArguments``; defaults to ``output_dir="tmp_trainer"``.
+        args: ``TrainingArguments``, never changed (the device run on is ``effective_device``); defaults to
+            ``output_dir="tmp_trainer"``.
         data_collator: turns a list of samples into a batch; default ``DataCollatorWithPadding(tokenizer)``
             when a tokenizer is given, else ``default_data_collator``.
         train_dataset: map-style (``__len__``/``__getitem__``) or iterable dataset to train on.
@@ -107,7 +108,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
-        args.device = resolve_device(args.device)  # gpu on a CPU-only build: cpu, with one warning
+        self.effective_device = resolve_device(args.device)  # gpu on a CPU-only build: cpu (warned); args unchanged
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there (before the checks)
             paddle.set_device("cpu")
         self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)

@@ -289,8 +289,8 @@ def _gone(obj, name: str, owner: str) -> PaddleContractError:
 def _read(obj, name: str, owner: str):
     """``obj.<name>``, which Paddle's class sets: a :class:`PaddleContractError` naming ``owner`` if it does not."""
     try:
-        return vars(obj)[name] if name in vars(obj) else getattr(type(obj), name)
-    except (AttributeError, TypeError):
+        return getattr(obj, name)  # a Layer's sublayers and parameters are attributes too
+    except AttributeError:
         raise _gone(obj, name, owner) from None
 
 

@@ -53,7 +53,7 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     if virtual_pp_degree > 1 and chunks != virtual_pp_degree:
         raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
                          f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
-    if getattr(model, "_prepare_pipeline_inputs_func", None) is None:
+    if pipeline_inputs_hook(model) is None:
         logger.warning("%s has no _prepare_pipeline_inputs_func: dict batches are split by the default one "
                        "(%s to the first stage, %s to the last; other keys are dropped)", type(model).__name__,
                        ", ".join(FIRST_STAGE_KEYS), ", ".join(LAST_STAGE_KEYS))

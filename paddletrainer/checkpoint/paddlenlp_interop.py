@@ -85,7 +85,11 @@ def _restore_rng(ckpt_dir: str, topology) -> bool:
     if tracker is not None and getattr(topology, "use_hybrid", False):
         if topology.tp_degree <= 1:
             tracker.pop("model_parallel_rng", None)
-        fleet.meta_parallel.get_rng_state_tracker().set_states_tracker(tracker)
+        ours = fleet.meta_parallel.get_rng_state_tracker()
+        # PaddleNLP's Trainer also registers global_seed/local_seed (set_hyrbid_parallel_seed); a state this
+        # process never registered cannot be drawn from here, so only the registered ones are restored
+        registered = ours.get_states_tracker()
+        ours.set_states_tracker({name: state for name, state in tracker.items() if name in registered})
     return True
 
 

@@ -7,8 +7,8 @@ resharded to tp2).
 
 ``workers/paddlenlp_unified_worker.py`` runs either Trainer on the tiny Llama with the same sequential batches;
 the one-process checkpoints are covered by ``tests/unit/test_paddlenlp_unified.py`` and
-``test_paddlenlp_lora_checkpoint.py``. CI resumes them under tp2 (≈ 2 min with the PaddleNLP dp2 runs, ≈ 1.5 min
-more with the PaddleNLP LoRA runs); the dp2 checkpoint under its own layout (dp2) with ``PT_FULL_MATRIX=1`` (one
+``test_paddlenlp_lora_checkpoint.py``. CI resumes them under tp2 (≈ 2 min with the PaddleNLP dp2 runs; the PaddleNLP
+LoRA runs and the LoRA resumes add ≈ 1.5 min: a tp2 launch, one process, two resumes in the tp2 launch); the dp2 checkpoint under its own layout (dp2) with ``PT_FULL_MATRIX=1`` (one
 more launch, ≈ 35 s). PaddleNLP's tp2 LoRA run uses our gloo fills for the tensor-parallel ops Paddle's CPU build
 lacks (the worker says why).
 """

@@ -36,9 +36,9 @@ def token_data(n=64):
 
 
 def build_model(tp_degree: int, tp_rank: int, seed: int, lora_base=None):
-    from paddlenlp.transformers import LlamaForCausalLM
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
-    config = tiny_llama_config() if lora_base is None else llama_config_of(lora_base)
+    config = tiny_llama_config() if lora_base is None else LlamaConfig.from_pretrained(lora_base)
     config.tensor_parallel_degree, config.tensor_parallel_rank = max(tp_degree, 1), tp_rank
     config.tensor_parallel_output = False
     if lora_base is None:
@@ -49,12 +49,6 @@ def build_model(tp_degree: int, tp_rank: int, seed: int, lora_base=None):
     base = LlamaForCausalLM.from_pretrained(lora_base, config=config, dtype="float32")
     paddle.seed(seed)  # the adapters' init (lora_B starts at zero)
     return LoRAModel(base, LoRAConfig(target_modules=[".*q_proj.*", ".*v_proj.*"], r=4, lora_alpha=8))
-
-
-def llama_config_of(path):
-    from paddlenlp.transformers import LlamaConfig
-
-    return LlamaConfig.from_pretrained(path)
 
 
 def loss_logger(base, losses):

@@ -22,7 +22,8 @@ HEADING = re.compile(r"^(?P<hashes>#{1,6})\s")
 LAUNCH_LOCK = "/tmp/paddletrainer-mp.lock"  # the machine-wide lock tests/distributed/launcher.py takes
 README_MAX_LINES = 150
 # The pages that must have a Chinese twin (docs/zh/<name>), besides README.md <-> README_cn.md: the user guide.
-ZH_REQUIRED = ("index.md", "getting-started.md", "layouts.md", "migration.md")
+ZH_REQUIRED = ("index.md", "getting-started.md", "layouts.md", "migration.md", "checkpoints.md", "mixed-precision.md",
+               "fault-tolerance.md", "logging.md", "troubleshooting.md")
 INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
 # An option name inside inline code: a command-line flag or a snake_case name (`--sharding`, `save_steps`).
 OPTION = re.compile(r"--[a-z][\w-]*|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")

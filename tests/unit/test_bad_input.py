@@ -149,9 +149,10 @@ ARGS_CASES = [
      ["dataloader_num_workers=1000000", "<= 1024"]),
     ("train_batch_above_int32", 1, dict(per_device_train_batch_size=2**31), ["per_device_train_batch_size=2147483648",
                                                                             "<= 2147483647 (2**31 - 1)"]),
-    ("samples_per_step_beyond_int64", 4, dict(per_device_train_batch_size=2**31 - 1,
-                                              gradient_accumulation_steps=2**31 - 1),
-     ["x 4 data rank(s) (dp x sharding)", "samples per optimizer step is invalid", "2**63 - 1"]),
+    ("samples_per_step_beyond_int32", 4, dict(per_device_train_batch_size=2**29, gradient_accumulation_steps=2),
+     ["x 4 data rank(s) (dp x sharding)", "samples per optimizer step is invalid", "2**31 - 1"]),
+    ("accumulation_of_1e11_steps", 1, dict(gradient_accumulation_steps=10**11),
+     ["gradient_accumulation_steps=100000000000 x 1 data rank(s)", "<= 2147483647 (2**31 - 1"]),
     ("int_beyond_int64", 1, dict(max_steps=10**20), ["max_steps=100000000000000000000", "signed 64-bit"]),
     ("learning_rate_nan", 1, dict(learning_rate=float("nan")), ["learning_rate=nan", "finite"]),
     ("epochs_inf", 1, dict(num_train_epochs=float("inf")), ["num_train_epochs=inf", "finite"]),
@@ -219,10 +220,10 @@ def test_a_broken_launch_environment_is_named(monkeypatch, tmp_path, raw, expect
 
 def test_samples_per_step_count_the_data_ranks_only(monkeypatch, tmp_path):
     """Tensor-parallel ranks share their batch: 4 processes at tp 4 are one data rank, so the samples of a step
-    fit 64 bits where 4 data ranks would not (refused above, ``samples_per_step_beyond_int64``)."""
+    stay within the bound where 4 data ranks would not (refused above, ``samples_per_step_beyond_int32``)."""
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
-    args = TrainingArguments(output_dir=str(tmp_path), tensor_parallel_degree=4, per_device_train_batch_size=2**31 - 1,
-                             gradient_accumulation_steps=2**31 - 1)
+    args = TrainingArguments(output_dir=str(tmp_path), tensor_parallel_degree=4, per_device_train_batch_size=2**29,
+                             gradient_accumulation_steps=2)
     assert args.parallel_degrees.tp == 4 and args.parallel_degrees.dp == 1
 
 

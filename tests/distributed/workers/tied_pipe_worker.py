@@ -60,7 +60,8 @@ def build_model(name: str, weights: str, args):
     path = os.path.join(weights, name)
     config = type(tiny_config(name)).from_pretrained(path)
     # as PaddleNLP's llm scripts do (reading a rank sets up the process groups the Pipe classes build on)
-    config.tensor_parallel_degree, config.tensor_parallel_rank = 1, args.tensor_parallel_rank
+    config.tensor_parallel_degree = max(args.tensor_parallel_degree, 1)
+    config.tensor_parallel_rank = args.tensor_parallel_rank
     config.virtual_pp_degree = args.parallel_config.virtual_pp_degree
     return model_class(name, args.pipeline_parallel_degree > 1).from_pretrained(path, config=config, dtype="float32")
 

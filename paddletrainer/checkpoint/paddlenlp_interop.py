@@ -10,7 +10,10 @@ trainer state's ``best_model_checkpoint``).
 
 What is read (this rank's files for the current layout, PaddleNLP's naming):
 
-* ``model_state[.<suffix>].pdparams`` — the model's ``state_dict`` (structured names);
+* ``model_state[.<suffix>].pdparams`` — the model's ``state_dict`` (structured names); for a
+  ``paddlenlp.peft.LoRAModel`` ``lora_model_state.pdparams`` instead: the trainable adapters only, under their
+  names inside the base model, merged over tensor-parallel ranks (PaddleNLP's Trainer saves them with
+  ``merge_tensor_parallel``), so any tensor-parallel degree splits them again as PaddleNLP's resume does;
 * ``optimizer[.<suffix>].pdopt`` — the Paddle optimizer's ``state_dict`` (keyed by parameter names, which
   match when the model is built the same way as in the PaddleNLP run, e.g. the same script);
 * ``scheduler.pdparams``, ``trainer_state.json`` (step, consumed samples, best metric), ``rng_state[_<world>].pth``.
@@ -32,8 +35,10 @@ import numpy as np
 import paddle
 from paddle.distributed import fleet
 
+from ..parallel.wrappers import unwrap_model
 from .layout import CheckpointError
 from .load import LoadedCheckpoint
+from .peft import peft_type
 from .restricted_pickle import load_pickle
 
 __all__ = ["load_paddlenlp_checkpoint", "load_paddlenlp_extras", "paddlenlp_name_suffix"]
@@ -80,7 +85,11 @@ def _restore_rng(ckpt_dir: str, topology) -> bool:
     if tracker is not None and getattr(topology, "use_hybrid", False):
         if topology.tp_degree <= 1:
             tracker.pop("model_parallel_rng", None)
-        fleet.meta_parallel.get_rng_state_tracker().set_states_tracker(tracker)
+        ours = fleet.meta_parallel.get_rng_state_tracker()
+        # PaddleNLP's Trainer also registers global_seed/local_seed (set_hyrbid_parallel_seed); a state this
+        # process never registered cannot be drawn from here, so only the registered ones are restored
+        registered = ours.get_states_tracker()
+        ours.set_states_tracker({name: state for name, state in tracker.items() if name in registered})
     return True
 
 
@@ -102,6 +111,34 @@ def load_paddlenlp_extras(ckpt_dir: str, *, lr_scheduler=None, scaler=None, topo
     return trainer_state, rng
 
 
+def _check_weight_names(ckpt_dir: str, missing, unexpected, warnings: List[str]) -> None:
+    if missing:
+        raise CheckpointError(f"{ckpt_dir}: the PaddleNLP weights lack {len(missing)} of the model's parameters, "
+                              f"e.g. {list(missing)[:3]}")
+    if unexpected:
+        warnings.append(f"{len(unexpected)} tensors of the PaddleNLP weights are not in the model, e.g. "
+                        f"{list(unexpected)[:3]}")
+
+
+def _load_lora_weights(ckpt_dir: str, lora_model, topology, warnings: List[str]) -> None:
+    """A LoRAModel's adapters from ``lora_model_state.pdparams`` (merged over tensor-parallel ranks: split for
+    this rank by the model's own ``_convert_tensor_parallel``, as PaddleNLP's resume does) or, as PaddleNLP writes
+    them under pipeline parallel or quantization, this rank's ``lora_model_state.<suffix>.pdparams``."""
+    merged = os.path.join(ckpt_dir, "lora_model_state.pdparams")
+    if os.path.isfile(merged):
+        weights = load_pickle(merged, return_numpy=True)
+        if lora_model.lora_config.tensor_parallel_degree > 1:
+            weights = lora_model._convert_tensor_parallel(weights)
+    else:
+        weights = load_pickle(_named(ckpt_dir, "lora_model_state", "pdparams", paddlenlp_name_suffix(topology)),
+                              return_numpy=True)
+    base_state = lora_model.model.state_dict()
+    trainable = [n for n, t in base_state.items() if not t.stop_gradient]
+    _check_weight_names(ckpt_dir, [n for n in trainable if n not in weights],
+                        [n for n in weights if n not in base_state], warnings)
+    lora_model.model.set_state_dict({n: w for n, w in weights.items() if n in base_state})
+
+
 def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,
                               topology=None, load_rng: bool = True) -> LoadedCheckpoint:
     """Load a PaddleNLP 3.0.0b4 checkpoint into ``model`` (and ``optimizer``, ``lr_scheduler``, the fp16 loss
@@ -111,14 +148,12 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
     position is the trainer state's ``consumed_samples``).
     """
     warnings: List[str] = []
-    weights = load_pickle(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
-    missing, unexpected = model.set_state_dict(weights) or ([], [])
-    if missing:
-        raise CheckpointError(f"{ckpt_dir}: the PaddleNLP weights lack {len(missing)} of the model's parameters, "
-                              f"e.g. {list(missing)[:3]}")
-    if unexpected:
-        warnings.append(f"{len(unexpected)} tensors of the PaddleNLP weights are not in the model, e.g. "
-                        f"{list(unexpected)[:3]}")
+    if peft_type(model) == "lora":
+        _load_lora_weights(ckpt_dir, unwrap_model(model), topology, warnings)
+    else:
+        weights = load_pickle(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
+        missing, unexpected = model.set_state_dict(weights) or ([], [])
+        _check_weight_names(ckpt_dir, missing, unexpected, warnings)
     optimizer_restored = False
     if optimizer is not None:
         state = load_pickle(_named(ckpt_dir, "optimizer", "pdopt", paddlenlp_name_suffix(topology, optimizer=True)))

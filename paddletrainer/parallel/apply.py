@@ -48,14 +48,17 @@ from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
 from .sharding import apply_sharding
 from .tensor import apply_tensor_parallel
+from ..paddle_contract import optimizer_grad_clip, optimizer_param_groups
 
 __all__ = ["parallelize", "wrap_captures_accumulation"]
 
+_FILE = "paddletrainer/parallel/apply.py"  # named by the private reads it makes through paddle_contract
+
 
 def _check_optimizer(optimizer) -> None:
-    groups = getattr(optimizer, "_param_groups", None) or []
+    groups = optimizer_param_groups(optimizer, _FILE)
     group_clip = any(isinstance(g, dict) and g.get("grad_clip") is not None for g in groups)
-    if getattr(optimizer, "_grad_clip", None) is not None or group_clip:
+    if optimizer_grad_clip(optimizer, _FILE) is not None or group_clip:
         raise ValueError(
             "take the optimizer's grad_clip off before parallelize: clip = paddletrainer.parallel.clipping."
             "take_gradient_clip(optimizer), then clip_gradients(optimizer, topology, clip) before each step (the "

@@ -36,10 +36,12 @@ import paddle
 from paddle.distributed import fleet
 
 from ..parallel.wrappers import unwrap_model
-from .layout import CheckpointError
+from .layout import CheckpointError, CheckpointMismatchError
 from .load import LoadedCheckpoint
+from .members import MAX_SMALL_FILE_BYTES, read_member
 from .peft import peft_type
 from .restricted_pickle import load_pickle
+from .validate import InvalidCheckpointFileError, validate_scheduler_state, validate_trainer_state
 
 __all__ = ["load_paddlenlp_checkpoint", "load_paddlenlp_extras", "paddlenlp_name_suffix"]
 
@@ -65,21 +67,54 @@ def _named(ckpt_dir: str, stem: str, ext: str, suffix: str) -> str:
     return path
 
 
+def _rng_states(ckpt_dir: str, name: str, topology) -> dict:
+    """This rank's entry of ``rng_state[_<world>].pth``, every part checked by applying it to a scratch generator
+    first: a damaged file is refused naming its field before any of this process's generators is touched."""
+    path = os.path.join(ckpt_dir, name)
+    states = load_pickle(path, return_numpy=True)
+    if name != "rng_state.pth":  # one entry per rank
+        rank = getattr(topology, "rank", 0)
+        if not isinstance(states, (list, tuple)) or not 0 <= rank < len(states):
+            raise InvalidCheckpointFileError(path, "", f"holds no RNG state of rank {rank} (a list per rank)")
+        states, path = states[rank], f"{path}[{rank}]"
+    if not isinstance(states, dict):
+        raise InvalidCheckpointFileError(path, "", "is not a dict of RNG states")
+    core = paddle.framework.core
+    checks = (("python", lambda v: random.Random().setstate(v)),
+              ("numpy", lambda v: np.random.RandomState().set_state(v)),
+              ("cpu", _generator_state), ("cuda", lambda v: [_generator_state(x) for x in v]))
+    for field, check in checks:
+        if field not in states and field == "cuda":
+            continue
+        try:
+            check(states[field])
+        except Exception as e:  # noqa: BLE001 - whatever the value makes the setter raise: one line naming it
+            raise InvalidCheckpointFileError(path, field, f"not a {field} RNG state ({type(e).__name__}: "
+                                             f"{str(e)[:120]})") from None
+    tracker = states.get("hybrid_parallel_rng_state_tracker")
+    if tracker is not None and not (isinstance(tracker, dict) and all(
+            isinstance(k, str) and isinstance(v, core.GeneratorState) for k, v in tracker.items())):
+        raise InvalidCheckpointFileError(path, "hybrid_parallel_rng_state_tracker", "not a dict of generator states")
+    return states
+
+
+def _generator_state(value):
+    if not isinstance(value, paddle.framework.core.GeneratorState):
+        raise TypeError(f"a {type(value).__name__}, not a Paddle GeneratorState")
+
+
 def _restore_rng(ckpt_dir: str, topology) -> bool:
     world = getattr(topology, "world_size", 1) if topology is not None else 1
     name = "rng_state.pth" if world <= 1 else f"rng_state_{world}.pth"
-    path = os.path.join(ckpt_dir, name)
-    if not os.path.isfile(path):
+    if not os.path.lexists(os.path.join(ckpt_dir, name)):
         return False
-    states = load_pickle(path, return_numpy=True)
-    if world > 1:  # one entry per rank
-        states = states[getattr(topology, "rank", 0)]
+    states = _rng_states(ckpt_dir, name, topology)
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
     core = paddle.framework.core
     core.default_cpu_generator().set_state(states["cpu"])
     if core.is_compiled_with_cuda():
-        for i, state in enumerate(states["cuda"][: core.get_cuda_device_count()]):
+        for i, state in enumerate(states.get("cuda", [])[: core.get_cuda_device_count()]):
             core.default_cuda_generator(i).set_state(state)
     tracker = states.get("hybrid_parallel_rng_state_tracker")
     if tracker is not None and getattr(topology, "use_hybrid", False):
@@ -93,22 +128,64 @@ def _restore_rng(ckpt_dir: str, topology) -> bool:
     return True
 
 
+def _trainer_state(ckpt_dir: str) -> dict:
+    """``trainer_state.json`` (``{}`` without one): a regular file inside ``ckpt_dir``, bounded, every field of
+    ``TrainerState`` checked (:func:`.validate.validate_trainer_state`), so nothing fails after the resume began."""
+    path = os.path.join(ckpt_dir, "trainer_state.json")
+    try:
+        raw = read_member(ckpt_dir, "trainer_state.json", MAX_SMALL_FILE_BYTES, "trainer state")
+    except FileNotFoundError:
+        return {}
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise InvalidCheckpointFileError(path, "", f"not JSON ({str(e)[:120]})") from None
+    return validate_trainer_state(doc, path, resume=True)
+
+
+def _pickled_dict(ckpt_dir: str, name: str, return_numpy: bool = False) -> dict:
+    path = os.path.join(ckpt_dir, name)
+    state = load_pickle(path, return_numpy=return_numpy)
+    if not isinstance(state, dict):
+        raise InvalidCheckpointFileError(path, "", f"is a {type(state).__name__}, not a state dict")
+    return state
+
+
 def load_paddlenlp_extras(ckpt_dir: str, *, lr_scheduler=None, scaler=None, topology=None,
                           load_rng: bool = True) -> Tuple[dict, bool]:
     """What both PaddleNLP formats (unified or not) store alike: ``scheduler.pdparams`` into ``lr_scheduler``,
     ``scaler.pdparams`` into ``scaler`` (pickles, read with the allowlist unpickler), the RNG of this rank from
     ``rng_state[_<world>].pth`` when the world size is the one that saved it. Returns the ``trainer_state.json``
-    dict (``{}`` without one) and whether the RNG was restored."""
-    if lr_scheduler is not None and os.path.isfile(os.path.join(ckpt_dir, "scheduler.pdparams")):
-        lr_scheduler.set_state_dict(load_pickle(os.path.join(ckpt_dir, "scheduler.pdparams")))
-    if scaler is not None and os.path.isfile(os.path.join(ckpt_dir, "scaler.pdparams")):
-        scaler.load_state_dict(load_pickle(os.path.join(ckpt_dir, "scaler.pdparams"), return_numpy=True))
-    trainer_state = {}
-    if os.path.isfile(os.path.join(ckpt_dir, "trainer_state.json")):
-        with open(os.path.join(ckpt_dir, "trainer_state.json")) as f:
-            trainer_state = json.load(f)
+    dict (``{}`` without one) and whether the RNG was restored. Each file is checked before any is applied."""
+    trainer_state = _trainer_state(ckpt_dir)
+    scheduler_state = scaler_state = None
+    if lr_scheduler is not None and os.path.lexists(os.path.join(ckpt_dir, "scheduler.pdparams")):
+        scheduler_state = validate_scheduler_state(_pickled_dict(ckpt_dir, "scheduler.pdparams"),
+                                                   os.path.join(ckpt_dir, "scheduler.pdparams"))
+    if scaler is not None and os.path.lexists(os.path.join(ckpt_dir, "scaler.pdparams")):
+        scaler_state = _pickled_dict(ckpt_dir, "scaler.pdparams", return_numpy=True)
+    if scheduler_state is not None:
+        lr_scheduler.set_state_dict(scheduler_state)
+    if scaler_state is not None:
+        scaler.load_state_dict(scaler_state)
     rng = _restore_rng(ckpt_dir, topology) if load_rng else False
     return trainer_state, rng
+
+
+def _weight_problems(weights: dict, model) -> List[str]:
+    """Weights of another shape, or another kind of number, than the model's parameter of that name (int8 bytes
+    would be cast into float weights without a word)."""
+    problems = []
+    for name, param in model.state_dict().items():
+        value = weights.get(name)
+        if value is None or not hasattr(value, "shape"):
+            continue
+        theirs, ours = str(value.dtype).replace("paddle.", ""), str(param.dtype).replace("paddle.", "")
+        if list(value.shape) != list(param.shape):
+            problems.append(f"{name}: shape {list(value.shape)} in the checkpoint but {list(param.shape)} in the model")
+        elif ("float" in theirs) != ("float" in ours):
+            problems.append(f"{name}: dtype {theirs} in the checkpoint but {ours} in the model")
+    return problems
 
 
 def _check_weight_names(ckpt_dir: str, missing, unexpected, warnings: List[str]) -> None:
@@ -152,6 +229,12 @@ def load_paddlenlp_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_schedu
         _load_lora_weights(ckpt_dir, unwrap_model(model), topology, warnings)
     else:
         weights = load_pickle(_named(ckpt_dir, "model_state", "pdparams", paddlenlp_name_suffix(topology)))
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"{ckpt_dir}: the PaddleNLP weights are a {type(weights).__name__}, not a state "
+                                  "dict")
+        problems = _weight_problems(weights, model)
+        if problems:
+            raise CheckpointMismatchError([f"{ckpt_dir} (PaddleNLP): {p}" for p in problems])
         missing, unexpected = model.set_state_dict(weights) or ([], [])
         _check_weight_names(ckpt_dir, missing, unexpected, warnings)
     optimizer_restored = False

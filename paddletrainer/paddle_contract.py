@@ -203,6 +203,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
     Symbol("paddle.io.DistributedBatchSampler", ("_acc_steps",), READ, _P + "data/sampling.py", TESTS, EVERY),
     Symbol("paddle.Tensor", ("_is_initialized",), READ, _P + "runtime/replica_check.py", TESTS, EVERY),
     Symbol("paddle.Tensor", ("_is_initialized",), READ, _P + "tools/gpu_smoke.py", TESTS, EVERY),
+    Symbol("paddlenlp.peft.LoRAModel", ("_convert_tensor_parallel",), READ, _P + "checkpoint/paddlenlp_interop.py",
+           TESTS, EVERY),
     Symbol("PaddleNLP's argument dataclasses (optional)", ("_argument_group_name",), READ, _P + "argparser.py",
            TESTS, EVERY),
 )

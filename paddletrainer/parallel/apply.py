@@ -33,6 +33,7 @@ would never sum its norms' gradients over tp, and the ranks would drift apart si
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 from paddle.distributed import fleet
@@ -107,7 +108,7 @@ def _find_unused_parameters(model, chosen: Optional[bool]) -> bool:
     return not any(getattr(layer, "enable_recompute", False) for layer in model.sublayers(include_self=True))
 
 
-def parallelize(model, optimizer, topology, config: ParallelConfig):
+def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
     ``config``: the :class:`~.config.ParallelConfig` the topology was built from (``args.parallel_config``; a
@@ -116,7 +117,9 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     and its construction has checked their combinations: nothing here checks them again. The model must
     already be built for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their
     config), a ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
+    ``timed("optimizer")`` (optional) wraps the sharded or hybrid optimizer's construction (startup timing).
     """
+    timed = timed or (lambda phase: contextlib.nullcontext())
     expect_config(config, "parallelize")
     if config.layout != topology.layout:
         raise ValueError(f"parallelize: the config's layout {config.layout.describe()} is not the topology's "
@@ -155,7 +158,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     # cp: no pp and no sharding here (ParallelConfig); the tp wrapper broadcasts over the sep group cp runs on
     model = apply_context_parallel(model, topology=topology, wrapped=topology.tp_degree > 1)
     if stage in (2, 3):
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
+        with timed("optimizer"):
+            model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3
         return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
     local_experts = False
@@ -163,11 +167,12 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         # experts stay out of the sharded partition and broadcasts; ParallelOptimizer updates them locally
         local_experts = experts is not None
         with shard_dense_parameters(optimizer, experts.parameters if local_experts else []), \
-                keep_experts(model, topology):
+                keep_experts(model, topology), timed("optimizer"):
             model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config,
                                               wrap_model=topology.tp_degree == 1)
     else:
-        optimizer = fleet.distributed_optimizer(optimizer)
+        with timed("optimizer"):
+            optimizer = fleet.distributed_optimizer(optimizer)
     return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts,
                                     local_experts=local_experts)
 

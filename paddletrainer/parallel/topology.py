@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Any, Mapping, Optional
 
 import paddle.distributed as dist
@@ -67,6 +68,7 @@ class Topology:
     coords: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)  # axis → this rank's coordinate
     hcg: Any = dataclasses.field(default=None, repr=False, compare=False)
     groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    build_seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)  # init_topology's wall time
 
     def __post_init__(self):
         if not self.coords:  # default: where fleet places ``rank``
@@ -354,7 +356,9 @@ def init_topology(config: ParallelConfig) -> Topology:
         if (_TOPOLOGY.layout, _TOPOLOGY.layout.topo_order) != (config.layout, config.layout.topo_order):
             raise RuntimeError(f"init_topology already ran with {_TOPOLOGY.layout}; got {config.layout}")
         return _TOPOLOGY
-    _TOPOLOGY = _build_topology(config)
-    if _TOPOLOGY.layout.world_size > 1:
-        prime_launcher_store(_TOPOLOGY.rank)  # rank 0 hosts the launcher's store: see tcp_store
+    began = time.time()
+    topology = _build_topology(config)
+    if topology.layout.world_size > 1:
+        prime_launcher_store(topology.rank)  # rank 0 hosts the launcher's store: see tcp_store
+    _TOPOLOGY = dataclasses.replace(topology, build_seconds=time.time() - began)  # the Trainer's startup report
     return _TOPOLOGY

@@ -46,7 +46,7 @@ from .metrics.results import TrainerResults
 from .metrics.writers import check_report_to
 from .optim.optimization import create_optimizer
 from .optim.schedules import get_scheduler
-from .optim.loss import batch_loss
+from .optim.loss import batch_loss, scale_micro_batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
 from .parallel.expert import check_expert_model
@@ -77,7 +77,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             a dict with ``"loss"``, or logits when ``criterion`` is given. A ``PipelineLayer`` under pipeline
             parallel.
         criterion: ``loss = criterion(logits, labels)`` for models that return logits.
-        args: ``TrainingArguments``; defaults to ``output_dir="tmp_trainer"``.
+        args: ``TrainingArguments``, never changed (the device run on is ``effective_device``); defaults to
+            ``output_dir="tmp_trainer"``.
         data_collator: turns a list of samples into a batch; default ``DataCollatorWithPadding(tokenizer)``
             when a tokenizer is given, else ``default_data_collator``.
         train_dataset: map-style (``__len__``/``__getitem__``) or iterable dataset to train on.
@@ -107,7 +108,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
         self.args = args
-        args.device = resolve_device(args.device)  # gpu on a CPU-only build: cpu, with one warning
+        self.effective_device = resolve_device(args.device)  # gpu on a CPU-only build: cpu (warned); args unchanged
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there (before the checks)
             paddle.set_device("cpu")
         self._memory = MemoryTracker(enabled=not args.skip_memory_metrics)
@@ -295,13 +296,14 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         return (loss, outputs) if return_outputs else loss
 
     def training_step(self, model, inputs: Dict[str, Any]) -> paddle.Tensor:
-        """Forward + backward of one micro-batch; returns the detached loss / accumulation steps (no op at 1)."""
+        """Forward + backward of one micro-batch; returns the detached loss × its weight / accumulation steps."""
         if not model.training:  # Layer.train() walks every sublayer: do it only after an evaluation
             model.train()
         inputs = self._sequence_segment(self._prepare_inputs(inputs))
         with self.autocast_smart_context_manager():
             loss = self.compute_loss(model, inputs)
-        loss = loss / self.args.gradient_accumulation_steps if self.args.gradient_accumulation_steps > 1 else loss
+        weight = self._loop.next_loss_weight() if self._loop is not None else None  # its share of the global batch
+        loss = scale_micro_batch_loss(loss, weight, self.args.gradient_accumulation_steps)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
@@ -309,7 +311,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         return loss.detach()
 
     def _micro_batched_forward_backward(self, micro_batches: List[Dict[str, Any]]) -> paddle.Tensor:
-        """Σ over micro-batches of loss/A = the mean loss of the step (equal-sized micro-batches).
+        """Σ over micro-batches of loss·weight/A = the step's loss (``optim.loss``: the global batch's mean).
 
         Gradients are synchronised only on the last micro-batch (``no_sync`` before it).
         """
@@ -328,7 +330,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self.model_wrapped.train()
         batches = [self._sequence_segment(self._prepare_inputs(b)) for b in micro_batches]
         with self.autocast_smart_context_manager():
-            return pipeline.train_batch(self.model_wrapped, batches, scaler=self.scaler)
+            return pipeline.train_batch(self.model_wrapped, batches, self.scaler, self._loop.loss_weights)
 
     def _optimizer_step(self) -> paddle.Tensor:
         """Unscale the synchronised gradients, clip by the global norm, then step or skip on every rank alike;
@@ -456,11 +458,12 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
 
     def _train_step(self, micro_batches: List[Dict[str, Any]]) -> Optional[paddle.Tensor]:
         """One optimizer step: forward/backward of the micro-batches, gradient sync, then unscale, clip, the
-        non-finite verdict and the update (``_optimizer_step``). Returns the step's loss (Σ_m loss_m / GA, on the
-        device), or None when a non-finite gradient norm rolled the run back (``nan_inf_policy=rollback``)."""
+        non-finite verdict and the update (``_optimizer_step``). Returns the step's loss (Σ_m loss_m·w_m / GA, on the
+        device; ``optim.loss``), or None when a non-finite gradient norm rolled the run back (``nan_inf_policy=rollback``)."""
         args, loop = self.args, self._loop
         if args.count_trained_tokens:
             loop.tokens.update(micro_batches)
+        loop.loss_weights = self._micro_batch_loss_weights(micro_batches)  # before any sep/cp cut: whole counts
         with self.timers("forward_backward"):
             step_loss = loop.forward_backward(self, micro_batches)  # grads summed over the micro-batches
         self.control = self.callback_handler.on_optimizer_begin(args, self.state, self.control, scaler=self.scaler)
@@ -569,13 +572,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             }
             if loop.grad_norm is not None:
                 logs["grad_norm"] = float(loop.grad_norm)
-            logs.update(
-                meter.report(
-                    flops_per_token=flops_per_token,
-                    peak_flops=args.peak_flops_per_device,
-                    num_devices=self.topology.world_size,
-                )
-            )
+            logs.update(meter.report(flops_per_token=flops_per_token, peak_flops=args.peak_flops_per_device,
+                                     num_devices=self.topology.world_size))
             logs["peak_memory_MB"] = round(peak_memory_bytes() / 2**20, 1)
             logs.update(overflow.scaler_logs(self.scaler, self.state.skipped_steps))
             logs.update(self.timers.report_and_reset())

@@ -4,8 +4,10 @@ A mixin of :class:`~paddletrainer.trainer.Trainer` (like ``trainer_evaluation.Tr
 Trainer's ``args``, ``topology``, ``model``, ``data_collator``, ``label_names`` and datasets. PaddleNLP's override
 points live here: ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``,
 ``_get_train_sampler``, ``_get_eval_sampler``, ``_remove_unused_columns``, ``num_examples``; ``_plan_epochs`` turns the training
-sampler into the run's steps and epochs; ``_sequence_segment`` is this sep/cp rank's part of each sequence. The
-samplers themselves are in ``data.sampling``.
+sampler into the run's steps and epochs; ``_sequence_segment`` is this sep/cp rank's part of each sequence;
+``count_loss_items`` (an override point of ours) the items a batch's loss averages over, from which
+``_micro_batch_loss_weights`` makes a step's loss the mean over its global batch (``optim.loss``). The samplers
+themselves are in ``data.sampling``.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from . import checks
 from .data.collate import ColumnFilter, forward_argument_names, remove_unused_columns
 from .data.loader import DataLoader, IterableDatasetShard
 from .data.sampling import EvalBatchSampler, GlobalBatchSampler, WholeStepBatchSampler
+from .optim.loss import IGNORE_INDEX, loss_items, micro_batch_weights
 from .parallel.context import shard_context
 from .parallel.segment import shard_sequence
 from .trainer_utils import has_length
@@ -135,3 +138,20 @@ class TrainerData:
         if self.topology.cp_degree > 1:
             return shard_context(inputs, self.topology.cp_degree, self.topology.cp_rank)
         return shard_sequence(inputs, self.topology.sep_degree, self.topology.sep_rank)
+
+    def count_loss_items(self, inputs: Dict[str, Any]):
+        """How many items ``compute_loss`` averages over in ``inputs`` (a whole micro-batch, before any sep/cp
+        cut): the labels that are not the ignore index (the model config's ``ignore_index``, else -100), or the
+        batch size for a loss per sample (no labels, several label arrays). An int, or a 0-D tensor counted on the
+        labels' device. Override it when your ``compute_loss`` averages over something else (e.g. a ``loss_mask``);
+        ``loss_average="global_batch"`` then weighs each micro-batch by its share of the global batch's count."""
+        ignore_index = getattr(getattr(self.model, "config", None), "ignore_index", IGNORE_INDEX)
+        return loss_items(inputs, self.label_names, ignore_index if isinstance(ignore_index, int) else IGNORE_INDEX)
+
+    def _micro_batch_loss_weights(self, micro_batches) -> Optional[list]:
+        """Each micro-batch's weight in the step's loss (``optim.loss.micro_batch_weights``: one all-reduce of
+        one number over the data ranks, nothing read on the host); None under ``loss_average="micro_batch"``."""
+        if self.args.loss_average == "micro_batch":
+            return None
+        counts = [self.count_loss_items(batch) for batch in micro_batches]
+        return micro_batch_weights(counts, len(micro_batches), self.topology)

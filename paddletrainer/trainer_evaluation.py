@@ -3,9 +3,12 @@
 The Trainer's ``evaluation_loop`` runs the prediction steps (its override points); :class:`EvalAccumulator`
 collects what they return and :meth:`EvalAccumulator.finish` turns it into an ``EvalLoopOutput``:
 
-* loss: ``sum(loss_b · size_b) / sum(size_b)`` over every real batch of every data rank (one gather), so each
-  sample counts once whatever the eval set's size (``EvalBatchSampler`` never pads a batch; a rank's
-  trailing padding batch, see there and ``IterableDatasetShard`` for streams, is left out);
+* loss: ``sum(loss_b · n_b) / sum(n_b)`` over every real batch of every data rank (one gather), ``n_b`` the
+  items its loss averages over (``Trainer.count_loss_items``: its trained tokens), so the eval loss is the mean
+  over every trained token of the eval set, as the training loss is over a global batch (``optim.loss``); with
+  ``loss_average="micro_batch"`` ``n_b`` is the batch size (PaddleNLP's mean of batch means, each sample
+  weighing its batch's mean). Each sample counts once whatever the eval set's size (``EvalBatchSampler`` never
+  pads a batch; a rank's trailing padding batch, see there and ``IterableDatasetShard`` for streams, is left out);
 * predictions and labels: each data rank saw batch k of every block, so gathering interleaves them back,
   (k, rank 0), (k, rank 1), ... — the dataset's order;
 * metrics: ``compute_metrics`` on the gathered arrays, keys prefixed with ``metric_key_prefix``.
@@ -60,15 +63,17 @@ class EvalAccumulator:
     def __init__(self, real_batches: RealBatches = None) -> None:
         self.batches = 0
         self.real_batches = real_batches
-        # per batch: (loss·size or None, size, logits or None, labels or None)
+        # per batch: (loss·items or None, items, size, logits or None, labels or None)
         self._records: List[tuple] = []
 
-    def add(self, loss, logits, labels, batch_size: int) -> None:
-        """One batch: ``loss`` (its mean, or None), ``logits`` and ``labels`` (None when absent)."""
+    def add(self, loss, logits, labels, batch_size: int, loss_items: Optional[float] = None) -> None:
+        """One batch: ``loss`` (its mean over ``loss_items`` items, default ``batch_size``; or None), ``logits``
+        and ``labels`` (None when absent)."""
         self.batches += 1
         if isinstance(self.real_batches, int) and self.batches > self.real_batches:
             return
-        self._records.append((None if loss is None else float(loss) * batch_size, batch_size,
+        items = batch_size if loss_items is None else loss_items
+        self._records.append((None if loss is None else float(loss) * items, items, batch_size,
                               None if logits is None else nested_numpify(logits),
                               None if labels is None else nested_numpify(labels)))
 
@@ -80,12 +85,12 @@ class EvalAccumulator:
                metric_key_prefix: str = "eval") -> EvalLoopOutput:
         """Combine every data rank's batches (collective over the data group: call it on every rank)."""
         records = self._counted()
-        losses = [(weighted, size) for weighted, size, _, _ in records if weighted is not None]
-        own_preds = [logits for _, _, logits, _ in records if logits is not None]
-        own_labels = [labels for _, _, _, labels in records if labels is not None]
+        losses = [(weighted, items) for weighted, items, _, _, _ in records if weighted is not None]
+        own_preds = [logits for _, _, _, logits, _ in records if logits is not None]
+        own_labels = [labels for _, _, _, _, labels in records if labels is not None]
         # the batch counts decide, identically on every rank, which gathers run (a rank may hold no batch)
         loss_sum, loss_count, samples, n_preds, n_labels = sum_over_data_ranks(
-            [sum((w for w, _ in losses), 0.0), sum(n for _, n in losses), sum(r[1] for r in records), len(own_preds),
+            [sum((w for w, _ in losses), 0.0), sum(n for _, n in losses), sum(r[2] for r in records), len(own_preds),
              len(own_labels)], topology)
         preds = gather_in_dataset_order(own_preds, topology) if n_preds else None
         labels = gather_in_dataset_order(own_labels, topology) if n_labels else None
@@ -135,17 +140,19 @@ def predict_batch(model, inputs: Dict, *, compute_loss: Callable, label_names: L
 
 def run_loop(dataloader, step: Callable, *, preprocess_logits: Optional[Callable], after_step: Callable,
              max_eval_iters: Optional[int], topology, compute_metrics: Optional[Callable],
-             metric_key_prefix: str) -> EvalLoopOutput:
+             metric_key_prefix: str, loss_items: Optional[Callable] = None) -> EvalLoopOutput:
     """The body of ``Trainer.evaluation_loop``: ``step(inputs) -> (loss, logits, labels)`` per batch (at most
     ``max_eval_iters`` batches when > 0), ``after_step()`` after each (the ``on_prediction_step`` event), then
-    the data ranks combined in dataset order (:meth:`EvalAccumulator.finish`)."""
+    the data ranks combined in dataset order (:meth:`EvalAccumulator.finish`). ``loss_items(inputs)``: the items
+    a batch's loss averages over (None: its batch size)."""
     collected = EvalAccumulator(real_batches_of(dataloader))
     for inputs in dataloader:
         bs = int(next(iter(inputs.values())).shape[0])
         loss, logits, batch_labels = step(inputs)
         if logits is not None and preprocess_logits is not None:
             logits = preprocess_logits(logits, batch_labels)
-        collected.add(loss, logits, batch_labels, bs)
+        items = None if loss is None or loss_items is None else loss_items(inputs)
+        collected.add(loss, logits, batch_labels, bs, items)
         after_step()
         if max_eval_iters is not None and 0 < max_eval_iters <= collected.batches:
             break
@@ -263,9 +270,11 @@ class TrainerEvaluation:
         def after_step():
             self.control = self.callback_handler.on_prediction_step(self.args, self.state, self.control)
 
+        token_mean = self.args.loss_average == "global_batch"  # else PaddleNLP's: each batch's mean per sample
         return run_loop(dataloader, step, preprocess_logits=self.preprocess_logits_for_metrics, after_step=after_step,
                         max_eval_iters=max_eval_iters, topology=self.topology, compute_metrics=self.compute_metrics,
-                        metric_key_prefix=metric_key_prefix)
+                        metric_key_prefix=metric_key_prefix,
+                        loss_items=(lambda inputs: float(self.count_loss_items(inputs))) if token_mean else None)
 
     def _nested_gather(self, tensors):
         """``tensors`` (nested) from every process, concatenated on axis 0 in rank order (collective when more

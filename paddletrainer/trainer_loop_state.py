@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import paddle
 
@@ -69,6 +69,12 @@ class LoopState:
     tokens: TokenCounter  # count_trained_tokens
     grad_norm: Optional[paddle.Tensor] = None  # the last step's global norm, unread until it is logged
     applied_steps: int = 0  # optimizer steps taken in this call (a rollback sets global_step back, not this)
+    # the weights of the step's micro-batches not yet run (optim.loss.micro_batch_weights); None: PaddleNLP's mean
+    loss_weights: Optional[List[paddle.Tensor]] = None
+
+    def next_loss_weight(self) -> Optional[paddle.Tensor]:
+        """The weight of the micro-batch about to run (``training_step``), taken from :attr:`loss_weights`."""
+        return self.loss_weights.pop(0) if self.loss_weights else None
 
     @classmethod
     def start(cls, args, topology, model_wrapped, scaler, global_step: int, forward_backward: Callable,

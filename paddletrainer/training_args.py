@@ -59,7 +59,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-
 def _enum(enum_cls, value, option: str):
     """``enum_cls(value)`` with an error naming the option, the value and the valid values."""
     try:
@@ -103,8 +102,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     do_export: bool = field(default=False, metadata=_help("Export an inference model (read by your script)."))
     evaluation_strategy: IntervalStrategy = field(default="no", metadata=_help(
         "When to evaluate during training: no, steps (every eval_steps) or epoch."))
-    prediction_loss_only: bool = field(default=False, metadata=_help(
-        "In evaluation and prediction, return only the loss."))
+    prediction_loss_only: bool = field(default=False, metadata=_help("In evaluation and prediction, return only the loss."))
 
     # ---------------------------------------------------------------- batch sizes, optimizer, schedule
     per_device_train_batch_size: int = field(default=8, metadata=_help("Training batch size per process."))
@@ -185,8 +183,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         "Size of the fused gradient buffer of sharding communication; -1 keeps Paddle's default (256 MB)."))
     save_sharded_model: bool = field(default=False, metadata=_help(
         "With sharding stage1, each sharding rank saves only its part of the model."))
-    load_sharded_model: bool = field(default=False, metadata=_help(
-        "Load a model saved with save_sharded_model."))
+    load_sharded_model: bool = field(default=False, metadata=_help("Load a model saved with save_sharded_model."))
     tensor_parallel_degree: int = field(default=-1, metadata=_help(
         "Tensor (model) parallel degree: each layer is split over this many processes; the model must be "
         "written with tensor-parallel layers. -1: off."))
@@ -236,8 +233,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     local_rank: int = field(default=-1, metadata=_help(
         "Rank of the process on its node (set from PADDLE_RANK_IN_NODE / PADDLE_LOCAL_RANK when launched)."))
     dataloader_drop_last: bool = field(default=False, metadata=_help("Drop the last incomplete batch."))
-    eval_steps: Optional[int] = field(default=None, metadata=_help(
-        "Evaluate every N steps; None means logging_steps."))
+    eval_steps: Optional[int] = field(default=None, metadata=_help("Evaluate every N steps; None means logging_steps."))
     max_evaluate_steps: int = field(default=-1, metadata=_help("If > 0, evaluate on at most this many batches."))
     dataloader_num_workers: int = field(default=0, metadata=_help(
         "Data-loading subprocesses; 0 loads in the main process."))
@@ -352,6 +348,9 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
     checkpoint_async_save: bool = field(default=False, metadata=_help(
         "Write checkpoints in a background thread; the state is copied to host memory before the next optimizer "
         "step, and nothing (e.g. an on_save callback) may change weights in place until then: it would be saved."))
+    loss_average: Literal["global_batch", "micro_batch"] = field(default="global_batch", metadata=_help(
+        "global_batch: a step's loss and eval_loss are means over every trained token (labels != ignore index; a loss "
+        "per sample: every sample) of the global batch, on any layout; micro_batch: PaddleNLP's mean of batch means."))
     nan_inf_policy: Literal["error", "skip", "rollback"] = field(default="error", metadata=_help(
         "On a NaN/Inf loss or gradient: error (stop with a report), skip (drop the step and go on) or rollback "
         "(reload the newest checkpoint and skip the samples trained on since it). Under fp16 with a loss scale "
@@ -420,6 +419,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         _choice(self.fp16_opt_level, ("O0", "O1", "O2"), "fp16_opt_level")
         _choice(self.ckpt_quant_stage, ("O0", "O1", "O2"), "ckpt_quant_stage")
         _choice(self.nan_inf_policy, ("error", "skip", "rollback"), "nan_inf_policy")
+        _choice(self.loss_average, ("global_batch", "micro_batch"), "loss_average")
         if isinstance(self.nan_inf_rollback_max_retries, bool) or self.nan_inf_rollback_max_retries < 0:
             raise ValueError(f"nan_inf_rollback_max_retries={self.nan_inf_rollback_max_retries!r} is invalid: "
                              "must be >= 0")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
@@ -32,6 +31,7 @@ from . import layout as L
 from .load import LoadedCheckpoint
 from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_tensors, optimizer_tensors,
                           stepped_parameter_names, topology_info)
+from .members import open_safetensors, read_weight_map
 from .paddlenlp_interop import load_paddlenlp_extras
 from .reshard import read_placement
 
@@ -49,29 +49,13 @@ _DTYPES = {"F64": ("float64", "<f8"), "F32": ("float32", "<f4"), "F16": ("float1
 _STATE_NUMBER = re.compile(r"_\d+$")  # PaddleNLP's "moment1_0": the accumulator's generated-name counter
 
 
-def _read_header(path: str) -> Tuple[dict, int]:
-    """A safetensors file's header and the offset of its data section."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise L.CheckpointError(f"{path}: not a safetensors file (shorter than its header length)")
-        (size,) = struct.unpack("<Q", raw)
-        if size > os.path.getsize(path) - 8:
-            raise L.CheckpointError(f"{path}: not a safetensors file (header length {size} past the end)")
-        try:
-            header = json.loads(f.read(size))
-        except ValueError as e:
-            raise L.CheckpointError(f"{path}: unreadable safetensors header ({e})") from e
-    header.pop("__metadata__", None)
-    return header, 8 + size
-
-
 class _Tensors:
     """Read-only views of the tensors of one safetensors file (``get_tensor``/``get_slice``, as ``safe_open``)."""
 
-    def __init__(self, path: str, header: dict, data_start: int):
+    def __init__(self, path: str, header: dict, data_start: int, f):
         self.path, self.header, self.data_start = path, header, data_start
-        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        with f:
+            self._map = np.memmap(f, dtype=np.uint8, mode="r")
 
     def get_tensor(self, key: str) -> np.ndarray:
         entry = self.header[key]
@@ -82,27 +66,11 @@ class _Tensors:
     get_slice = get_tensor  # a numpy view slices like safe_open's slice object
 
 
-def _check_extent(tensors: _Tensors, name: str, entry: dict) -> None:
-    """The bytes of ``name`` are inside the file and as many as its shape and dtype need."""
-    lo, hi = entry.get("data_offsets", (0, -1))
-    need = int(np.prod(entry["shape"], dtype=np.int64)) * np.dtype(_DTYPES[entry["dtype"]][1]).itemsize
-    if not 0 <= lo <= hi <= tensors._map.size - tensors.data_start or hi - lo != need:
-        raise L.CheckpointError(f"{tensors.path}: {name} spans bytes [{lo}, {hi}) of the data section, but its "
-                                f"shape {entry['shape']} {entry['dtype']} needs {need} bytes within "
-                                f"{tensors._map.size - tensors.data_start} (a truncated or damaged file)")
-
-
 def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
-    path = os.path.join(ckpt_dir, index_name)
-    if not os.path.isfile(path):
-        return None
     try:
-        with open(path) as f:
-            index = json.load(f)
-        return dict(index["weight_map"])
-    except (ValueError, KeyError, TypeError) as e:
-        raise L.CheckpointError(f"{path}: not a PaddleNLP unified checkpoint index (no readable weight_map: "
-                                f"{e})") from e
+        return read_weight_map(ckpt_dir, index_name)
+    except FileNotFoundError:
+        return None
 
 
 def _our_key(index_name: str, name: str) -> str:
@@ -124,10 +92,11 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
     for index_name in UNIFIED_INDEX_NAMES:
         for name, file in sorted((_weight_map(ckpt_dir, index_name) or {}).items()):
             if file not in files:
-                path = os.path.join(ckpt_dir, file)
-                if not os.path.isfile(path):
-                    raise L.CheckpointError(f"{ckpt_dir}: {index_name} names {file}, which is missing")
-                files[file] = _Tensors(path, *_read_header(path))
+                try:
+                    header, data_start, f = open_safetensors(ckpt_dir, file)
+                except FileNotFoundError:
+                    raise L.CheckpointError(f"{ckpt_dir}: {index_name} names {file}, which is missing") from None
+                files[file] = _Tensors(os.path.join(ckpt_dir, file), header, data_start, f)
             entry = files[file].header.get(name)
             if entry is None:
                 raise L.CheckpointError(f"{ckpt_dir}: {index_name} puts {name} in {file}, which does not hold it")
@@ -135,7 +104,6 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
                 raise L.CheckpointError(f"{ckpt_dir}/{file}: {name} has dtype {entry.get('dtype')}, which is not read "
                                         f"(valid: {', '.join(_DTYPES)})")
             shape = list(entry["shape"])
-            _check_extent(files[file], name, entry)
             tensors[_our_key(index_name, name)] = {
                 "shape": shape, "dtype": _DTYPES[entry["dtype"]][0],
                 "pieces": [{"file": file, "key": name, "offsets": [0] * len(shape), "shape": shape}]}
@@ -143,6 +111,19 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
         raise L.CheckpointError(f"{ckpt_dir} is a PaddleNLP unified checkpoint without model weights ({MODEL_INDEX} "
                                 "missing or empty: saved with skip_save_model_weight?); it cannot be resumed")
     return {"tensors": tensors}, files
+
+
+def _number_kind(dtype: str) -> str:
+    return "float" if "float" in dtype else ("bool" if dtype == "bool" else "integer")
+
+
+def _kind_problems(index: dict, expected: Dict[str, Tuple[tuple, str]]) -> List[str]:
+    """Tensors whose file dtype is another kind of number than the model's (loading casts float32 to bfloat16,
+    but integer bits read as floats, or the reverse, would be nonsense loaded without a word)."""
+    stored = index["tensors"]
+    return [f"dtype mismatch: {key} is {stored[key]['dtype']} in the checkpoint but {dtype} in the model"
+            for key, (_, dtype) in sorted(expected.items())
+            if key in stored and _number_kind(stored[key]["dtype"]) != _number_kind(dtype)]
 
 
 def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: List[str]):
@@ -161,6 +142,7 @@ def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: L
             index["tensors"][key] = index["tensors"][weight]
     expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()}
     problems = L.compare_to_index(index, expected, complete_model=False, prefix=L.OPTIM_PREFIX)
+    problems += _kind_problems(index, expected)
     unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), optims)
     if unplaced:
         shown = ", ".join(unplaced[:8]) + (" ..." if len(unplaced) > 8 else "")
@@ -182,9 +164,9 @@ def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, l
     warnings: List[str] = []
     models, by_param = model_tensors(model, topo)
     targets = dict(models)
-    problems = L.compare_to_index(
-        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
-        complete_model=topo.pp_degree == 1)
+    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()}
+    problems = L.compare_to_index(index, expected, complete_model=topo.pp_degree == 1)
+    problems += _kind_problems(index, expected)
     optimizer_restored = False
     if optimizer is not None:
         optims, optim_problems = _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings)

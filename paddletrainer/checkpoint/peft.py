@@ -27,13 +27,14 @@ import os
 from typing import Dict, Optional
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from ..parallel.wrappers import unwrap_model
 from . import layout as L
 from .export import PADDLE_WEIGHTS_NAME, merged_model_state
 from .files import read_index
+from .members import MAX_SMALL_FILE_BYTES, open_safetensors, read_exactly, read_member, read_weight_map
 from .restricted_pickle import load_pickle
 
 __all__ = ["UnsupportedPeftModelError", "peft_type", "checkpoint_tensors", "index_entry", "check_index_for_model",
@@ -45,6 +46,9 @@ SAFE_PEFT_WEIGHTS_FILE = "peft_model-00001-of-00001.safetensors"  # PaddleNLP's 
 INDEX_KEY = "peft"
 BASE_PREFIX = "model."  # LoRAModel keeps the base in ``.model``: its state_dict names start with this
 
+# safetensors dtype -> numpy's (no bfloat16: numpy cannot compute the merge in it)
+_NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                 "U8": "u1", "BOOL": "?"}
 _PEFT_MODULE = "paddlenlp.peft"
 _REFUSED_TYPES = ("PrefixModelForCausalLM", "VeRAModel", "LoKrModel", "ReFTModel")
 _REFUSED_LORA_OPTIONS = {  # LoRAConfig field: why its adapters are not A @ B trained on the user's base
@@ -154,14 +158,25 @@ def _write_json(path: str, obj: dict) -> None:
         json.dump(obj, f, indent=2, sort_keys=True)
 
 
+def _read_config(model_dir: str) -> dict:
+    """``model_dir``'s ``config.json`` as a dict: a regular file inside it, bounded, a JSON object."""
+    path = os.path.join(model_dir, L.CONFIG_NAME)
+    try:
+        cfg = json.loads(read_member(model_dir, L.CONFIG_NAME, MAX_SMALL_FILE_BYTES, L.CONFIG_NAME))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise L.CheckpointError(f"{path}: not JSON ({str(e)[:200]})") from None
+    if not isinstance(cfg, dict):
+        raise L.CheckpointError(f"{path}: not a JSON object (a model config)")
+    return cfg
+
+
 def _config_json(ckpt_dir: str, out_dir: str, peft: dict) -> None:
     """The checkpoint's model config with the base model's class as its architecture (a LoRAModel forwards
     ``config`` to its base, but ``architectures`` must name the base class ``from_pretrained`` builds)."""
     src = os.path.join(ckpt_dir, L.CONFIG_NAME)
     if not os.path.isfile(src):
         return
-    with open(src) as f:
-        cfg = json.load(f)
+    cfg = _read_config(ckpt_dir)
     if cfg.get("architectures") == ["LoRAModel"]:
         cfg["architectures"] = [peft["base_architecture"]]
     _write_json(os.path.join(out_dir, L.CONFIG_NAME), cfg)
@@ -227,23 +242,38 @@ def merged_lora_weights(base: Dict[str, np.ndarray], adapters: Dict[str, np.ndar
 def read_base_weights(base_dir: str) -> Dict[str, np.ndarray]:
     """The weights of a ``from_pretrained`` directory: ``model.safetensors``, a sharded
     ``model.safetensors.index.json``, or ``model_state.pdparams`` (PaddleNLP's default; a pickle, read only
-    because the user named this directory, through the allowlist unpickler of :mod:`.restricted_pickle`)."""
-
-    single, sharded = os.path.join(base_dir, "model.safetensors"), os.path.join(base_dir, L.HF_WEIGHTS_INDEX_NAME)
-    pickled = os.path.join(base_dir, PADDLE_WEIGHTS_NAME)
-    if os.path.isfile(sharded):
-        with open(sharded) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(single):
+    because the user named this directory, through the allowlist unpickler of :mod:`.restricted_pickle`).
+    Every file is read as a checkpoint's (:mod:`.members`): plain names inside ``base_dir``, regular files,
+    headers and indexes checked before anything is sized from them."""
+    try:
+        files = sorted(set(read_weight_map(base_dir, L.HF_WEIGHTS_INDEX_NAME).values()))
+    except FileNotFoundError:
+        files = None
+    if files is None and os.path.lexists(os.path.join(base_dir, "model.safetensors")):
         files = ["model.safetensors"]
-    elif os.path.isfile(pickled):
-        return {name: np.asarray(a) for name, a in load_pickle(pickled, return_numpy=True).items()}
-    else:
-        raise FileNotFoundError(f"--base-model {base_dir} has no model.safetensors, {L.HF_WEIGHTS_INDEX_NAME} "
-                                f"or {PADDLE_WEIGHTS_NAME}: name the directory the base model was saved to")
+    elif files is None and os.path.lexists(os.path.join(base_dir, PADDLE_WEIGHTS_NAME)):
+        weights = load_pickle(os.path.join(base_dir, PADDLE_WEIGHTS_NAME), return_numpy=True)
+        if not isinstance(weights, dict) or not all(isinstance(a, np.ndarray) for a in weights.values()):
+            raise L.CheckpointError(f"{os.path.join(base_dir, PADDLE_WEIGHTS_NAME)}: not a state dict of arrays")
+        return dict(weights)
+    elif files is None:
+        raise L.CheckpointError(f"--base-model {base_dir} has no model.safetensors, {L.HF_WEIGHTS_INDEX_NAME} or "
+                                f"{PADDLE_WEIGHTS_NAME}: name the directory the base model was saved to")
     out: Dict[str, np.ndarray] = {}
     for name in files:
-        out.update(load_file(os.path.join(base_dir, name)))
+        try:
+            header, data_start, f = open_safetensors(base_dir, name)
+        except FileNotFoundError:
+            raise L.CheckpointError(f"--base-model {base_dir}: {name} is missing (its index names it)") from None
+        with f:
+            for key, meta in header.items():
+                if meta["dtype"] not in _NUMPY_DTYPES:
+                    raise L.CheckpointError(f"{os.path.join(base_dir, name)}: {key} has dtype {meta['dtype']}, which is not read (valid: "
+                                            f"{', '.join(_NUMPY_DTYPES)})")
+                lo, hi = meta["data_offsets"]
+                f.seek(data_start + lo)
+                out[key] = np.frombuffer(read_exactly(f, hi - lo), dtype=_NUMPY_DTYPES[meta["dtype"]]).reshape(
+                    meta["shape"]).copy()
     return out
 
 
@@ -261,15 +291,15 @@ def export_merged_lora(ckpt_dir: str, out_dir: str, base_dir: str, config_from: 
                                 "merge with PaddleNLP's LoRAModel.merge() on the model saved by save_model")
     merged = merged_lora_weights(read_base_weights(base_dir), {n: a for n, (a, _) in state.items()},
                                  lora_scaling(peft["config"]), ckpt_dir)
+    if config_from and not os.path.isfile(os.path.join(config_from, L.CONFIG_NAME)):
+        raise L.CheckpointError(f"--config-from {config_from} has no {L.CONFIG_NAME}")
+    src = config_from or base_dir
+    config = _read_config(src) if os.path.lexists(os.path.join(src, L.CONFIG_NAME)) else None
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "model.safetensors")
     save_file({n: np.ascontiguousarray(a) for n, a in merged.items()}, path, metadata={"format": "np"})
-    if config_from and not os.path.isfile(os.path.join(config_from, L.CONFIG_NAME)):
-        raise FileNotFoundError(f"--config-from {config_from} has no {L.CONFIG_NAME}")
-    src = config_from or base_dir
-    if os.path.isfile(os.path.join(src, L.CONFIG_NAME)):
-        with open(os.path.join(src, L.CONFIG_NAME)) as f:
-            _write_json(os.path.join(out_dir, L.CONFIG_NAME), json.load(f))
+    if config is not None:
+        _write_json(os.path.join(out_dir, L.CONFIG_NAME), config)
     else:
         _config_json(ckpt_dir, out_dir, peft)
     return path

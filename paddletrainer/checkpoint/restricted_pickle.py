@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import codecs
 import collections
+import io
 import math
 import os
 import pickle
@@ -46,6 +47,7 @@ import paddle
 
 from .files import UnsafeCheckpointFileError
 from .layout import CheckpointError
+from .members import open_member
 
 try:  # numpy >= 2 moved the module; pickles name whichever numpy wrote them
     from numpy._core import multiarray as _multiarray
@@ -78,8 +80,11 @@ _GENERATOR_STATE = _Name("paddle.base.libpaddle.GeneratorState")  # only NEWOBJ(
 _NUMBER_KINDS = "biufc"  # bool, int, uint, float, complex: every dtype a paddle tensor becomes (bf16 as uint16)
 
 
+MAX_NESTING = 100  # containers inside containers: paddle.save writes a few levels (a state dict of dicts)
+MAX_MESSAGE = 300  # characters of an underlying error quoted in the one-line refusal
+
 _REPR = reprlib.Repr()  # a refusal quotes what the file holds, cut short (a state can be any size)
-_REPR.maxtuple, _REPR.maxlist, _REPR.maxstring, _REPR.maxother = 10, 8, 60, 60
+_REPR.maxtuple, _REPR.maxlist, _REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 10, 8, 60, 60, 3
 
 
 def _short(obj) -> str:
@@ -111,13 +116,13 @@ def _scalar(dtype, data=None):
 def _dense_tensor_data(expression, namespace=None, *rest):
     """``paddle.save``'s ``eval('data', {'data': array})`` for a ``DenseTensor``: that array, nothing evaluated."""
     if expression != "data" or rest or not isinstance(namespace, dict) or set(namespace) != {"data"}:
-        raise _Refused(f"builtins.eval({expression!r}, ...) (only paddle.save's eval('data', {{'data': array}}))")
+        raise _Refused(f"builtins.eval({_short(expression)}, ...) (only paddle.save's eval('data', {{'data': array}}))")
     return namespace["data"]
 
 
 def _latin1_bytes(text, encoding="utf-8", *rest):
     if rest or not isinstance(text, str) or codecs.lookup(encoding).name != "iso8859-1":
-        raise _Refused(f"_codecs.encode(..., {encoding!r}) (only protocol 2's latin1 bytes)")
+        raise _Refused(f"_codecs.encode(..., {_short(encoding)}) (only protocol 2's latin1 bytes)")
     return text.encode("latin1")
 
 
@@ -234,7 +239,7 @@ class _RestrictedUnpickler(pickle._Unpickler):  # the Python unpickler: its opco
 
     def _load_reduce(self):
         if not callable(self.stack[-2]):
-            raise _Refused(f"a call of {self.stack[-2]!r}")
+            raise _Refused(f"a call of {_short(self.stack[-2])}")
         pickle._Unpickler.load_reduce(self)
 
     def _load_newobj(self):
@@ -292,34 +297,83 @@ def _is_named_array(obj) -> bool:
     return type(obj) is tuple and len(obj) == 2 and isinstance(obj[0], str) and isinstance(obj[1], np.ndarray)
 
 
+_CONTAINERS = (dict, collections.OrderedDict, list, tuple)
+
+
+def _children(obj) -> list:
+    return list(obj.values()) if type(obj) in (dict, collections.OrderedDict) else list(obj)
+
+
 def _any(obj, test: Callable[[Any], bool]) -> bool:
-    if test(obj):
-        return True
-    if type(obj) in (dict, collections.OrderedDict):
-        return any(_any(v, test) for v in obj.values())
-    if type(obj) in (list, tuple):
-        return any(_any(v, test) for v in obj)
+    """Whether ``test`` holds for anything in ``obj``; each object looked at once (a pickle's memo shares one
+    object among any number of references, so a walk of the references as a tree costs exponentially more)."""
+    seen, todo = set(), [obj]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if test(item):
+            return True
+        if type(item) in _CONTAINERS:
+            todo.extend(_children(item))
     return False
 
 
+class _Converter:
+    """``convert`` applied to everything ``test`` holds for, in place in dicts and lists, tuples rebuilt: each
+    object converted once and the result shared by all its references (as the pickle shared the object), nesting
+    at most :data:`MAX_NESTING` deep and no container inside itself (``paddle.save`` writes neither)."""
+
+    def __init__(self, test: Callable[[Any], bool], convert: Callable[[Any], Any]):
+        self.test, self.convert = test, convert
+        self.done: Dict[int, Any] = {}  # id of an object -> what it became (the object itself kept alive by it)
+        self.open: set = set()  # ids of the containers being converted (a reference back to one is a cycle)
+        self.keep: list = []  # every object looked at: an id stays unique only while its object lives
+
+    def __call__(self, obj, depth: int = 0):
+        key = id(obj)
+        if key in self.done:
+            return self.done[key]
+        if key in self.open:
+            raise _Refused(f"a {type(obj).__name__} that contains itself (paddle.save never writes one)")
+        if depth > MAX_NESTING:
+            raise _Refused(f"containers nested more than {MAX_NESTING} deep (paddle.save nests a few levels)")
+        if self.test(obj):
+            out = self.convert(obj)
+        elif type(obj) in _CONTAINERS:
+            self.open.add(key)
+            out = self._container(obj, depth)
+            self.open.discard(key)
+        else:
+            out = obj
+        self.done[key] = out
+        self.keep.append(obj)
+        return out
+
+    def _container(self, obj, depth: int):
+        if type(obj) in (dict, collections.OrderedDict):
+            for name in list(obj):
+                obj[name] = self(obj[name], depth + 1)
+            return obj
+        if type(obj) is list:
+            obj[:] = [self(v, depth + 1) for v in obj]
+            return obj
+        return tuple(self(v, depth + 1) for v in obj)
+
+
 def _convert(obj, test: Callable[[Any], bool], convert: Callable[[Any], Any]):
-    if test(obj):
-        return convert(obj)
-    if type(obj) in (dict, collections.OrderedDict):
-        for key in list(obj):
-            obj[key] = _convert(obj[key], test, convert)
-    elif type(obj) is list:
-        obj[:] = [_convert(v, test, convert) for v in obj]
-    elif type(obj) is tuple:
-        return tuple(_convert(v, test, convert) for v in obj)
-    return obj
+    return _Converter(test, convert)(obj)
 
 
 def _as_paddle_load_returns(obj, return_numpy: bool):
     if isinstance(obj, dict):
         obj = _join_split_arrays(obj)
         if _NAME_TABLE in obj:
-            for key, name in obj.pop(_NAME_TABLE).items():
+            table = obj.pop(_NAME_TABLE)
+            if type(table) not in (dict, collections.OrderedDict):
+                raise _Refused(f"a name table {_NAME_TABLE} that is a {type(table).__name__}, not a dict")
+            for key, name in table.items():
                 if isinstance(obj.get(key), np.ndarray):
                     obj[key] = _tensor(obj[key], name, return_numpy)
             return obj
@@ -332,14 +386,21 @@ def load_pickle(path: str, *, return_numpy: bool = False):
     """What ``paddle.load(path, return_numpy=...)`` returns for a file ``paddle.save`` pickled, read with the
     allowlist unpickler (module docstring). Raises :class:`~.files.UnsafeCheckpointFileError` naming ``path``
     and the ``module.qualname`` (or use) outside the allowlist; nothing outside it is imported or called."""
-    with open(path, "rb") as f:
-        try:
+    raw, _ = open_member(os.path.dirname(path) or ".", os.path.basename(path))  # a regular file, never blocks
+    try:
+        with io.BufferedReader(raw) as f:
             obj = _RestrictedUnpickler(f, encoding="latin1").load()
-        except _Refused as refused:
-            raise UnsafeCheckpointFileError(
-                f"{path}: refused to unpickle {refused}: a PaddleNLP checkpoint file holds only arrays, tensors, "
-                "numbers, strings and containers, and anything else could run code when loaded; this file was "
-                "not loaded (re-save it from a trusted run)") from None
-        except Exception as e:  # noqa: BLE001 - whatever a malformed or hostile file raises: one line naming it
-            raise CheckpointError(f"{path} is not a pickle paddle.save wrote ({type(e).__name__}: {e})") from None
-    return _as_paddle_load_returns(obj, return_numpy)
+        return _as_paddle_load_returns(obj, return_numpy)
+    except _Refused as refused:
+        raise UnsafeCheckpointFileError(
+            f"{path}: refused to unpickle {_cut(str(refused))}: a PaddleNLP checkpoint file holds only arrays, "
+            "tensors, numbers, strings and containers, and anything else could run code when loaded; this file was "
+            "not loaded (re-save it from a trusted run)") from None
+    except Exception as e:  # noqa: BLE001 - whatever a malformed or hostile file raises: one line naming it
+        detail = "; ".join(arg if type(arg) is str else _short(arg) for arg in e.args)  # never str() of a whole state
+        raise CheckpointError(f"{path} is not a pickle paddle.save wrote ({type(e).__name__}: {_cut(detail)})") \
+            from None
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"

@@ -104,12 +104,12 @@ def parallel_config_of(args, layout: Layout) -> ParallelConfig:
         layout=layout,
         sharding_stage=sharding_stage_of(args.sharding),
         sharding_offload=any(str(o) == "offload" for o in args.sharding),
-        sharding_options=paddlenlp_options.parse_parallel_config(
-            args.sharding_parallel_config, paddlenlp_options.SHARDING_PARALLEL_OPTIONS, "sharding_parallel_config"),
-        pipeline_options=paddlenlp_options.parse_parallel_config(
-            args.pipeline_parallel_config, paddlenlp_options.PIPELINE_PARALLEL_OPTIONS, "pipeline_parallel_config"),
-        tensor_options=paddlenlp_options.parse_parallel_config(
-            args.tensor_parallel_config, paddlenlp_options.TENSOR_PARALLEL_OPTIONS, "tensor_parallel_config"),
+        sharding_options=paddlenlp_options.hybrid_parallel_options(args.sharding_parallel_config,
+                                                                   "sharding_parallel_config"),
+        pipeline_options=paddlenlp_options.hybrid_parallel_options(args.pipeline_parallel_config,
+                                                                   "pipeline_parallel_config"),
+        tensor_options=paddlenlp_options.hybrid_parallel_options(args.tensor_parallel_config,
+                                                                   "tensor_parallel_config"),
         sequence_parallel=bool(args.sequence_parallel),
         fuse_sequence_parallel_allreduce=bool(args.fuse_sequence_parallel_allreduce),
         stage3_segment_size=args.sharding_stage3_segment_size,

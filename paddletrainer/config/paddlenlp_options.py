@@ -27,6 +27,10 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
 * Options whose PaddleNLP behaviour paddletrainer does not have are refused when set, never silently
   ignored: ``skip_data_intervals``, ``offload_optim``. ``metrics_output_path`` (as PaddleNLP): every rank appends
   its logs as JSON lines to ``<metrics_output_path>/metrics_rank<rank>.json``.
+* The ``*_parallel_config`` names PaddleNLP accepts only in its static-graph auto-parallel mode
+  (``INERT_PARALLEL_OPTIONS``: ``replace_with_parallel_cross_entropy``, ``enable_split_backward``, every
+  ``data_parallel_config`` name ...) are accepted and a warning names each as without effect; any other name is
+  an error naming the valid ones.
 * ``use_async_save`` and ``unified_checkpoint_config=async_save`` (PaddleNLP's async checkpoints) switch on
   ``checkpoint_async_save``. ``fp16_full_eval``/``bf16_full_eval`` warn that they have no effect (PaddleNLP
   ignores them too).
@@ -39,8 +43,7 @@ layout rules — the first four items — are checked by ``parallel.config`` (``
   ``save_sharded_model``/``load_sharded_model``/``force_reshard_pp`` family (every checkpoint is sharded and
   loads into any layout), ``release_grads``, ``ordered_save_group_size``,
   ``save_on_each_node``, ``lazy_data_processing``, ``past_index``, ``output_signal_dir``,
-  ``pdc_download_*``, ``wandb_*``, ``data_parallel_config``, ``sequence_parallel_config``,
-  ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
+  ``pdc_download_*``, ``wandb_*``, ``sharding_comm_buffer_size_MB``, ``expert_*_capacity``, and the script-level ``do_train``/``do_eval``/
   ``do_predict``.
 """
 import dataclasses
@@ -52,6 +55,7 @@ from ..trainer_utils import ShardingOption
 
 __all__ = [
     "DEGREE_OPTIONS",
+    "INERT_PARALLEL_OPTIONS",
     "PADDLEFORMERS_NAMES",
     "PIPELINE_PARALLEL_OPTIONS",
     "REFINED_RECOMPUTE_OPS",
@@ -64,12 +68,14 @@ __all__ = [
     "apply_paddleformers_names",
     "check_data_parallel_size",
     "expert_parallel_degree_of",
+    "hybrid_parallel_options",
     "with_expert_parallel",
     "parse_parallel_config",
     "parse_refined_recompute",
     "parse_unified_checkpoint_options",
     "refuse_unproven_parallel_options",
     "refuse_unsupported_parallel",
+    "warn_inert_parallel_options",
 ]
 
 logger = logging.getLogger(__name__)
@@ -124,10 +130,40 @@ REFUSED_PARALLEL_OPTIONS = {
         "enable_delay_scale_loss": "no tensor-parallel loop in Paddle 3.3.1 reads it (use the pipeline option)",
     },
 }
+# Names PaddleNLP 3.0.0b4 accepts only in its static-graph auto-parallel mode (``enable_auto_parallel``: its
+# __post_init__ hands them to ``fleet.auto.Strategy``). They switch passes of that engine, which paddletrainer does
+# not run; they are accepted so that PaddleNLP's configs load, and a warning names each one given as without effect.
+INERT_PARALLEL_OPTIONS = {
+    "tensor_parallel_config": {
+        "replace_with_c_embedding": "a PIR auto-parallel rewrite of the column-split embedding",
+        "replace_with_parallel_cross_entropy": "a PIR static-graph rewrite of the loss op (a model's own "
+                                               "tensor_parallel_output decides the parallel loss here)",
+    },
+    "pipeline_parallel_config": {
+        "enable_send_recv_overlap": "an auto-parallel pipeline pass",
+        "enable_split_backward": "a static-graph auto-parallel VPP pass",
+    },
+    "sharding_parallel_config": {
+        "enable_tensor_fusion": "the auto-parallel spelling of enable_stage1_tensor_fusion (refused here)",
+        "enable_overlap": "the auto-parallel spelling of the stage1/stage2 overlap options (refused here)",
+    },
+    "data_parallel_config": {
+        "enable_allreduce_avg_in_gradinent_scale": "the data-parallel gradient is already the mean over replicas",
+        "gradient_sync_after_accumulate": "gradients are already synced once per step, after the last micro-batch",
+    },
+    "sequence_parallel_config": {
+        "enable_allreduce_avg_in_gradinent_scale": "an auto-parallel gradient-scaling pass",
+    },
+}
 UNIFIED_CHECKPOINT_OPTIONS = frozenset({
     "skip_save_model_weight", "master_weight_compatible", "remove_master_weight", "async_save",
     "enable_all_options", "ignore_merge_optimizer",
 })
+_ACTIVE_PARALLEL_OPTIONS = {
+    "tensor_parallel_config": TENSOR_PARALLEL_OPTIONS, "pipeline_parallel_config": PIPELINE_PARALLEL_OPTIONS,
+    "sharding_parallel_config": SHARDING_PARALLEL_OPTIONS, "data_parallel_config": frozenset(),
+    "sequence_parallel_config": frozenset(),
+}
 REFINED_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln", "flash_attn")
 _TP_ONLY_RECOMPUTE_OPS = ("mlp_row_ln", "attention_row_ln", "attention_column_ln", "mlp_column_ln")
 
@@ -158,6 +194,22 @@ def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> Froz
     if unknown:
         raise ValueError(f"{option}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
     return names
+
+
+def hybrid_parallel_options(text: Any, option: str) -> FrozenSet[str]:
+    """The names of ``option`` (a ``*_parallel_config`` field) that act here: its string checked against PaddleNLP's
+    names (``*_PARALLEL_OPTIONS`` and the auto-parallel ones of ``INERT_PARALLEL_OPTIONS``), the inert ones left out."""
+    inert = frozenset(INERT_PARALLEL_OPTIONS[option])
+    return parse_parallel_config(text, _ACTIVE_PARALLEL_OPTIONS[option] | inert, option) - inert
+
+
+def warn_inert_parallel_options(args) -> None:
+    """Check every ``*_parallel_config`` string (``data_parallel_config`` and ``sequence_parallel_config`` have no
+    name that acts here) and warn once for each ``INERT_PARALLEL_OPTIONS`` name given."""
+    for option, reasons in INERT_PARALLEL_OPTIONS.items():
+        given = parse_parallel_config(getattr(args, option), _ACTIVE_PARALLEL_OPTIONS[option] | set(reasons), option)
+        for name in sorted(given & reasons.keys()):
+            logger.warning("%s=%s has no effect in paddletrainer: %s", option, name, reasons[name])
 
 
 def parse_sharding(value: Any) -> List[ShardingOption]:
@@ -207,6 +259,7 @@ def check_data_parallel_size(dp, degrees) -> None:
 def apply_options_without_behaviour(args) -> None:
     """PaddleNLP options paddletrainer cannot honour: an error when set, not a silent no-op; the ones that have no
     effect warn, and PaddleNLP's async-save spellings switch on ``checkpoint_async_save``."""
+    warn_inert_parallel_options(args)
     unsupported = {
         "skip_data_intervals": (args.skip_data_intervals, "drop those samples from the dataset instead"),
         "offload_optim": (args.offload_optim, "sharding 'stage3 offload' keeps optimizer state in host memory"),

@@ -8,6 +8,7 @@ from paddle import _C_ops
 
 __all__ = [
     "mean_over_data_group",
+    "sum_over_data_group",
     "all_gather_object",
     "all_gather_object_over_data_group",
     "global_grad_norm",
@@ -26,6 +27,16 @@ def mean_over_data_group(tensor, topology):
         return out
     dist.all_reduce(out, group=group)
     return out / topology.data_world_size
+
+
+def sum_over_data_group(tensor, topology):
+    """The sum of ``tensor`` over the data ranks (dp × sharding): one all-reduce, whose result stays on the
+    device; ``tensor`` itself (not a copy) with one data rank."""
+    if topology.data_group is None or topology.data_world_size == 1:
+        return tensor
+    out = tensor.detach().clone()
+    dist.all_reduce(out, group=topology.data_group)
+    return out
 
 
 def all_gather_object(obj, group=None) -> list:

@@ -7,6 +7,7 @@ micro-batches and returns the loss; gradients are synchronised and applied by th
 """
 from __future__ import annotations
 
+import contextlib
 import types
 
 import numpy as np
@@ -154,13 +155,39 @@ def _broadcast_final_loss_on_device(self, return_micro_batch_loss=False):
     return losses[0] if len(losses) == 1 else losses
 
 
-def train_batch(model, micro_batches: list, scaler=None):
-    """Forward and backward over the micro-batches with the 1F1B schedule; return the mean loss.
+@contextlib.contextmanager
+def _weighted_loss_functions(layers, weights):
+    """The model's loss functions, each result times the weight of its micro-batch (``weights[m]``), while the
+    context lasts. The last stage computes the losses in micro-batch order in every schedule (fleet reads the
+    labels from one sequential iterator), so the m-th call of a loss function is micro-batch m's."""
+    if weights is None:
+        yield
+        return
+    originals = layers._loss_fn
+
+    def weighted(loss_fn):
+        calls = iter(weights)
+
+        def loss_of_micro_batch(output, labels):
+            loss = loss_fn(output, labels)
+            return loss * next(calls).astype(loss.dtype)
+        return loss_of_micro_batch
+
+    layers._loss_fn = [None if fn is None else weighted(fn) for fn in originals]
+    try:
+        yield
+    finally:
+        layers._loss_fn = originals
+
+
+def train_batch(model, micro_batches: list, scaler=None, loss_weights=None):
+    """Forward and backward over the micro-batches with the 1F1B schedule; return the step's loss.
 
     ``len(micro_batches)`` must equal the strategy's accumulate_steps (gradient_accumulation_steps).
-    Each micro-batch loss is divided by that count before backward, so gradients and the returned loss
-    are the means over micro-batches. The loss is broadcast from the last stage to every pp rank and
-    returned as a float32 scalar tensor on every rank.
+    Each micro-batch loss is multiplied by its entry of ``loss_weights`` (when given: see
+    ``optim.loss.micro_batch_weights``), then divided by that count before backward, so gradients and the
+    returned loss are the weighted means over micro-batches. The loss is broadcast from the last stage to every
+    pp rank and returned as a float32 scalar tensor on every rank.
     """
     if len(micro_batches) != model.accumulate_steps:
         raise ValueError(f"train_batch got {len(micro_batches)} micro-batches; the pipeline was configured for "
@@ -168,7 +195,8 @@ def train_batch(model, micro_batches: list, scaler=None):
     data = _prepare(model, stack_micro_batches(micro_batches, model._layers), train=True)
     if "_broadcast_final_loss" not in model.__dict__:  # once per model: see _broadcast_final_loss_on_device
         model._broadcast_final_loss = types.MethodType(_broadcast_final_loss_on_device, model)
-    loss = model.forward_backward_pipeline(data, scaler)
+    with _weighted_loss_functions(model._layers, loss_weights):
+        loss = model.forward_backward_pipeline(data, scaler)
     # The last stage returns the loss with its own shape, the others a [1] tensor: make them agree.
     return loss.astype("float32").reshape([])
 

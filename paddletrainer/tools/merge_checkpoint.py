@@ -25,6 +25,23 @@ from ..checkpoint.peft import INDEX_KEY, export_merged_lora
 from ..errors import friendly_errors
 
 
+def _check_paths(ap: argparse.ArgumentParser, a) -> None:
+    """Every directory named on the command line is usable before anything is read or written."""
+    for option, path in (("--base-model", a.base_model), ("--config-from", a.config_from)):
+        if path is not None and not os.path.isdir(path):
+            ap.error(f"{option} {path}: {'not a directory' if os.path.exists(path) else 'no such directory'}")
+    if a.config_from is not None and not os.path.isfile(os.path.join(a.config_from, "config.json")):
+        ap.error(f"--config-from {a.config_from}: no config.json there")
+    if os.path.lexists(a.out_dir) and not os.path.isdir(a.out_dir):
+        ap.error(f"out_dir {a.out_dir}: exists and is not a directory")
+    try:
+        os.makedirs(a.out_dir, exist_ok=True)
+    except OSError as e:
+        ap.error(f"out_dir {a.out_dir}: cannot be created ({e.strerror or e})")
+    if not os.access(a.out_dir, os.W_OK | os.X_OK):
+        ap.error(f"out_dir {a.out_dir}: not writable")
+
+
 @friendly_errors
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse the command line, merge, print what was written; returns the exit status (0)."""
@@ -36,6 +53,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--base-model", default=None,
                     help="a LoRA checkpoint's base model directory (from_pretrained): merge the adapters into it")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    _check_paths(ap, a)
     t0 = time.perf_counter()
     peft = read_index(a.ckpt_dir).get(INDEX_KEY)
     if peft and a.base_model is None:
@@ -43,10 +61,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                  "from_pretrained directory> to merge them into it")
     if a.base_model is not None and not peft:
         ap.error(f"--base-model applies to LoRA checkpoints only; {a.ckpt_dir} holds a whole model")
-    if peft:
-        path = export_merged_lora(a.ckpt_dir, a.out_dir, a.base_model, config_from=a.config_from)
-    else:
-        path = export_for_from_pretrained(a.ckpt_dir, a.out_dir, config_from=a.config_from)
+    try:
+        if peft:
+            path = export_merged_lora(a.ckpt_dir, a.out_dir, a.base_model, config_from=a.config_from)
+        else:
+            path = export_for_from_pretrained(a.ckpt_dir, a.out_dir, config_from=a.config_from)
+    except OSError as e:  # a disk that fills up or a file that vanishes while it is written: one line naming it
+        ap.error(f"{e.filename or a.out_dir}: {e.strerror or e}")
     print(f"wrote {path} ({os.path.getsize(path) / 2**20:.1f} MiB) in {time.perf_counter() - t0:.2f}s")
     return 0
 

@@ -80,3 +80,13 @@ def trainer_reference(tmp_path_factory, llama_weights):
         return cache[model]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def finetune_reference(tmp_path_factory, llama_weights):
+    """The fine-tuning phase (``trainer_worker.finetune_phases``) of one process holding the whole global batch (8
+    documents) in one micro-batch, with its eval documents' token mean computed without the Trainer."""
+    work = tmp_path_factory.mktemp("finetune_single")
+    run_single(PHASES, phase_args("llama", work / "out", work / "res", llama_weights, per_device_train_batch_size=8,
+                                  gradient_accumulation_steps=1, finetune="own", finetune_only=True, direct_eval=True))
+    return read_results(work / "res", 1)[0]["finetune"]

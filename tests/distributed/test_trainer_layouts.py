@@ -11,6 +11,7 @@ import os
 import pytest
 
 from launcher import launch, read_results, run_single
+from trainer_phases import assert_finetune
 
 WORKER = "trainer_worker.py"
 RTOL = 1e-5
@@ -136,17 +137,24 @@ def test_trainer_tp2_pp2_llama_matches_single_process_and_its_checkpoint_resumes
     assert_matches(read_results(one / "res", 1), ref, resumed_from=2)
 
 
-def test_trainer_sharding_stage2_llama_matches_single_process_and_resumes_under_pp2(tmp_path, single_llama, llama_weights):
+def test_trainer_sharding_stage2_llama_matches_single_process_and_resumes_under_pp2(
+    tmp_path, single_llama, finetune_reference, llama_weights
+):
+    """stage2×2 and pp2 against one process, then on fine-tuning documents (``--finetune``) against one process
+    holding the global batch in one micro-batch (the token mean, ``trainer_phases.assert_finetune``)."""
     _, ref = single_llama
     st2 = tmp_path / "stage2"
     launch(WORKER, 2, llama_args(st2 / "out", st2 / "res", llama_weights, per_device_train_batch_size=2,
-                                 sharding="stage2", sharding_parallel_degree=2), st2)
+                                 sharding="stage2", sharding_parallel_degree=2, finetune="own"), st2)
     assert_matches(read_results(st2 / "res", 2), ref)
 
     pp2 = tmp_path / "pp2"
     launch(WORKER, 2, llama_args(pp2 / "out", pp2 / "res", llama_weights, pipeline_parallel_degree=2,
-                                 resume_from_checkpoint=st2 / "out" / "checkpoint-2"), pp2)
+                                 resume_from_checkpoint=st2 / "out" / "checkpoint-2", finetune="own"), pp2)
     assert_matches(read_results(pp2 / "res", 2), ref, resumed_from=2)
+    for name, results in (("stage2x2", read_results(st2 / "res", 2)), ("pp2", read_results(pp2 / "res", 2))):
+        for rank, r in enumerate(results):
+            assert_finetune(r, finetune_reference, f"{name} rank {rank}")
 
 
 def test_trainer_stage3_offload_llama_matches_single_process_and_checkpoints_resume_both_ways(

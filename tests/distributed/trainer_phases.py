@@ -40,3 +40,13 @@ def assert_predictions(predicted, reference_predicted, what):
     close(predicted["first"], reference_predicted["first"], f"{what} per-sample first value", atol=1e-6)
     if "per_position" in reference_predicted:  # sequence outputs: every position where one process has it
         close(predicted["per_position"], reference_predicted["per_position"], f"{what} per-position mean |prediction|")
+
+
+def assert_finetune(result, reference, what):
+    """Every fine-tuning phase of one rank (``finetune``, ``finetune_ga<n>``) against one process holding the whole
+    global batch in one micro-batch: each logged loss and grad norm, and the eval loss (token means, 1e-5)."""
+    phases = [name for name in result if name.startswith("finetune")]
+    assert phases, f"{what}: no fine-tuning phase ran"
+    for name in phases:
+        assert_curve(dict(result[name], global_step=3, max_steps=3), reference, 3, f"{what} {name}")
+        assert result[name]["eval_loss"] == pytest.approx(reference["eval_loss"], rel=RTOL), f"{what} {name} eval loss"

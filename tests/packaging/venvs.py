@@ -73,11 +73,12 @@ def add_paddle(python: Path, distribution: str) -> None:
     (dist_info / "INSTALLER").write_text("pip\n")
 
 
-def pip(python: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """``python -m pip ARGS`` quietly (no version check), output captured."""
+def pip(python: Path, *args: str, check: bool = True, cwd: Path = None) -> subprocess.CompletedProcess:
+    """``python -m pip ARGS`` quietly (no version check), output captured; in ``cwd`` if given."""
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_NO_INPUT="1")
     env.pop("PYTHONPATH", None)  # the venv's own packages only, not a checkout on the path
-    proc = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, env=env)
+    proc = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, env=env,
+                          cwd=None if cwd is None else str(cwd))
     if check and proc.returncode != 0:
         raise AssertionError(f"pip {' '.join(args)} exited {proc.returncode}\n"
                              f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

@@ -34,7 +34,8 @@ def test_the_default_device_gpu_trains_on_cpu_with_one_warning_naming_the_build(
                 train_dataset=regression_data(8))
     (message,) = fallback_warnings(caplog)
     assert "device='gpu'" in message and f"paddle {paddle.__version__}" in message and "running on cpu" in message
-    assert trainer.args.device == "cpu" and paddle.get_device() == "cpu"
+    assert trainer.effective_device == "cpu" and paddle.get_device() == "cpu"
+    assert trainer.args.device == "gpu" and args.device == "gpu"  # the arguments as the user gave them
     assert all(p.place.is_cpu_place() for p in trainer.model.parameters())
 
 

@@ -1,6 +1,7 @@
 """What PaddleNLP's HF-port ``tests/trainer/test_trainer.py`` expects and we did differently: early stopping's
 argument error is catchable as ``AssertionError``, the ``init`` memory stage is reported (``init_mem_*`` keys),
-and rotation counts the empty ``checkpoint-N`` directories (never a non-empty one that is not ours)."""
+rotation counts the empty ``checkpoint-N`` directories (never a non-empty one that is not ours), and building and
+training a Trainer leaves the arguments as the user gave them."""
 import os
 
 import pytest
@@ -65,3 +66,15 @@ def test_rotation_never_deletes_a_non_empty_directory_that_is_not_ours(tmp_path)
         f.write("someone else's file")
     trainer._rotate_checkpoints(output_dir=out)
     assert _remaining(out) == [5, 25]
+
+
+def test_building_and_training_a_trainer_leaves_the_arguments_as_given(tmp_path):
+    kwargs = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, report_to="none",
+                  save_strategy="no", max_steps=2)
+    args = TrainingArguments(**kwargs)
+    assert args.device == "gpu"  # PaddleNLP's default; this CPU-only build runs on cpu (the Trainer's effective_device)
+    trainer = Trainer(RegressionModel(), args=args, train_dataset=regression_data(64))
+    trainer.train()
+    fresh, used = TrainingArguments(**kwargs).to_dict(), trainer.args.to_dict()
+    assert {k: v for k, v in used.items() if k != "logging_dir"} == {k: v for k, v in fresh.items() if k != "logging_dir"}
+    assert trainer.args is args and trainer.effective_device == "cpu"

@@ -38,6 +38,8 @@ class TrainerWorkerArguments:
     num_samples: int = field(default=64, metadata={"help": "train set size"})
     fuse_attention_qkv: bool = field(default=False, metadata={"help": "Llama: one fused q/k/v projection"})
     fuse_attention_ffn: bool = field(default=False, metadata={"help": "Llama: one fused gate/up projection"})
+    finetune: str = field(default="", metadata={"help": "Llama: also train on fine-tuning documents, once per "
+                                                        "comma-separated accumulation ('own': the launch's own)"})
 
 
 def parse_worker_arguments(*worker_dataclasses):

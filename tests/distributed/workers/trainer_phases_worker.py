@@ -9,6 +9,8 @@ would on a rerun), in one process:
 3. ``foreign`` (with ``--foreign_checkpoint``): a checkpoint written by another layout, resumed the same way.
 4. ``uninterrupted`` (with ``--uninterrupted``): ``--extended_steps`` in one go, the curve the others continue.
 5. ``stream`` (with ``--stream``): the data as ``paddle.io.IterableDataset`` streams, train/evaluate/predict.
+6. ``finetune``, ``finetune_ga<n>`` (with ``--finetune``): fine-tuning documents of different trained-token
+   counts (``trainer_worker.finetune_phases``); ``--finetune_only`` runs just these (the one-micro-batch reference).
 
 ``node`` records the rank facts (``local_process_index``, ``should_log``, ``should_save``) and, with
 ``--node_files``, what the short phase's Trainer writes through them: ``log_metrics`` (printed where
@@ -33,7 +35,7 @@ import paddle  # noqa: E402
 
 from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
 from paddletrainer import Trainer  # noqa: E402
-from trainer_worker import build_model, mlp_data, token_data  # noqa: E402
+from trainer_worker import build_model, finetune_phases, mlp_data, token_data  # noqa: E402
 
 EVAL_SIZE = 13
 
@@ -49,6 +51,7 @@ class PhaseArguments(TrainerWorkerArguments):
     stream: bool = field(default=False, metadata={"help": "also run on paddle.io.IterableDataset streams"})
     direct_eval: bool = field(default=False, metadata={"help": "one process: eval loss computed sample by sample"})
     node_files: bool = field(default=False, metadata={"help": "log_metrics/save_state/save_metrics as given and flipped"})
+    finetune_only: bool = field(default=False, metadata={"help": "run only the --finetune phases"})
 
 
 class Stream(paddle.io.IterableDataset):
@@ -130,7 +133,12 @@ def main():
     work, args = parse_worker_arguments(PhaseArguments)
     train, evaluation, unlabelled = datasets(work)
     base, short_steps = args.output_dir, args.max_steps
-    out = {}
+    out, trainer = finetune_phases(work, args, os.path.join(base, "finetune"), direct_eval=work.direct_eval)
+    if work.finetune_only:
+        out["rank"] = paddle.distributed.get_rank()
+        write_json(os.path.join(work.result_dir, f"rank{out['rank']}.json"), out)
+        exit_cleanly(trainer.topology)
+        return
     trainer, out["short"] = run(work, args, os.path.join(base, "short"), train=train, max_steps=short_steps,
                                 eval_set=evaluation, predict_set=unlabelled)
     if work.direct_eval:

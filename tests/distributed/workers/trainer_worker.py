@@ -9,17 +9,23 @@ final ``eval_loss``, the trainer's ``training_loss``, ``global_step`` and where 
 """
 from __future__ import annotations
 
+import copy
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+sys.path.insert(0, REPO)
+sys.path.append(os.path.join(REPO, "tests", "unit"))  # finetune_data
 
 import numpy as np  # noqa: E402
 import paddle  # noqa: E402
 
-from common import SEQ, VOCAB, TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
+from common import (GLOBAL_BATCH, SEQ, VOCAB, TrainerWorkerArguments, exit_cleanly, parse_worker_arguments,  # noqa: E402
+                    write_json)
+from finetune_data import direct_token_mean, finetune_samples  # noqa: E402
 from paddletrainer import Trainer, TrainingArguments  # noqa: E402
+from paddletrainer.trainer_utils import SchedulerType  # noqa: E402
 from paddletrainer.parallel.pipeline import check_virtual_pipeline_split  # noqa: E402
 
 
@@ -83,6 +89,36 @@ def token_metrics(prediction):
     return {"accuracy": float((logits.argmax(-1) == labels).mean()), "mean_abs_logit": float(np.abs(logits).mean())}
 
 
+def finetune_phases(work: TrainerWorkerArguments, args: TrainingArguments, output_dir: str, direct_eval=False):
+    """``--finetune``: 3 steps of 8 fine-tuning documents (prompts labelled -100, right-padded) and ``evaluate()``
+    on 13 more, once per listed accumulation ('own': the launch's arguments; a number n: per-device batch
+    8 / (n × data ranks), layouts without pipeline only). ``{phase: {losses, grad_norms, eval_loss}}``, phases
+    ``finetune`` (own) and ``finetune_ga<n>``; with ``direct_eval`` the own phase also has the trained model's
+    token mean over the eval documents computed without the Trainer (``direct_eval_loss``)."""
+    out, trainer = {}, None
+    for which in filter(None, work.finetune.split(",")):
+        run_args = copy.copy(args)
+        name = "finetune"
+        if which != "own":
+            name = f"finetune_ga{which}"
+            run_args.gradient_accumulation_steps = int(which)
+            run_args.per_device_train_batch_size = GLOBAL_BATCH // (int(which) * args.dataset_world_size)
+        run_args.output_dir, run_args.max_steps, run_args.resume_from_checkpoint = os.path.join(output_dir, name), 3, None
+        run_args.save_strategy, run_args.logging_steps = "no", 1
+        run_args.lr_scheduler_type, run_args.learning_rate, run_args.max_grad_norm = SchedulerType.CONSTANT, 0.01, 0.8
+        trainer = Trainer(model=build_model(work, run_args), args=run_args,
+                          train_dataset=finetune_samples(3 * GLOBAL_BATCH, 0))
+        trainer.train()
+        history = trainer.state.log_history
+        evaluation = finetune_samples(13, 1)
+        out[name] = {"losses": [h["loss"] for h in history if "loss" in h],
+                     "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+                     "eval_loss": trainer.evaluate(evaluation)["eval_loss"]}
+        if direct_eval and which == "own":
+            out[name]["direct_eval_loss"] = direct_token_mean(trainer.model, evaluation)
+    return out, trainer
+
+
 def main():
     work, args = parse_worker_arguments(TrainerWorkerArguments)
     model = build_model(work, args)
@@ -108,6 +144,7 @@ def main():
             "predicted": predicted,
             "global_step": trainer.state.global_step,
             "consumed_samples": trainer.state.consumed_samples,
+            **finetune_phases(work, args, os.path.join(args.output_dir, "finetune"))[0],
         },
     )
     exit_cleanly(trainer.topology)  # see common.exit_cleanly: gloo teardown at exit is not ordered

@@ -217,6 +217,15 @@ def test_zero_padding_rows_of_different_lengths_pass_both_collators_and_padding_
                 assert not mask[1, 0, 7:, :7].any() and mask[1, 0, 8, 7] and not mask[1, 0, 7, 8]
 
 
+def test_zero_padding_iterable_rows_pass_the_default_collator_as_they_are():
+    from paddlenlp.datasets.zero_padding_dataset import ZeroPaddingIterableDataset
+
+    docs = [dict(d, position_ids=list(range(len(d["input_ids"])))) for d in _documents()[:3]]
+    rows = [row for row in ZeroPaddingIterableDataset(docs, tokenizer=None, max_length=16)]
+    batch = default_data_collator(rows)
+    assert batch["attention_mask"].shape == (2, 1, 16, 16) and (batch["labels"][1, 7:] == -100).all()
+
+
 def test_a_block_mask_travels_as_document_ends_and_positions_are_checked_per_document():
     ends = _ends([(3, 5)], 8)
     rows, cols = np.arange(8)[:, None], np.arange(8)[None, :]

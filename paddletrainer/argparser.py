@@ -182,6 +182,23 @@ def _coerce_scalar(base, value):
     return value if isinstance(value, base) else base(value)
 
 
+def _a_dict(value: Any) -> dict:
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def json_object(text: str) -> dict:
+    """A dict option's value from its JSON text (``ValueError`` for anything but an object, nesting included)."""
+    try:
+        return _a_dict(json.loads(text))
+    except RecursionError:  # the parser recurses once per nesting level
+        raise ValueError("nested too deeply") from None
+
+
+json_object.__name__ = "JSON object"  # argparse names the type in "invalid <type> value"
+
+
 def _coerce(spec: _FieldSpec, value: Any) -> Any:
     """Return ``value`` converted to the field's type; raise ValueError if it does not fit."""
     if value is None:
@@ -192,10 +209,7 @@ def _coerce(spec: _FieldSpec, value: Any) -> Any:
         if spec.kind == "bool":
             return strtobool(value)
         if spec.kind == "dict":
-            result = json.loads(value) if isinstance(value, str) else value
-            if not isinstance(result, dict):
-                raise ValueError
-            return result
+            return json_object(value) if isinstance(value, str) else _a_dict(value)
         if spec.kind == "list_of_lists":
             if not isinstance(value, (list, tuple)) or not all(isinstance(v, (list, tuple)) for v in value):
                 raise ValueError
@@ -268,7 +282,7 @@ class PdArgumentParser(argparse.ArgumentParser):
         elif spec.kind == "list_of_lists":
             kwargs.update(type=spec.base, nargs="+", action="append")
         elif spec.kind == "dict":
-            kwargs.update(type=json.loads)
+            kwargs.update(type=json_object)
         else:
             kwargs.update(type=spec.base)
         if spec.choices is not None and spec.kind in ("choice", "list"):

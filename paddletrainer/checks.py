@@ -66,8 +66,9 @@ def check_model_for_layout(model, degrees) -> None:
     calls it before ``init_topology``. Checks:
 
     * pp > 1: the model is a ``PipelineLayer`` with ``pp`` stages, each holding at least one layer;
-    * tp > 1: the model has tensor-parallel layers (``ColumnParallelLinear`` ...), and a PaddleNLP config's
-      ``tensor_parallel_degree`` equals tp.
+    * tp > 1: a model whose class builds tensor-parallel layers (PaddleNLP's Llama, Qwen2, GPT ...) has a config
+      whose ``tensor_parallel_degree`` equals tp; then the model has tensor-parallel layers (``ColumnParallelLinear``
+      ...): one whose class has none (ERNIE, a plain Layer) is told so, not asked to set its config.
     """
     tp, pp = degrees.tp, degrees.pp
     name = type(model).__name__
@@ -93,16 +94,18 @@ def check_model_for_layout(model, degrees) -> None:
     config = getattr(model, "config", None)
     if tp > 1:
         config_tp = getattr(config, "tensor_parallel_degree", None) if config is not None else None
-        if config_tp is not None and int(config_tp) != tp:
+        splittable = _has_tp_layers(model) or _class_builds_tp_layers(model)
+        if splittable and config_tp is not None and int(config_tp) != tp:
             raise ValueError(
                 f"tensor_parallel_degree={tp} but {name}.config.tensor_parallel_degree={config_tp}; set "
                 f"config.tensor_parallel_degree = training_args.tensor_parallel_degree (and tensor_parallel_rank) "
                 f"before building the model")
         if not _has_tp_layers(model):
             raise ValueError(
-                f"tensor_parallel_degree={tp} needs a model built for tensor parallel (ColumnParallelLinear / "
-                f"RowParallelLinear / VocabParallelEmbedding layers, e.g. a PaddleNLP model whose config has "
-                f"tensor_parallel_degree={tp}), but {name} has none; use tensor_parallel_degree=1 or such a model")
+                f"tensor_parallel_degree={tp}: {name} has no tensor-parallel layers (ColumnParallelLinear / "
+                f"RowParallelLinear / VocabParallelEmbedding) and cannot be split over {tp} ranks; use "
+                f"tensor_parallel_degree=1 (sharding or data parallel divide the work instead) or a model family "
+                f"that has them (PaddleNLP's Llama, Qwen2, GPT ..., built after setting config.tensor_parallel_degree)")
 
 
 def check_model_for_sep(model, degrees) -> None:
@@ -162,6 +165,14 @@ def check_model_for_cp(model, degrees) -> None:
 
 def _has_tp_layers(model) -> bool:
     return any(type(m).__name__ in _TP_LAYER_NAMES for m in model.sublayers(include_self=True))
+
+
+def _class_builds_tp_layers(model) -> bool:
+    """Whether the model's class builds tensor-parallel layers from ``config.tensor_parallel_degree``: a PaddleNLP
+    class with its own ``_get_tensor_parallel_mappings`` (the split its ``from_pretrained`` needs under tp; the
+    base class's raises ``NotImplementedError``, as for ERNIE, which has no tensor-parallel layers)."""
+    owner = next((c for c in type(model).__mro__ if "_get_tensor_parallel_mappings" in vars(c)), None)
+    return owner is not None and owner.__name__ != "ConversionMixin"
 
 
 def check_batch_keys(model, keys: Iterable[str], popped: Sequence[str] = ()) -> None:

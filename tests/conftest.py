@@ -45,6 +45,8 @@ AXES_BY_FILE = {
     "test_pp2_no_host_reads_between_logging_steps.py": ("pp",),
     "test_pipeline_eval_broadcast.py": ("pp",),
     "test_pipeline_virtual_split.py": ("pp",),
+    "test_pipeline_default_inputs.py": ("pp",),
+    "test_tensor_parallel_model_checks.py": ("tp",),
     "test_cpu_backend_interleave.py": ("pp",),
     "test_hybrid_4d.py": ("dp", "sharding", "tp", "pp"),
 }

@@ -8,7 +8,7 @@ it into a usage error, exit 2). Stdlib only: the arguments import without paddle
 * A few options whose valid range is a fact of the library that consumes them (:data:`RANGES`: NumPy's seed,
   Paddle's AdamW betas/epsilon, ...), checked at parse time instead of when the Trainer builds that library's object.
 * Sizes bounded by what a tensor or the machine can hold, never by free memory (:func:`check_sizes`):
-  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**63 - 1, ``dataloader_num_workers`` <=
+  per-device batch sizes <= 2**31 - 1, samples per optimizer step <= 2**31 - 1, ``dataloader_num_workers`` <=
   :data:`MAX_DATALOADER_WORKERS`. A refusal never depends on a fact of one rank (its CPUs, its node): every rank
   refuses alike, also when the checks run again inside ``train()`` where the other ranks would wait in a collective.
 """
@@ -22,7 +22,7 @@ import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
 __all__ = ["INT32_MAX", "INT64_MAX", "MAX_DATALOADER_WORKERS", "RANGES", "check_option_values", "check_samples_per_step",
-           "check_sizes", "usable_cpus"]
+           "check_scheduler_kwargs", "check_sizes", "usable_cpus"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -120,6 +120,26 @@ def check_option_values(args) -> None:
             raise ValueError(f"{name}={value!r} is invalid: {rule.valid()} ({rule.why})")
 
 
+def check_scheduler_kwargs(kwargs: Dict[str, Any], valid: Tuple[str, ...]) -> None:
+    """``lr_scheduler_kwargs`` held to the checks its keys get as options of their own (``--num_cycles`` ...):
+    known keys only, each a finite number (not a bool or text), in its :data:`RANGES` range."""
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"lr_scheduler_kwargs: must be a JSON object of {', '.join(valid)}, got "
+                         f"{type(kwargs).__name__}")
+    unknown = sorted(str(k)[:40] for k in kwargs if k not in valid)
+    if unknown:
+        raise ValueError(f"lr_scheduler_kwargs: unknown key(s) {', '.join(unknown)}; valid: {', '.join(valid)}")
+    for name, value in kwargs.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"lr_scheduler_kwargs: {name}={str(value)[:40]!r} is invalid: must be a number")
+        if not math.isfinite(value):
+            raise ValueError(f"lr_scheduler_kwargs: {name}={value!r} is invalid: must be a finite number (not NaN "
+                             "or infinity)")
+        rule = RANGES.get(name)
+        if rule is not None and not rule.holds(value):
+            raise ValueError(f"lr_scheduler_kwargs: {name}={value!r} is invalid: {rule.valid()} ({rule.why})")
+
+
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` where there is none)."""
     try:
@@ -158,13 +178,15 @@ def check_sizes(args) -> None:
 
 
 def check_samples_per_step(args, data_world_size: int) -> None:
-    """``per_device_train_batch_size x gradient_accumulation_steps x data ranks <= 2**63 - 1``: the sampler lays
-    out one optimizer step's sample indices as 64-bit integers. The data ranks are dp x sharding (tensor- and
-    pipeline-parallel ranks share their batch), the same number on every rank."""
+    """``per_device_train_batch_size x gradient_accumulation_steps x data ranks <= 2**31 - 1``: the global batch
+    bounded as the per-device batch is (the sampler lays out one optimizer step's sample indices at once, and a
+    step of more samples than a tensor dimension addresses is no setting anyone trains with; beyond it the
+    layout alone would exhaust memory). The data ranks are dp x sharding (tensor- and pipeline-parallel ranks
+    share their batch), the same number on every rank."""
     step = args.per_device_train_batch_size * args.gradient_accumulation_steps * data_world_size
-    if step > INT64_MAX:
+    if step > INT32_MAX:
         raise ValueError(
             f"per_device_train_batch_size={args.per_device_train_batch_size} x gradient_accumulation_steps="
             f"{args.gradient_accumulation_steps} x {data_world_size} data rank(s) (dp x sharding) = {step} samples "
-            f"per optimizer step is invalid: must be <= {INT64_MAX} (2**63 - 1; the sampler indexes them with 64-bit "
-            f"integers)")
+            f"per optimizer step is invalid: must be <= {INT32_MAX} (2**31 - 1, as a per-device batch; the sampler "
+            f"lays out a step's sample indices at once)")

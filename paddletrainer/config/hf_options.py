@@ -25,6 +25,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from .arg_checks import check_scheduler_kwargs
+
 __all__ = ["HFOptions", "LOG_LEVELS", "REFUSED_TORCH_OPTIONS", "SCHEDULER_KWARGS"]
 
 #: HF's level names; ``passive`` (-1) leaves the logger's level unchanged
@@ -87,10 +89,8 @@ class HFOptions:
             if getattr(self, option) not in LOG_LEVELS:
                 raise ValueError(f"{option}={getattr(self, option)!r} is not valid; choose one of: "
                                  f"{', '.join(LOG_LEVELS)}")
-        unknown = sorted(set(self.lr_scheduler_kwargs or {}) - set(SCHEDULER_KWARGS))
-        if unknown:
-            raise ValueError(f"lr_scheduler_kwargs: unknown key(s) {', '.join(unknown)}; valid: "
-                             f"{', '.join(SCHEDULER_KWARGS)}")
+        if self.lr_scheduler_kwargs is not None:
+            check_scheduler_kwargs(self.lr_scheduler_kwargs, SCHEDULER_KWARGS)
         if not self.save_safetensors:
             raise ValueError("save_safetensors=False is not supported by paddletrainer: checkpoints are always "
                              "safetensors (pickles are never written); drop the option")

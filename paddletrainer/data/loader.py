@@ -116,11 +116,34 @@ class CollateErrorCarrier:
         self.error: Optional[BaseException] = None
 
     def __call__(self, features):
+        if self.error is not None:  # the sampler failed (:class:`_SamplerErrorCarrier`): pass the marker on
+            return {self.MARKER: np.zeros([1], dtype="int64")}
         try:
             return self.collator(features)
         except Exception as exc:  # re-raised by DataLoader in the training loop's thread
             self.error = exc
             return {self.MARKER: np.zeros([1], dtype="int64")}
+
+
+class _SamplerErrorCarrier:
+    """A batch sampler whose exception (a ``MemoryError`` laying out a huge step, a user sampler's bug) ends the run
+    with that exception: Paddle's single-process reader thread asks the sampler for indices outside any ``try``,
+    so an exception there ends the thread without waking the training loop, which then waits forever. Here the
+    exception is handed to the :class:`CollateErrorCarrier` and one empty batch follows, which the collator turns
+    into the marker batch that :class:`DataLoader` re-raises."""
+
+    def __init__(self, batch_sampler, carrier: CollateErrorCarrier):
+        self.batch_sampler, self.carrier = batch_sampler, carrier
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def __iter__(self):
+        try:
+            yield from self.batch_sampler
+        except Exception as exc:  # re-raised by DataLoader in the training loop's thread
+            self.carrier.error = exc
+            yield []
 
 
 def worker_error_printed_first(batches, timeout: float = 10.0):
@@ -155,7 +178,14 @@ class DataLoader(paddle.io.DataLoader):
         super().__init__(dataset, collate_fn=self.carrier or collate_fn, num_workers=num_workers, **kwargs)
 
     def __iter__(self):
-        batches = super().__iter__()
+        if self.carrier is None:
+            batches = super().__iter__()
+        else:  # Paddle's iterator takes the batch sampler when it is made: it gets the guarded one
+            sampler, self.batch_sampler = self.batch_sampler, _SamplerErrorCarrier(self.batch_sampler, self.carrier)
+            try:
+                batches = super().__iter__()
+            finally:
+                self.batch_sampler = sampler
         if self.carrier is None:
             return _closing(worker_error_printed_first(batches), batches)
         return _closing(self._checked(batches), batches)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import paddle
 from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
 
+from .pipeline import shared_weights_counted_elsewhere
 from .sharding import SplitParamSharding
 from .wrappers import unwrap_optimizer
 
@@ -58,6 +59,7 @@ class ParallelOptimizer:
         self._expert_ids = {id(p) for p in expert_grads.parameters} if expert_grads is not None else set()
         self._local_experts = local_experts and expert_grads is not None
         self._synced = False
+        self._shared_elsewhere = shared_weights_counted_elsewhere(model) if model is not None else set()
         # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
         self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
 
@@ -172,7 +174,8 @@ class ParallelOptimizer:
           rank 0 for stage 3's unsliced (replicated) parameters;
         * tensor parallel: split parameters (``is_distributed``) on every tp rank, replicated ones on tp
           rank 0 only;
-        * pipeline: a weight shared between stages only where ``is_firstly_shared`` (Paddle's marker);
+        * pipeline: a weight shared between stages (a tied embedding) on the lowest rank of its shared group only
+          (:func:`~.pipeline.shared_weights_counted_elsewhere`);
         * sep / cp: on sep (cp) rank 0 only (Paddle's norm group, the "check" group, spans those ranks);
         * expert parallel: the squares are summed over the whole world (experts differ between the ep ranks), so
           a dense gradient counts on dp rank 0 only and an expert gradient on its first edp replica only.
@@ -192,7 +195,7 @@ class ParallelOptimizer:
             counted = owned
             if not getattr(param, "is_distributed", False) and topo.tp_rank != 0:
                 counted = False
-            if not getattr(param, "is_firstly_shared", True):
+            if id(param) in self._shared_elsewhere:  # every stage holding it holds the same summed gradient
                 counted = False
             if topo.sep_rank != 0 or topo.cp_rank != 0:  # after the sync every sep/cp rank holds the same sum
                 counted = False

@@ -8,6 +8,7 @@ micro-batches and returns the loss; gradients are synchronised and applied by th
 from __future__ import annotations
 
 import contextlib
+import logging
 import types
 
 import numpy as np
@@ -16,8 +17,12 @@ import paddle
 from ..runtime.device import on_cuda_device
 from .flashmask import normalize_startend, visible
 from .sequence_cut import DOCUMENT_ENDS
+from .wrappers import unwrap_model
 
-__all__ = ["apply_pipeline", "check_virtual_pipeline_split", "train_batch", "eval_batch", "stack_micro_batches"]
+__all__ = ["apply_pipeline", "check_virtual_pipeline_split", "train_batch", "eval_batch", "stack_micro_batches",
+           "shared_weights_counted_elsewhere", "default_pipeline_inputs"]
+
+logger = logging.getLogger(__name__)
 
 
 def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
@@ -50,7 +55,50 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     if virtual_pp_degree > 1 and chunks != virtual_pp_degree:
         raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
                          f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
+    if getattr(model, "_prepare_pipeline_inputs_func", None) is None:
+        logger.warning("%s has no _prepare_pipeline_inputs_func: dict batches are split by the default one "
+                       "(%s to the first stage, %s to the last; other keys are dropped)", type(model).__name__,
+                       ", ".join(FIRST_STAGE_KEYS), ", ".join(LAST_STAGE_KEYS))
     return fleet.distributed_model(model), fleet.distributed_optimizer(optimizer)
+
+
+def shared_weights_counted_elsewhere(model) -> set:
+    """``id()`` of the weights this rank shares with other pipeline stages (a ``SharedLayerDesc``, e.g. a tied
+    embedding) whose gradient another rank of their shared group adds to the global norm.
+
+    After ``allreduce_shared_weight_gradients`` every stage holding such a weight holds the same summed
+    gradient, so only one of them may count it: the lowest rank of its shared group, the rank Paddle broadcasts
+    the weight from. Paddle's own marker for this (``is_firstly_shared``) is never set in Paddle 3.3.1: the
+    ``PipelineLayer`` compares parameter names with attribute names, which never match. ``model``: the
+    ``PipelineParallel`` wrapper or the ``PipelineLayer``; an empty set for any other model.
+    """
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+    layers = unwrap_model(model)
+    if not isinstance(layers, PipelineLayer):
+        return set()
+    counting_rank = {}
+    for comm in getattr(layers, "shared_comm", {}).values():
+        for attr in comm["weight_attr"]:
+            param = getattr(comm["layer"], attr)
+            counting_rank[id(param)] = min(counting_rank.get(id(param), layers.global_rank), *comm["ranks"])
+    return {key for key, rank in counting_rank.items() if rank != layers.global_rank}
+
+
+FIRST_STAGE_KEYS = ("input_ids", "attention_mask", "position_ids")
+LAST_STAGE_KEYS = ("labels",)
+
+
+def default_pipeline_inputs(batch: dict) -> list:
+    """``[first-stage inputs, last-stage labels]`` of a dict micro-batch, for a ``PipelineLayer`` without its own
+    ``_prepare_pipeline_inputs_func`` (PaddleNLP's Trainer installs the same default): the present keys of
+    :data:`FIRST_STAGE_KEYS` and of :data:`LAST_STAGE_KEYS`, in that order, each a tuple or, when one key is
+    present, that tensor alone. Other keys are dropped (``apply_pipeline`` warns once that they are)."""
+    def present(keys):
+        values = tuple(batch[k] for k in keys if k in batch)
+        return values[0] if len(values) == 1 else values
+
+    return [present(FIRST_STAGE_KEYS), present(LAST_STAGE_KEYS)]
 
 
 def check_virtual_pipeline_split(num_layers: int, pp_degree: int, virtual_pp_degree: int,
@@ -84,9 +132,7 @@ def _documents_as_block_mask(micro_batch: dict) -> dict:
 
 def _as_pair(micro_batch, layers):
     if isinstance(micro_batch, dict):
-        prepare = getattr(layers, "_prepare_pipeline_inputs_func", None)
-        if prepare is None:
-            raise TypeError("dict micro-batches need a model with _prepare_pipeline_inputs_func; pass (inputs, labels)")
+        prepare = getattr(layers, "_prepare_pipeline_inputs_func", None) or default_pipeline_inputs
         return tuple(prepare(_documents_as_block_mask(dict(micro_batch))))
     if not isinstance(micro_batch, (tuple, list)) or len(micro_batch) != 2:
         raise TypeError("a pipeline micro-batch is (inputs, labels) or a dict; got "

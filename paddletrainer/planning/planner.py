@@ -24,8 +24,11 @@ data-parallel all-reduce takes the faster of ring and tree. Pure arithmetic (no 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 from ..parallel.layout import NUM_EXPERTS_FIELDS
@@ -107,23 +110,59 @@ class Candidate:
 
 
 # ------------------------------------------------------------------------------------ the model
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KiB
+MAX_SIZE = 2**31 - 1  # any model dimension, sequence length or count: beyond it the arithmetic means nothing
+_CONFIG_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "intermediate_size")
+
+
+def _config_document(path) -> dict:
+    """The JSON object of config file ``path``: a regular file (a FIFO, a device or a directory is refused at once,
+    never read) of at most :data:`MAX_CONFIG_BYTES`; raises ``ValueError`` saying what is wrong."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError("is a directory" if stat.S_ISDIR(mode) else "is not a regular file")
+        raw = f.read(MAX_CONFIG_BYTES + 1)
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ValueError(f"is larger than {MAX_CONFIG_BYTES} bytes (not a model config)")
+    try:
+        d = json.loads(raw)
+    except RecursionError:
+        raise ValueError("is not JSON (nested too deeply)") from None
+    if not isinstance(d, dict):
+        raise ValueError("is not a JSON object (a model config)")
+    return d
+
+
+def _size(d: dict, key: str, optional: bool = False) -> int:
+    value = d.get(key)
+    if optional and value in (None, 0):
+        return 0
+    if type(value) is not int or not 1 <= value <= MAX_SIZE:
+        raise ValueError(f"{key}={json.dumps(value)[:40]} is invalid: must be an integer in [1, {MAX_SIZE}]")
+    return value
+
+
 def config_from_paddlenlp(source, seq_length: int | None = None) -> Config:
-    """A ``Config`` from a PaddleNLP/Hugging Face ``config.json`` (a path or its dict)."""
-    d = json.loads(Path(source).read_text()) if isinstance(source, (str, Path)) else dict(source)
-    missing = [k for k in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
-                           "intermediate_size") if k not in d]
+    """A ``Config`` from a PaddleNLP/Hugging Face ``config.json`` (a path or its dict); ``ValueError`` naming the
+    field for a file or value that is not a model config's (``OSError`` when the file cannot be opened)."""
+    d = _config_document(source) if isinstance(source, (str, Path)) else dict(source)
+    missing = [k for k in _CONFIG_SIZES if k not in d]
     if missing:
         raise ValueError(f"model config lacks {', '.join(missing)} (a PaddleNLP Llama-style config.json has them)")
-    experts = next((f"{k}={d[k]}" for k in NUM_EXPERTS_FIELDS if int(d.get(k) or 0) > 1), None)
+    experts = next((f"{k}={d[k]}" for k in NUM_EXPERTS_FIELDS if type(d.get(k)) is int and d[k] > 1), None)
     if experts:
         raise ValueError(f"model config has {experts}: the planner prices dense models only (its memory and time "
                          "would be a dense model's); plan a mixture-of-experts model by hand (docs/layouts.md)")
     seq = seq_length or d.get("seq_length")
     if not seq:
         raise ValueError("no sequence length: pass seq_length (--seq-length); the config has no seq_length")
-    return Config(hidden=int(d["hidden_size"]), layers=int(d["num_hidden_layers"]),
-                  heads=int(d["num_attention_heads"]), vocab=int(d["vocab_size"]), seq=int(seq),
-                  intermediate=int(d["intermediate_size"]), kv_heads=int(d.get("num_key_value_heads") or 0),
+    sizes = {k: _size(d, k) for k in _CONFIG_SIZES}
+    return Config(hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"],
+                  heads=sizes["num_attention_heads"], vocab=sizes["vocab_size"], seq=_size({"seq_length": seq},
+                                                                                           "seq_length"),
+                  intermediate=sizes["intermediate_size"], kv_heads=_size(d, "num_key_value_heads", optional=True),
                   tie=bool(d.get("tie_word_embeddings", False)))
 
 
@@ -199,8 +238,12 @@ def predict_time(c: Config, lay: Layout, profile: DeviceProfile) -> dict:
 
 
 # ------------------------------------------------------------------------------------ the search
-def _divisors(n: int) -> list:
-    return [d for d in range(1, n + 1) if n % d == 0]
+@functools.lru_cache(maxsize=4096)  # the search asks for the same few numbers' divisors many times
+def _divisors(n: int, at_most: int | None = None) -> list:
+    """The divisors of ``n`` (those ≤ ``at_most``), ascending, in O(√n) steps."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    every = small + [n // d for d in reversed(small) if d * d != n]
+    return every if at_most is None else [d for d in every if d <= at_most]
 
 
 def enumerate_layouts(c: Config, devices: int, global_batch: int, max_micro_batch: int = 8,
@@ -228,7 +271,7 @@ def _data_layouts(c: Config, data: int, global_batch: int, max_micro_batch: int,
         return
     for sharding in _divisors(data):
         for stage in ((1, 2, 3) if sharding > 1 else (0,)):
-            for mb in _divisors(global_batch // data):
+            for mb in _divisors(global_batch // data, max_micro_batch):
                 m = global_batch // data // mb
                 if mb > max_micro_batch or (kw["pp"] > 1 and m < kw["pp"]):
                     continue

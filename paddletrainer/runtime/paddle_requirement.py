@@ -23,7 +23,7 @@ import re
 import sys
 from typing import Optional, Tuple
 
-__all__ = ["TESTED", "PADDLE_PIN", "SKIP_ENV", "PaddleGuard", "install", "install_hint", "check_version",
+__all__ = ["TESTED", "PADDLE_PIN", "GPU_INDEX", "SKIP_ENV", "PaddleGuard", "install", "install_hint", "check_version",
            "require_paddle"]
 
 PADDLE_PIN = "3.3.1"  # the build CI tests, and the one the `cpu` extra installs
@@ -31,10 +31,15 @@ TESTED = ((3, 3, 1), (3, 4, 0))  # versions v with TESTED[0] <= v < TESTED[1]
 SKIP_ENV = "PADDLETRAINER_SKIP_PADDLE_VERSION_CHECK"
 
 
+# Paddle's own package index (CUDA 12.6 build): Paddle 3.x GPU wheels are only there, not on the public index
+GPU_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/cu126/"
+
+
 def install_hint() -> str:
     """The two install commands, CPU build first (the message's last words)."""
-    return (f"pip install paddlepaddle=={PADDLE_PIN} (CPU) or pip install paddlepaddle-gpu=={PADDLE_PIN} "
-            "(CUDA; see paddlepaddle.org.cn for the wheel of your CUDA version)")
+    return (f"pip install paddlepaddle=={PADDLE_PIN} (CPU) or "
+            f"pip install paddlepaddle-gpu=={PADDLE_PIN} -i {GPU_INDEX} "
+            "(CUDA 12.6; cu118, cu129 or cu130 in place of cu126 for CUDA 11.8, 12.9 or 13.0)")
 
 
 def _missing_message() -> str:

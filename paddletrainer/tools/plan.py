@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import List, Optional
 
 from ..planning import PROFILES, Config, config_from_paddlenlp, get_profile, plan
 from ..planning.memory_model import OPTIMIZER_STATES
+from ..planning.planner import MAX_SIZE
+
+MAX_DEVICES = 1 << 16  # the search prices every layout: ~240k of them, some 15 s, at 16k devices
 
 SIZE_OPTIONS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "heads", "vocab_size": "vocab",
                 "intermediate_size": "intermediate"}
@@ -45,6 +49,24 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _check_numbers(ap: argparse.ArgumentParser, a) -> None:
+    """Every number in range before any search: the search's cost grows with the devices and the divisors."""
+    for opt, hi in (("devices", MAX_DEVICES), ("global_batch", MAX_SIZE), ("max_micro_batch", MAX_SIZE),
+                    ("top", MAX_SIZE), ("seq_length", MAX_SIZE), ("num_kv_heads", MAX_SIZE),
+                    ("devices_per_node", MAX_DEVICES),
+                    *((opt, MAX_SIZE) for opt in SIZE_OPTIONS)):
+        value = getattr(a, opt)
+        low = 0 if opt == "num_kv_heads" else 1
+        if value is not None and not low <= value <= hi:
+            ap.error(f"--{opt.replace('_', '-')} {value} is invalid: must be an integer in [{low}, {hi}]")
+    for opt in ("device_memory", "peak_tflops", "efficiency"):
+        value = getattr(a, opt)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            ap.error(f"--{opt.replace('_', '-')} {value} is invalid: must be a finite positive number")
+    if a.efficiency is not None and a.efficiency > 1:
+        ap.error(f"--efficiency {a.efficiency} is invalid: must be in (0, 1] (a fraction of the peak)")
+
+
 def _model(ap: argparse.ArgumentParser, a) -> Config:
     sizes = {opt: getattr(a, opt) for opt in SIZE_OPTIONS}
     if a.config is None:
@@ -70,6 +92,8 @@ def _model(ap: argparse.ArgumentParser, a) -> Config:
         return config_from_paddlenlp(a.config, a.seq_length)
     except FileNotFoundError:
         ap.error(f"config: no such file {a.config}")
+    except OSError as e:
+        ap.error(f"config: {a.config}: {e.strerror or e}")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         ap.error(f"config: {a.config} is not JSON ({e})")
     except ValueError as e:
@@ -94,13 +118,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Parse, plan, print the table; returns the exit status (0: a layout fits, 1: none does)."""
     ap = _parser()
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    _check_numbers(ap, a)
     c = _model(ap, a)
-    for opt in ("devices", "global_batch", "max_micro_batch", "top"):
-        if getattr(a, opt) < 1:
-            ap.error(f"--{opt.replace('_', '-')} must be a positive integer, got {getattr(a, opt)}")
-    for opt in ("device_memory", "peak_tflops", "efficiency", "devices_per_node"):
-        if getattr(a, opt) is not None and getattr(a, opt) <= 0:
-            ap.error(f"--{opt.replace('_', '-')} must be positive, got {getattr(a, opt)}")
     if a.optimizer not in OPTIMIZER_STATES:
         ap.error(f"--optimizer: unknown optimizer {a.optimizer!r}; valid: {', '.join(OPTIMIZER_STATES)}")
     if a.profile not in PROFILES:

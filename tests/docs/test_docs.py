@@ -1,6 +1,7 @@
 """The documentation: the site builds in strict mode, every public name is in the API reference, every block
-marked runnable runs, each Chinese page keeps its English twin's headings and code blocks, and the README stays
-a front door (docs/contributing.md describes the conventions these tests hold the pages to)."""
+marked runnable runs, each Chinese page keeps its English twin's headings and, section by section, its code
+blocks, option names, figures and links, the Chinese pages keep to the glossary, and the README stays a front
+door (docs/contributing.md describes the conventions these tests hold the pages to)."""
 from __future__ import annotations
 
 import html
@@ -20,8 +21,15 @@ FENCE = re.compile(r"^(?P<fence>`{3,})(?P<info>[^`]*)$")
 HEADING = re.compile(r"^(?P<hashes>#{1,6})\s")
 LAUNCH_LOCK = "/tmp/paddletrainer-mp.lock"  # the machine-wide lock tests/distributed/launcher.py takes
 README_MAX_LINES = 150
-# The pages that must have a Chinese twin (docs/zh/<name>), besides README.md <-> README_cn.md.
-ZH_REQUIRED = ("getting-started.md", "layouts.md", "migration.md")
+# The pages that must have a Chinese twin (docs/zh/<name>), besides README.md <-> README_cn.md: the user guide.
+ZH_REQUIRED = ("index.md", "getting-started.md", "layouts.md", "migration.md", "checkpoints.md", "mixed-precision.md",
+               "fault-tolerance.md", "logging.md", "troubleshooting.md")
+INLINE_CODE = re.compile(r"(`+)(.+?)\1", re.S)
+# An option name inside inline code: a command-line flag or a snake_case name (`--sharding`, `save_steps`).
+OPTION = re.compile(r"--[a-z][\w-]*|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+FIGURE = re.compile(r"\d+(?:\.\d+)*")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+HEADING_ID = re.compile(r"\{#[^}]*\}\s*$")
 # Modules PaddleNLP scripts import by path; with no __all__, the public names are listed here (the test below
 # checks the module defines no other public class or function).
 PUBLIC_MODULES = ("trainer", "training_args", "trainer_callback", "trainer_utils", "argparser", "integrations")
@@ -68,11 +76,118 @@ def test_readme_is_a_front_door_of_at_most_150_lines():
         assert count <= README_MAX_LINES, f"{name} has {count} lines; move detail into a guide page"
 
 
+GPU_INSTALL = re.compile(r"pip install\b.*\bpaddlepaddle-gpu==\S+")
+PADDLE_GPU_INDEX = re.compile(r" -i https://www\.paddlepaddle\.org\.cn/packages/stable/cu\d+/")
+FIRST_SCREEN = 12  # lines of a README a reader sees before scrolling
+
+
+def test_every_gpu_install_command_takes_paddles_own_index():
+    """Paddle 3.x GPU wheels are only on Paddle's index: a bare `pip install paddlepaddle-gpu==3.x` fails."""
+    from paddletrainer.runtime.paddle_requirement import install_hint
+
+    commands = [("install_hint()", install_hint())]
+    for page in [REPO / "README.md", REPO / "README_cn.md", *sorted(DOCS.rglob("*.md"))]:
+        for _, code, _, line in parse_markdown(page.read_text(encoding="utf-8"))[1]:
+            commands += [(f"{page.relative_to(REPO)}:{line}", c) for c in code.splitlines() if GPU_INSTALL.search(c)]
+    assert len(commands) > 1
+    bare = [f"{where}: {command}" for where, command in commands if not PADDLE_GPU_INDEX.search(command)]
+    assert not bare, "GPU installs without Paddle's index (-i .../packages/stable/cuXXX/):\n" + "\n".join(bare)
+
+
+def test_the_python_requirement_is_on_the_readmes_first_screen_and_in_the_setup_script():
+    declared = re.search(r'requires-python = ">=(\d+\.\d+)"', (REPO / "pyproject.toml").read_text())[1]
+    for name in ("README.md", "README_cn.md"):
+        first_screen = "\n".join((REPO / name).read_text(encoding="utf-8").splitlines()[:FIRST_SCREEN])
+        assert f"Python {declared}" in first_screen, f"{name} does not state Python {declared} on its first screen"
+    major, minor = declared.split(".")
+    assert f"sys.version_info < ({major}, {minor})" in (REPO / "scripts" / "setup_env.sh").read_text()
+
+
 # ------------------------------------------------------------------------------------------------ twins
 def twin_pairs():
     pairs = [(REPO / "README.md", REPO / "README_cn.md")]
     pairs += [(DOCS / zh.name, zh) for zh in sorted((DOCS / "zh").glob("*.md"))]
     return pairs
+
+
+def sections(text: str):
+    """The page cut at its headings (outside code): one list of prose lines and one of code blocks per section,
+    the part before the first heading included."""
+    out = [{"heading": "(top)", "prose": [], "blocks": []}]
+    lines = text.split("\n")
+    open_fence = None
+    for number, line in enumerate(lines, 1):
+        fence = FENCE.match(line.strip())
+        if open_fence is not None:
+            if fence and not fence["info"].strip() and len(fence["fence"]) >= len(open_fence[0]):
+                out[-1]["blocks"].append((open_fence[1], "\n".join(lines[open_fence[2]:number - 1]), open_fence[3]))
+                open_fence = None
+            continue
+        if fence:
+            runnable = number >= 2 and lines[number - 2].strip() == RUNNABLE
+            open_fence = (fence["fence"], fence["info"].strip().split(" ")[0], number, runnable)
+        elif HEADING.match(line):
+            out.append({"heading": line.strip(), "prose": [], "blocks": []})
+        else:
+            out[-1]["prose"].append(line)
+    return out
+
+
+def page_key(page: Path, target: str) -> str:
+    """A link target as the page and anchor it names, the same for both languages: a link to a Chinese twin
+    counts as one to its English page (``docs/zh/x.md`` is ``docs/x.md``, ``README_cn.md`` is ``README.md``)."""
+    if re.match(r"[a-z]+://", target):
+        return target
+    path, _, anchor = target.partition("#")
+    resolved = Path(os.path.normpath(page.parent / path)) if path else page
+    name = str(resolved.relative_to(REPO)) if resolved.is_relative_to(REPO) else str(resolved)
+    name = re.sub(r"(^|/)zh/", r"\1", name).replace("README_cn.md", "README.md")
+    return f"{name}#{anchor}" if anchor else name
+
+
+def section_facts(page: Path, section) -> dict:
+    """What a twin must keep in a section: option names (in inline code), figures and link targets."""
+    prose = "\n".join(HEADING_ID.sub("", line) for line in section["prose"] + [section["heading"]])
+    own = page_key(page, "")
+    links = {page_key(page, t) for t in LINK.findall(prose)} - {own}
+    text = re.sub(r"(?<=\d),(?=\d{3}\b)", "", LINK.sub("]", prose))  # 13,810 is 13810; no digits of link targets
+    options = {name for _, span in INLINE_CODE.findall(text) for name in OPTION.findall(span)}
+    return {"option names": options, "figures": set(FIGURE.findall(text)), "links": links}
+
+
+def twin_differences(english: Path, chinese: Path):
+    """One line per difference between the twins, section by section (empty when they agree)."""
+    en_sections = sections(english.read_text(encoding="utf-8"))
+    zh_sections = sections(chinese.read_text(encoding="utf-8"))
+    en_levels = [len(HEADING.match(s["heading"])["hashes"]) for s in en_sections[1:]]
+    zh_levels = [len(HEADING.match(s["heading"])["hashes"]) for s in zh_sections[1:]]
+    if en_levels != zh_levels:
+        return [f"heading levels differ: {english.name} {en_levels} vs {chinese.name} {zh_levels}"]
+    problems = []
+    for en, zh in zip(en_sections, zh_sections):
+        where = f"section {en['heading']!r} / {zh['heading']!r}"
+        if en["blocks"] != zh["blocks"]:
+            problems.append(f"{where}: code blocks differ (language, text, runnable marker)")
+        en_facts, zh_facts = section_facts(english, en), section_facts(chinese, zh)
+        for kind in en_facts:
+            only_en, only_zh = en_facts[kind] - zh_facts[kind], zh_facts[kind] - en_facts[kind]
+            if only_en or only_zh:
+                problems.append(f"{where}: {kind} only in English {sorted(only_en)}, only in Chinese {sorted(only_zh)}")
+    return problems
+
+
+def test_twin_differences_name_the_section_and_what_drifted(tmp_path):
+    (tmp_path / "zh").mkdir()
+    english, chinese = tmp_path / "a.md", tmp_path / "zh" / "a.md"
+    english.write_text("# A\n\nSee [b](b.md#x).\n\n## Stage 3\n\n`--sharding stage3` cuts 2**20 elements.\n")
+    chinese.write_text("# A\n\n[English](../a.md)，见 [b](b.md#x)。\n\n## stage 3\n\n`--sharding stage3` 切分。\n")
+    assert twin_differences(english, chinese) == [
+        "section '## Stage 3' / '## stage 3': figures only in English ['2', '20'], only in Chinese []"]
+    chinese.write_text("# A\n\n见 [b](../c.md)。\n\n## stage 3\n\n`sharding_parallel_degree` 2**20。\n")
+    assert [line.replace(f"{tmp_path}/", "") for line in twin_differences(english, chinese)] == [
+        "section '# A' / '# A': links only in English ['b.md#x'], only in Chinese ['c.md']",
+        "section '## Stage 3' / '## stage 3': option names only in English ['--sharding'], "
+        "only in Chinese ['sharding_parallel_degree']"]
 
 
 def test_the_required_chinese_pages_exist():
@@ -82,12 +197,33 @@ def test_the_required_chinese_pages_exist():
 
 
 @pytest.mark.parametrize("english,chinese", twin_pairs(), ids=lambda p: str(Path(p).relative_to(REPO)))
-def test_a_chinese_twin_has_the_english_headings_and_code_blocks(english, chinese):
+def test_a_chinese_twin_keeps_each_sections_code_options_figures_and_links(english, chinese):
     assert english.is_file(), f"{chinese.relative_to(REPO)} has no English page {english.relative_to(REPO)}"
-    en_heads, en_blocks = parse_markdown(english.read_text(encoding="utf-8"))
-    zh_heads, zh_blocks = parse_markdown(chinese.read_text(encoding="utf-8"))
-    assert zh_heads == en_heads, f"heading levels differ: {english.name} {en_heads} vs {chinese.name} {zh_heads}"
-    assert [b[:3] for b in zh_blocks] == [b[:3] for b in en_blocks], "code blocks differ (language, text, marker)"
+    problems = twin_differences(english, chinese)
+    assert not problems, f"{chinese.relative_to(REPO)} drifted from {english.relative_to(REPO)}:\n" + "\n".join(problems)
+
+
+def glossary():
+    """``{Chinese term: [variants the pages must not use]}`` from the glossary table of docs/zh/index.md."""
+    index = next(s for s in sections((DOCS / "zh" / "index.md").read_text(encoding="utf-8"))
+                 if "{#chinese-terms}" in s["heading"])
+    rows = [line.strip("|").split("|") for line in index["prose"] if line.startswith("|") and "---" not in line]
+    terms = {cells[1].strip(): [v.strip() for v in cells[2].split("、") if v.strip()] for cells in rows[1:]}
+    assert len(terms) >= 20, "the glossary table of docs/zh/index.md was not found"
+    return terms
+
+
+def test_the_chinese_pages_use_the_glossarys_terms_not_their_variants():
+    terms = glossary()
+    assert "通信组" in terms and "进程组" in terms["通信组"]
+    found = []
+    for page in [REPO / "README_cn.md", *sorted((DOCS / "zh").glob("*.md"))]:
+        text = page.read_text(encoding="utf-8")
+        if page.name == "index.md":  # the table itself names the variants
+            text = text.split("{#chinese-terms}")[0]
+        for term, variants in terms.items():
+            found += [f"{page.relative_to(REPO)}: {variant!r} (write {term!r})" for variant in variants if variant in text]
+    assert not found, "\n".join(found)
 
 
 # ------------------------------------------------------------------------------------------------ the site
@@ -107,7 +243,7 @@ def site(tmp_path_factory):
 def test_the_site_builds_every_page_of_the_nav(site):
     pages = sorted(p.relative_to(DOCS).with_suffix("") for p in DOCS.rglob("*.md"))
     for page in pages:
-        target = site / ("index.html" if str(page) == "index" else f"{page}/index.html")
+        target = site / (page.parent / "index.html" if page.name == "index" else page / "index.html")
         assert target.is_file(), f"docs/{page}.md was not built"
 
 

@@ -222,10 +222,10 @@ def test_direct_construction_refuses_the_same_values(tmp_path):
             TrainingArguments(output_dir=str(tmp_path), **{key: value})
 
 
-def test_samples_per_step_beyond_64_bits_are_refused(tmp_path, monkeypatch):
+def test_samples_per_step_beyond_a_per_device_batch_s_bound_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "4")
     with pytest.raises(ValueError, match=r"per_device_train_batch_size=2147483647 x gradient_accumulation_steps="
-                                         r"2147483647 x 4 data rank\(s\) \(dp x sharding\) .* \(2\*\*63 - 1"):
+                                         r"2147483647 x 4 data rank\(s\) \(dp x sharding\) .* \(2\*\*31 - 1"):
         TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=INT32_MAX,
                           gradient_accumulation_steps=INT32_MAX)
 

@@ -14,6 +14,7 @@ import types
 import numpy as np
 import paddle
 
+from ..paddle_contract import pipeline_inputs_hook
 from ..runtime.device import on_cuda_device
 from .flashmask import normalize_startend, visible
 from .sequence_cut import DOCUMENT_ENDS
@@ -55,7 +56,7 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     if virtual_pp_degree > 1 and chunks != virtual_pp_degree:
         raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
                          f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
-    if getattr(model, "_prepare_pipeline_inputs_func", None) is None:
+    if pipeline_inputs_hook(model) is None:
         logger.warning("%s has no _prepare_pipeline_inputs_func: dict batches are split by the default one "
                        "(%s to the first stage, %s to the last; other keys are dropped)", type(model).__name__,
                        ", ".join(FIRST_STAGE_KEYS), ", ".join(LAST_STAGE_KEYS))
@@ -132,7 +133,7 @@ def _documents_as_block_mask(micro_batch: dict) -> dict:
 
 def _as_pair(micro_batch, layers):
     if isinstance(micro_batch, dict):
-        prepare = getattr(layers, "_prepare_pipeline_inputs_func", None) or default_pipeline_inputs
+        prepare = pipeline_inputs_hook(layers) or default_pipeline_inputs
         return tuple(prepare(_documents_as_block_mask(dict(micro_batch))))
     if not isinstance(micro_batch, (tuple, list)) or len(micro_batch) != 2:
         raise TypeError("a pipeline micro-batch is (inputs, labels) or a dict; got "

@@ -21,9 +21,9 @@ only where tensors are not on a CUDA device (GPU builds keep PaddleNLP's kernels
 """
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import math
+import sys
 
 import paddle
 import paddle.nn.functional as F
@@ -123,30 +123,29 @@ def remove_packed_attention(model) -> None:
             setattr(layer, _ORIGINAL, None)
 
 
-def _module(name):
-    return importlib.import_module(name)
-
-
 def assumptions() -> list:
-    """What the wrapper relies on in PaddleNLP (none without PaddleNLP): each module's attention function takes
+    """What the wrapper relies on in PaddleNLP, for its modules already imported (a model of theirs exists only
+    then, so a run without one pays no PaddleNLP import for this check): each module's attention function takes
     the arguments the wrapper reads by name, the layers call it through ``self.attn_func``, and Llama's flash path
     sends the document ends to ``flashmask_attention`` and its cp path to ``RingFlashAttention`` (the calls
     replaced here)."""
-    if importlib.util.find_spec("paddlenlp") is None:
-        return []
     found = []
     for layer, module in ATTENTION_LAYERS.items():
+        if module not in sys.modules:
+            continue
         found.append(Assumption(
-            lambda module=module: set(_READ) <= set(inspect.signature(_module(module).scaled_dot_product_attention)
+            lambda module=module: set(_READ) <= set(inspect.signature(sys.modules[module].scaled_dot_product_attention)
                                                     .parameters),
             f"{module}.scaled_dot_product_attention no longer takes {', '.join(_READ)}"))
         found.append(Assumption(
             lambda layer=layer, module=module: "self.attn_func = scaled_dot_product_attention"
-            in inspect.getsource(getattr(_module(module), layer).__init__),
+            in inspect.getsource(getattr(sys.modules[module], layer).__init__),
             f"{module}.{layer} no longer calls scaled_dot_product_attention through self.attn_func"))
-    found.append(Assumption(
-        lambda: all(call in inspect.getsource(_module("paddlenlp.transformers.llama.fusion_ops"))
-                    for call in ("F.flashmask_attention", "RingFlashAttention.apply", "reshard_layer(")),
-        "paddlenlp.transformers.llama.fusion_ops.fusion_flash_attention no longer calls flashmask_attention, "
-        "RingFlashAttention.apply and the sep reshard_layer"))
+    fusion = "paddlenlp.transformers.llama.fusion_ops"
+    if fusion in sys.modules:
+        found.append(Assumption(
+            lambda: all(call in inspect.getsource(sys.modules[fusion])
+                        for call in ("F.flashmask_attention", "RingFlashAttention.apply", "reshard_layer(")),
+            f"{fusion}.fusion_flash_attention no longer calls flashmask_attention, RingFlashAttention.apply and the "
+            f"sep reshard_layer"))
     return found

@@ -54,7 +54,7 @@ from .parallel.expert import check_expert_model
 from .parallel.lazy_init import check_lazy_model, start_lazy_model
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
-from .runtime.device import resolve_device
+from .device import resolve_device
 from .runtime.seeding import set_seed
 from .runtime.signals import GracefulStop, check_interval
 from .trainer_checkpoints import TrainerCheckpoints

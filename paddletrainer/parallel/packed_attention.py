@@ -28,7 +28,7 @@ import sys
 import paddle
 import paddle.nn.functional as F
 
-from ..runtime.device import on_cuda_device
+from ..device import on_cuda_device
 from .cpu.paddle_checks import Assumption
 from .flashmask import flashmask_attention
 from .ring_attention import RingAttention

@@ -15,7 +15,7 @@ import numpy as np
 import paddle
 
 from ..paddle_contract import pipeline_inputs_hook
-from ..runtime.device import on_cuda_device
+from ..device import on_cuda_device
 from .flashmask import normalize_startend, visible
 from .sequence_cut import DOCUMENT_ENDS
 from .wrappers import unwrap_model

@@ -16,7 +16,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from ..runtime.device import on_cuda_device
+from ..device import on_cuda_device
 
 __all__ = ["DOCUMENT_ENDS", "cut_batch", "documents_of_batch", "gather_sequences", "wrap_in_segment_parallel"]
 

@@ -149,12 +149,14 @@ SYMBOLS: Tuple[Symbol, ...] = (
                                             "_assign_slice_grad", "_parameter_list", "_numel"), READ,
            _P + "parallel/sharding.py", TESTS, EVERY),
     # the optimizer interface over Paddle's wrappers
-    Symbol(_FLEET + "HybridParallelOptimizer, GroupShardedStage2/3, DygraphShardingOptimizer",
-           ("_inner_opt", "_hybrid_sync_grad", "_grad_scale", "_dp_allreduce", "_update_params_slice",
-            "_local_params", "_param2rank", "_unslice_params", "_param_groups", "_parameter_list"), READ,
-           _P + "parallel/optimizer.py", TESTS, EVERY),
+    Symbol(_FLEET + "HybridParallelOptimizer", ("_inner_opt", "_hybrid_sync_grad", "_step"), READ,
+           _P + "parallel/hybrid.py", TESTS, EVERY),
     Symbol(_FLEET + "meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer.DygraphShardingOptimizer",
-           ("_param2rank",), READ, _P + "parallel/optimizer.py", ACCESSOR, EVERY),
+           ("_param2rank",), READ, _P + "parallel/hybrid.py", ACCESSOR, EVERY),
+    Symbol(_FLEET + "meta_parallel.sharding: GroupShardedStage2/3 and their optimizers",
+           ("_grad_scale", "_dp_allreduce", "_update_params_slice", "_param2rank", "_unslice_params",
+            "_param_groups"), READ, _P + "parallel/sharding.py", TESTS, EVERY),
+    Symbol(_OPT, ("_parameter_list",), READ, _P + "parallel/data_parallel.py", TESTS, EVERY),
     Symbol(_OPT, ("_grad_clip", "_param_groups", "_default_dict", "_parameter_list"), WRITE,
            _P + "parallel/clipping.py", ACCESSOR, EVERY),
     Symbol(_OPT, ("_grad_clip", "_param_groups"), READ, _P + "parallel/apply.py", ACCESSOR, EVERY),
@@ -363,7 +365,7 @@ def wrapped_layer(model):
 def stage1_owner_ranks(inner_optimizer):
     """Stage 1 (V1)'s parameter name → owning sharding rank, or None for any other optimizer (V2 has none)."""
     if isinstance(inner_optimizer, DygraphShardingOptimizer):
-        return _read(inner_optimizer, "_param2rank", "paddletrainer/parallel/optimizer.py")
+        return _read(inner_optimizer, "_param2rank", "paddletrainer/parallel/hybrid.py")
     return None
 
 
@@ -421,7 +423,7 @@ _ACCESSOR_FACTS = (
     (MetaParallelBase, "_layers", "paddletrainer/parallel/wrappers.py"),
     (GroupShardedStage2, "_layer", "paddletrainer/parallel/wrappers.py"),
     (GroupShardedStage3, "_layer", "paddletrainer/parallel/wrappers.py"),
-    (DygraphShardingOptimizer, "_param2rank", "paddletrainer/parallel/optimizer.py"),
+    (DygraphShardingOptimizer, "_param2rank", "paddletrainer/parallel/hybrid.py"),
     (PipelineLayer, "_num_stages", "paddletrainer/checks.py"),
     (paddle.base.framework.EagerParamBase, "_init_func", "paddletrainer/parallel/lazy_init.py"),
     (UniformInitializer, "_diag_num", "paddletrainer/parallel/lazy_init.py"),

@@ -38,7 +38,7 @@ _PADDLE_NAMES = {
     "ExpertGradients": "expert",
     "NUM_EXPERTS_FIELDS": "expert",
     "parallelize": "apply", "wrap_captures_accumulation": "apply",
-    "ParallelOptimizer": "optimizer",
+    "ParallelOptimizer": "optimizer", "LocalOptimizer": "data_parallel", "HybridOptimizer": "hybrid",
     "GradientBuffers": "data_parallel", "apply_data_parallel": "data_parallel", "gradient_buffers": "data_parallel",
     "no_sync": "data_parallel",
     "mean_over_data_group": "collectives", "sum_over_data_group": "collectives",
@@ -58,10 +58,11 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
                            take_gradient_clip)
     from .collectives import (all_gather_object, all_gather_object_over_data_group, global_grad_norm,
                               mean_over_data_group, sum_over_data_group)
-    from .data_parallel import GradientBuffers, apply_data_parallel, gradient_buffers, no_sync
+    from .data_parallel import GradientBuffers, LocalOptimizer, apply_data_parallel, gradient_buffers, no_sync
     from .expert import (ExpertGradients, NUM_EXPERTS_FIELDS, broadcast_initial_state, check_expert_model,
                          expert_data_parallel_group, expert_parallel_group, expert_parameters, is_expert, keep_experts,
                          shard_dense_parameters, token_group)
+    from .hybrid import HybridOptimizer
     from .optimizer import ParallelOptimizer
     from .topology import (Topology, build_strategy, check_cpu_options, expert_group_ranks, get_topology,
                            hybrid_order, init_topology, needs_cpu_backend, reset_for_tests)

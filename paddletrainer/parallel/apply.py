@@ -42,15 +42,15 @@ from typing import Optional
 from paddle.distributed import fleet
 
 from .config import ParallelConfig, expect_config
-from .data_parallel import apply_data_parallel, gradient_buffers
+from .data_parallel import LocalOptimizer, apply_data_parallel, gradient_buffers
 from .expert import ExpertGradients, check_expert_model, expert_parameters, keep_experts, shard_dense_parameters
-from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
+from .hybrid import HybridOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
 from .packed_attention import install_packed_attention
 from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
-from .sharding import apply_sharding
+from .sharding import Stage2Optimizer, Stage3Optimizer, apply_sharding
 from .tensor import apply_tensor_parallel
 from ..paddle_contract import optimizer_grad_clip, optimizer_param_groups
 
@@ -139,12 +139,12 @@ def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
                        staged=topology.pp_degree > 1)
     install_packed_attention(model)  # document masks of packed rows where Paddle has no FlashMask kernel
     if topology.world_size == 1:
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
+        return model, LocalOptimizer(optimizer, topology=topology)
     if not topology.use_hybrid:
         model = apply_data_parallel(model, topology=topology,
                                     find_unused_parameters=_find_unused_parameters(model, config.find_unused_parameters))
-        return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology, dp_buffers=gradient_buffers(model),
-                                        expert_grads=_expert_gradients(model, topology))
+        return model, LocalOptimizer(optimizer, topology=topology, dp_buffers=gradient_buffers(model),
+                                     expert_grads=_expert_gradients(model, topology))
 
     experts = _expert_gradients(model, topology)
     if topology.pp_degree > 1:
@@ -153,7 +153,7 @@ def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
             model, optimizer = apply_pipeline(model, optimizer, topology=topology,
                                               virtual_pp_degree=config.virtual_pp_degree)
         model = apply_segment_parallel(model, topology=topology, wrapped=True)  # PipelineParallel syncs over sep
-        return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts)
+        return model, HybridOptimizer(optimizer, topology=topology, model=model, expert_grads=experts)
 
     with keep_experts(model, topology):  # TensorParallel broadcasts every parameter over dp
         model = apply_tensor_parallel(model, topology=topology)
@@ -165,8 +165,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
     if stage in (2, 3):
         with timed("optimizer"):
             model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
-        mode = STAGE2 if stage == 2 else STAGE3
-        return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
+        implementation = Stage2Optimizer if stage == 2 else Stage3Optimizer
+        return model, implementation(optimizer, topology=topology, model=model)
     local_experts = False
     if stage == 1:
         # experts stay out of the sharded partition and broadcasts; ParallelOptimizer updates them locally
@@ -178,8 +178,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
     else:
         with timed("optimizer"):
             optimizer = fleet.distributed_optimizer(optimizer)
-    return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts,
-                                    local_experts=local_experts)
+    return model, HybridOptimizer(optimizer, topology=topology, model=model, expert_grads=experts,
+                                  local_experts=local_experts)
 
 
 def _expert_gradients(model, topology):

@@ -22,9 +22,10 @@ import paddle
 import paddle.distributed as dist
 
 from .expert import broadcast_initial_state, is_expert
+from .optimizer import ParallelOptimizer, flat_parameters
 from .sharding import is_stage2_model, stage2_no_sync
 
-__all__ = ["GradientBuffers", "apply_data_parallel", "gradient_buffers", "no_sync"]
+__all__ = ["GradientBuffers", "apply_data_parallel", "gradient_buffers", "no_sync", "LocalOptimizer"]
 
 MIB = 1 << 20
 # paddle.DataParallel's defaults: the first bucket (the last parameters, whose gradients come first) is small
@@ -269,3 +270,32 @@ def no_sync(model):
     if is_stage2_model(model):
         return stage2_no_sync(model)
     return contextlib.nullcontext()
+
+
+class LocalOptimizer(ParallelOptimizer):
+    """:class:`~.optimizer.ParallelOptimizer` of one process, or of plain data parallel: ``dp_buffers`` (the
+    model's :class:`GradientBuffers`) finish their reduction in ``_sync`` and are zeroed in place by ``_clear``."""
+
+    MODE = "local"
+
+    def __init__(self, optimizer, *, topology, dp_buffers=None, expert_grads=None):
+        super().__init__(optimizer, topology=topology, expert_grads=expert_grads)
+        self._dp_buffers = dp_buffers
+
+    def _sync(self) -> None:
+        if self._dp_buffers is not None:
+            self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
+
+    def _step(self) -> None:
+        self._optimizer.step()
+
+    def _clear(self, set_to_zero: bool) -> None:
+        if self._dp_buffers is None:
+            self._optimizer.clear_grad(set_to_zero)
+            return
+        self._dp_buffers.zero()  # in place: the gradients stay views of the all-reduce buckets
+        if self._expert_grads is not None:  # not in the buckets
+            self._expert_grads.zero(set_to_zero)
+
+    def _gradients_with_ownership(self) -> list:
+        return [(p, p.grad, True) for p in flat_parameters(self._optimizer._parameter_list)]

@@ -1,4 +1,7 @@
-"""``ParallelOptimizer``: one optimizer interface over Paddle's per-axis optimizer wrappers.
+"""``ParallelOptimizer``: one optimizer interface over Paddle's per-axis optimizer wrappers; one implementation per
+mode, each in its axis module (``data_parallel.LocalOptimizer``: one process or plain data parallel;
+``hybrid.HybridOptimizer``: fleet's hybrid optimizer for tp, pp, sharding stage 1 and dp inside a hybrid layout;
+``sharding.Stage2Optimizer`` and ``sharding.Stage3Optimizer``). ``parallel.apply.parallelize`` picks one.
 
 Paddle finishes the gradient synchronisation of most layouts *inside* ``optimizer.step()``:
 
@@ -9,7 +12,7 @@ Paddle finishes the gradient synchronisation of most layouts *inside* ``optimize
 
 A global gradient norm needs the synchronised gradients *before* the update, so this wrapper splits the
 step in two: :meth:`ParallelOptimizer.sync_gradients` runs Paddle's own synchronisation once (the very same
-functions ``step`` would call), and :meth:`step` then runs only the update. ``step`` without a preceding
+functions ``step`` would call; each mode's ``_sync``), and :meth:`step` then runs only the update (``_step``). ``step`` without a preceding
 sync does both, so code that never clips still works. Everything else is forwarded to the wrapped optimizer.
 
 :meth:`ParallelOptimizer.counted_gradients` lists, for this rank, the gradients whose squares it contributes
@@ -18,51 +21,33 @@ to the global norm, so that a sum over the tp, pp and sharding groups counts eve
 from __future__ import annotations
 
 import paddle
-from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
-
-from .pipeline import shared_weights_counted_elsewhere
-from .sharding import SplitParamSharding
-from ..paddle_contract import stage1_owner_ranks
-from .wrappers import unwrap_optimizer
 
 __all__ = ["ParallelOptimizer"]
 
-LOCAL, HYBRID, STAGE2, STAGE3 = "local", "hybrid", "stage2", "stage3"
-
 
 class ParallelOptimizer:
-    """Wraps the optimizer returned by an axis function; see the module docstring.
+    """The interface the Trainer, clipping and the checkpoint use; see the module docstring. A mode implements
+    ``_sync`` (Paddle's own gradient synchronisation), ``_step`` (the update alone), ``_clear`` and
+    ``_gradients_with_ownership`` (``(parameter, grad, owned)``: whether this rank owns the gradient's squares).
 
     Args:
-        optimizer: what Paddle returned (a plain optimizer, ``HybridParallelOptimizer``,
+        optimizer: what Paddle returned for this mode (a plain optimizer, ``HybridParallelOptimizer``,
             ``GroupShardedOptimizerStage2`` or, for stage 3, the original optimizer with a patched step).
-        mode: "local" (one process or plain data parallel), "hybrid", "stage2" or "stage3".
         topology: the :class:`~paddletrainer.parallel.topology.Topology`.
         model: the wrapped model (stage 2/3 keep their synchronisation functions on it).
-        dp_buffers: plain data parallel's :class:`~.data_parallel.GradientBuffers` (their reduction is finished
-            by :meth:`sync_gradients`, they are zeroed in place by :meth:`clear_grad`).
         expert_grads: under expert parallel, the :class:`~.expert.ExpertGradients` reduced after the dense sync.
-        local_experts: the experts are outside the wrapped optimizer's parameters (sharding stage 1 under expert
-            parallel, :func:`~.expert.shard_dense_parameters`): :meth:`step` updates them after the sharded step,
-            :meth:`clear_grad` clears them and :meth:`counted_gradients` lists them.
     """
 
-    def __init__(self, optimizer, *, mode: str, topology, model=None, dp_buffers=None, expert_grads=None,
-                 local_experts: bool = False):
-        if mode not in (LOCAL, HYBRID, STAGE2, STAGE3):
-            raise ValueError(f"unknown ParallelOptimizer mode {mode!r}")
+    MODE = ""  # each implementation's name for logs and tests
+
+    def __init__(self, optimizer, *, topology, model=None, expert_grads=None):
         self._optimizer = optimizer
-        self._mode = mode
         self._topology = topology
         self._model = model
-        self._dp_buffers = dp_buffers
         self._expert_grads = expert_grads
         self._expert_ids = {id(p) for p in expert_grads.parameters} if expert_grads is not None else set()
-        self._local_experts = local_experts and expert_grads is not None
         self._synced = False
-        self._shared_elsewhere = shared_weights_counted_elsewhere(model) if model is not None else set()
-        # sharding stage 1 V2 (split_param): gradients live in comm buffers, the step updates flat slices
-        self._split_param = SplitParamSharding.of(optimizer) if mode == HYBRID else None
+        self._shared_elsewhere = set()  # ids of weights another stage counts in the norm (pipeline parallel)
 
     # -- what the Trainer uses -------------------------------------------------------------------
     @property
@@ -72,12 +57,12 @@ class ParallelOptimizer:
 
     @property
     def mode(self) -> str:
-        return self._mode
+        return self.MODE
 
     @property
     def split_param(self):
         """The :class:`~.sharding.SplitParamSharding` view under sharding stage 1 V2, else None."""
-        return self._split_param
+        return None
 
     @paddle.no_grad()
     def sync_gradients(self) -> None:
@@ -90,20 +75,7 @@ class ParallelOptimizer:
         """
         if self._synced:
             return
-        if self._mode == HYBRID:
-            if self._split_param is not None:
-                # before the sync: its dp all-reduce runs over the slice parameters' gradients
-                self._split_param.link_slice_gradients()
-            # expert parameters are reduced over their own (edp) group below, never over dp
-            self._optimizer._hybrid_sync_grad([p for p in self._hybrid_parameters() if id(p) not in self._expert_ids])
-        elif self._mode == STAGE2:
-            # Exactly what GroupShardedStage2's redefined step runs before the update.
-            self._model._grad_scale()
-            self._model._dp_allreduce()
-        elif self._mode == STAGE3:
-            self._model._update_params_slice()
-        elif self._dp_buffers is not None:
-            self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
+        self._sync()
         if self._expert_grads is not None:
             self._expert_grads.sync()
         self._synced = True
@@ -113,40 +85,24 @@ class ParallelOptimizer:
         """Update the parameters; synchronises first unless :meth:`sync_gradients` already did (this step's
         gradients stay marked synchronised until :meth:`clear_grad`)."""
         self.sync_gradients()
-        if self._mode == LOCAL:
-            self._optimizer.step()
-        elif self._mode == HYBRID:
-            self._optimizer._step(self._hybrid_parameters())
-            if self._local_experts:
-                self._expert_grads.apply(unwrap_optimizer(self._optimizer))
-        elif self._mode == STAGE2:
-            # The class's step (skipping the instance-level wrapper that would scale again).
-            type(self._optimizer).step(self._optimizer)
-        else:
-            # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
-            previous = getattr(self._optimizer, "update_scaler", None)
-            self._optimizer.update_scaler = True
-            try:
-                self._optimizer.step()
-            finally:
-                self._optimizer.update_scaler = previous
+        self._step()
 
     def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Clear gradients and end the step: the next :meth:`sync_gradients` synchronises again (the stage 2/3
-        wrappers replace the inner ``clear_grad`` with their own buffer-aware version)."""
+        """Clear gradients and end the step: the next :meth:`sync_gradients` synchronises again."""
         self._synced = False
-        if self._split_param is not None:
-            self._split_param.zero_gradients()  # see SplitParamSharding.zero_gradients: never clear_grad
-        elif self._mode in (STAGE2, STAGE3):
-            self._optimizer.clear_grad()
-        elif self._dp_buffers is not None:
-            self._dp_buffers.zero()  # in place: the gradients stay views of the all-reduce buckets
-            if self._expert_grads is not None:  # not in the buckets
-                self._expert_grads.zero(set_to_zero)
-        else:
-            self._optimizer.clear_grad(set_to_zero)
-            if self._local_experts:  # not in the sharding optimizer's parameter list
-                self._expert_grads.zero(set_to_zero)
+        self._clear(set_to_zero)
+
+    def _sync(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not define its gradient synchronisation")
+
+    def _step(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not define its update")
+
+    def _clear(self, set_to_zero: bool) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not define how it clears gradients")
+
+    def _gradients_with_ownership(self) -> list:
+        raise NotImplementedError(f"{type(self).__name__} does not list its gradients")
 
     def state_dict(self):
         return self._optimizer.state_dict()
@@ -206,35 +162,8 @@ class ParallelOptimizer:
             entries.append((param.name, grad, counted))
         return entries
 
-    def _gradients_with_ownership(self):
-        topo = self._topology
-        if self._mode == LOCAL:
-            return [(p, p.grad, True) for p in self._local_parameters()]
-        if self._mode == HYBRID and self._split_param is not None:
-            return [(p, g, True) for p, g in self._split_param.slice_gradients()]
-        if self._mode == HYBRID:
-            params = self._hybrid_parameters()
-            owner = stage1_owner_ranks(self._optimizer._inner_opt) if topo.sharding_degree > 1 else None
-            local = self._expert_grads.parameters if self._local_experts else []  # this rank's own experts
-            return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in params] + \
-                [(p, p.grad, True) for p in local]
-        if self._mode == STAGE2:
-            owner = self._optimizer._param2rank
-            return [(p, p.grad, owner[p.name] == topo.sharding_rank) for p in self._optimizer._local_params]
-        # stage 3: after sync the inner optimizer's parameters are [slices..., unsliced params...] (with
-        # parameter groups, only the groups hold the slices: Paddle leaves _parameter_list as built)
-        unsliced = {id(p) for p in self._model._unslice_params}
-        return [(p, p.grad, id(p) not in unsliced or topo.sharding_rank == 0)
-                for p in _flat(self._optimizer._param_groups)]
 
-    def _local_parameters(self):
-        return _flat(self._optimizer._parameter_list)
-
-    def _hybrid_parameters(self):
-        return list(obtain_optimizer_parameters_list(self._optimizer._inner_opt))
-
-
-def _flat(params) -> list:
+def flat_parameters(params) -> list:
     """A parameter list, or the parameters of a list of parameter groups, in order."""
     if params and isinstance(params[0], dict):
         return [p for group in params for p in group["params"]]

@@ -40,12 +40,13 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import 
 from .. import paddle_contract
 from . import cpu as cpu_backend
 from . import lazy_init
+from .optimizer import ParallelOptimizer, flat_parameters
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
 from .wrappers import optimizer_layers
 
 __all__ = ["apply_sharding", "stage2_no_sync", "is_stage2_model", "SplitParamSharding",
-           "STAGE3_DEFAULT_SEGMENT_SIZE"]
+           "STAGE3_DEFAULT_SEGMENT_SIZE", "Stage2Optimizer", "Stage3Optimizer"]
 
 
 def _construction_scope():
@@ -417,3 +418,53 @@ def stage2_no_sync(model):
         yield
     finally:
         state.deferring = False
+
+
+class Stage2Optimizer(ParallelOptimizer):
+    """:class:`~.optimizer.ParallelOptimizer` of sharding stage 2 (``GroupShardedOptimizerStage2`` on a
+    ``GroupShardedStage2`` model): the sync is what the stage-2 model's redefined step runs before the update."""
+
+    MODE = "stage2"
+
+    def _sync(self) -> None:
+        self._model._grad_scale()
+        self._model._dp_allreduce()
+
+    def _step(self) -> None:
+        type(self._optimizer).step(self._optimizer)  # the class's step: the instance's wrapper would scale again
+
+    def _clear(self, set_to_zero: bool) -> None:
+        self._optimizer.clear_grad()  # the stage-2 wrapper's buffer-aware clear
+
+    def _gradients_with_ownership(self) -> list:
+        owner, rank = self._optimizer._param2rank, self._topology.sharding_rank
+        return [(p, p.grad, owner[p.name] == rank) for p in self._optimizer._local_params]
+
+
+class Stage3Optimizer(ParallelOptimizer):
+    """:class:`~.optimizer.ParallelOptimizer` of sharding stage 3 (``GroupShardedStage3``): the sync moves the
+    reduced slices into place; the step runs with ``update_scaler`` set, so it does not re-slice."""
+
+    MODE = "stage3"
+
+    def _sync(self) -> None:
+        self._model._update_params_slice()
+
+    def _step(self) -> None:
+        # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
+        previous = getattr(self._optimizer, "update_scaler", None)
+        self._optimizer.update_scaler = True
+        try:
+            self._optimizer.step()
+        finally:
+            self._optimizer.update_scaler = previous
+
+    def _clear(self, set_to_zero: bool) -> None:
+        self._optimizer.clear_grad()  # the stage-3 wrapper's buffer-aware clear
+
+    def _gradients_with_ownership(self) -> list:
+        # after the sync the inner optimizer's parameters are [slices..., unsliced params...] (with parameter
+        # groups, only the groups hold the slices: Paddle leaves _parameter_list as built)
+        unsliced = {id(p) for p in self._model._unslice_params}
+        return [(p, p.grad, id(p) not in unsliced or self._topology.sharding_rank == 0)
+                for p in flat_parameters(self._optimizer._param_groups)]

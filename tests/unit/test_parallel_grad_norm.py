@@ -4,7 +4,8 @@ import numpy as np
 import paddle
 
 from paddletrainer.parallel import clip_grad_norm, collectives, global_grad_norm
-from paddletrainer.parallel.optimizer import LOCAL, STAGE2, ParallelOptimizer
+from paddletrainer.parallel.data_parallel import LocalOptimizer
+from paddletrainer.parallel.sharding import Stage2Optimizer
 from paddletrainer.parallel.topology import Topology
 
 ONE = Topology.of()  # one process
@@ -30,7 +31,7 @@ def _stage2_optimizer(params):
     inner = paddle.optimizer.SGD(learning_rate=0.1, parameters=params)
     inner._param2rank = {p.name: 0 for p in params}  # this rank owns every parameter
     inner._local_params = params
-    return ParallelOptimizer(inner, mode=STAGE2, topology=ONE, model=HalvingStage2Model(params))
+    return Stage2Optimizer(inner, topology=ONE, model=HalvingStage2Model(params))
 
 
 def _backward(params, seed):
@@ -94,10 +95,10 @@ def test_half_precision_squares_are_summed_in_float32():
     loss.backward()
     assert {p.grad.dtype for p in bf16} == {paddle.bfloat16} and fp16.grad.dtype == paddle.float16
     assert {collectives._squares(p.grad).dtype for p in bf16 + [fp16]} == {paddle.float32}  # what is summed
-    optimizer = ParallelOptimizer(paddle.optimizer.SGD(parameters=bf16 + [fp16]), mode=LOCAL, topology=ONE)
+    optimizer = LocalOptimizer(paddle.optimizer.SGD(parameters=bf16 + [fp16]), topology=ONE)
     norm = global_grad_norm(optimizer, ONE)
     assert norm.dtype == paddle.float32
     np.testing.assert_allclose(float(norm), np.sqrt(259.0 + 90000.0), rtol=1e-6)
     # without fp16's square, bf16 rounding of the sum (±1 in 259) would be far beyond the tolerance
-    optimizer = ParallelOptimizer(paddle.optimizer.SGD(parameters=bf16), mode=LOCAL, topology=ONE)
+    optimizer = LocalOptimizer(paddle.optimizer.SGD(parameters=bf16), topology=ONE)
     np.testing.assert_allclose(float(global_grad_norm(optimizer, ONE)), np.sqrt(259.0), rtol=1e-6)

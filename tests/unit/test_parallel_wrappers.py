@@ -1,7 +1,7 @@
 """``parallel.wrappers``: the one place that knows where Paddle's wrappers keep the model and the optimizer."""
 import paddle
 
-from paddletrainer.parallel import ParallelOptimizer
+from paddletrainer.parallel.data_parallel import LocalOptimizer
 from paddletrainer.parallel.topology import Topology
 from paddletrainer.parallel.wrappers import optimizer_layers, unwrap_model, unwrap_optimizer
 
@@ -20,13 +20,13 @@ class _Forwarding:
 def test_unwrap_optimizer_reaches_the_paddle_optimizer_through_every_wrapper_kind():
     layer = paddle.nn.Linear(2, 2)
     adamw = paddle.optimizer.AdamW(parameters=layer.parameters())
-    ours = ParallelOptimizer(adamw, mode="local", topology=Topology.of())
+    ours = LocalOptimizer(adamw, topology=Topology.of())
     assert unwrap_optimizer(ours) is adamw and optimizer_layers(ours) == [ours, adamw]
     # HybridParallelOptimizer -> DygraphShardingOptimizer -> the optimizer; GroupSharded* keep it in _optim
     sharding = _Forwarding(adamw, "_inner_opt")
     hybrid = _Forwarding(sharding, "_inner_opt")
     stage2 = _Forwarding(adamw, "_optim")
-    assert optimizer_layers(ParallelOptimizer(hybrid, mode="local", topology=Topology.of()))[1:] == [
+    assert optimizer_layers(LocalOptimizer(hybrid, topology=Topology.of()))[1:] == [
         hybrid, sharding, adamw]
     assert unwrap_optimizer(stage2) is adamw
     assert unwrap_optimizer(adamw) is adamw and unwrap_optimizer(None) is None

@@ -10,7 +10,7 @@ from paddletrainer.parallel.clipping import (GradientClip, check_gradient_clip, 
                                              take_gradient_clip)
 from paddletrainer.parallel.config import ParallelConfig
 from paddletrainer.parallel.layout import Layout
-from paddletrainer.parallel.optimizer import LOCAL, ParallelOptimizer
+from paddletrainer.parallel.data_parallel import LocalOptimizer
 from paddletrainer.parallel.sharding import _parameter_settings_kept
 from paddletrainer.parallel.topology import Topology
 
@@ -52,7 +52,7 @@ def _ours_clipped(params, seed, build):
     optimizer = build(params)
     clip = take_gradient_clip(optimizer)
     _set_grads(params, seed)
-    clip_gradients(ParallelOptimizer(optimizer, mode=LOCAL, topology=ONE), ONE, clip)
+    clip_gradients(LocalOptimizer(optimizer, topology=ONE), ONE, clip)
     return [p.grad.numpy() for p in params], optimizer
 
 
@@ -87,7 +87,7 @@ def test_a_flat_parameter_list_with_grad_clip_is_one_global_norm_clip():
     clip = take_gradient_clip(optimizer)
     _set_grads(params, 5)
     raw = [p.grad.numpy().astype("float64") for p in params]
-    norm = clip_gradients(ParallelOptimizer(optimizer, mode=LOCAL, topology=ONE), ONE, clip)
+    norm = clip_gradients(LocalOptimizer(optimizer, topology=ONE), ONE, clip)
     total = np.sqrt(sum((g ** 2).sum() for g in raw))
     np.testing.assert_allclose(float(norm), total, rtol=1e-6)
     for p, g in zip(params, raw):
@@ -101,7 +101,7 @@ def test_no_clip_only_measures_the_global_norm():
     assert clip.groups == [] and clip.describe() == "no gradient clipping"
     _set_grads(params, 7)
     raw = [p.grad.numpy() for p in params]
-    norm = clip_gradients(ParallelOptimizer(optimizer, mode=LOCAL, topology=ONE), ONE, clip)
+    norm = clip_gradients(LocalOptimizer(optimizer, topology=ONE), ONE, clip)
     np.testing.assert_allclose(float(norm), np.sqrt(sum((g.astype("float64") ** 2).sum() for g in raw)), rtol=1e-6)
     for p, g in zip(params, raw):
         np.testing.assert_array_equal(p.grad.numpy(), g)

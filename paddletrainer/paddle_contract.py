@@ -47,6 +47,7 @@ from paddle.io.dataloader import dataloader_iter
 from paddle.nn.initializer.uniform import UniformInitializer
 
 from .parallel import cpu as cpu_fills
+from .parallel import packed_attention
 from .parallel.cpu.paddle_checks import paddle_source
 from .runtime.paddle_requirement import PADDLE_PIN
 
@@ -126,6 +127,9 @@ SYMBOLS: Tuple[Symbol, ...] = (
     Symbol("paddle.nn.initializer.Initializer", ("_lazy_init",), PATCH, _P + "parallel/lazy_init.py", TESTS, EVERY),
     Symbol("paddlenlp.transformers.llama.fusion_ops", ("RingFlashAttention",), PATCH, _P + "parallel/context.py",
            TESTS, CPU),
+    # per model, off a CUDA device: each Llama/Qwen2 attention layer's attn_func wrapped for packed rows' masks
+    Symbol("paddlenlp.transformers.llama.modeling.LlamaAttention, qwen2.modeling.Qwen2Attention (instances)",
+           ("attn_func",), PATCH, _P + "parallel/packed_attention.py", PREDICATE, CPU),
     Symbol("paddle.amp.grad_scaler", ("_dygraph_tracer",), PATCH, _P + "optim/amp.py", TESTS, CPU),
     Symbol("paddle.amp.GradScaler", ("_cache_found_inf",), WRITE, _P + "optim/overflow.py", TESTS, EVERY),
     # stage 2/3: subclasses overriding Paddle's private methods, on every device, guarded by the source digests
@@ -487,5 +491,6 @@ def digest_problems(table: Tuple) -> list:
 def check() -> list:
     """Every broken fact about the installed Paddle/PaddleNLP, one line each starting with the file to edit
     (empty when everything :data:`SYMBOLS` relies on holds)."""
-    fills = [line for fill in cpu_fills.FILLS for line in cpu_fills.paddle_checks.broken_assumptions(fill)]
+    fills = [line for fill in (*cpu_fills.FILLS, packed_attention)
+             for line in cpu_fills.paddle_checks.broken_assumptions(fill)]
     return fills + digest_problems(STAGE2_SOURCES) + digest_problems(STAGE3_SOURCES) + _accessor_problems()

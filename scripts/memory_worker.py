@@ -68,7 +68,7 @@ STAGE3_SEGMENT = 4096  # every weight matrix sliced under stage 3 (the norms, 'h
 
 # ------------------------------------------------------------------------------------ memory counters
 def _on_gpu() -> bool:
-    from paddletrainer.runtime.device import on_cuda_device
+    from paddletrainer.device import on_cuda_device
 
     return on_cuda_device()
 

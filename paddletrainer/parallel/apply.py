@@ -5,7 +5,10 @@ Order (each step names the function that does it):
 1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
    :func:`~.clipping.clip_gradients` or :func:`~.clipping.clip_grad_norm`, so Paddle never installs its
    GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
-2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
+1b. every layout, one process included: off a CUDA device, PaddleNLP Llama/Qwen2 attention layers take packed
+   rows' document masks (:func:`~.packed_attention.install_packed_attention`; Paddle has no FlashMask kernel
+   there).
+2. one process → nothing more; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
    parallel, expert parameters reduced over their edp group: :class:`~.expert.ExpertGradients`).
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and
    ``HybridParallelOptimizer`` carries dp and sharding stage 1 (stage 2/3 with pp are rejected).
@@ -44,6 +47,7 @@ from .expert import ExpertGradients, check_expert_model, expert_parameters, keep
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
+from .packed_attention import install_packed_attention
 from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
 from .sharding import apply_sharding
@@ -133,6 +137,7 @@ def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
     # Trainer ran this before any group too.
     check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1,
                        staged=topology.pp_degree > 1)
+    install_packed_attention(model)  # document masks of packed rows where Paddle has no FlashMask kernel
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:

@@ -26,7 +26,7 @@ import paddle.distributed as dist
 from paddle.distributed import fleet
 
 from .. import paddle_contract
-from ..runtime.device import has_accelerator
+from ..device import has_accelerator
 from . import cpu as cpu_backend
 from .config import ParallelConfig, expect_config
 from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
@@ -237,7 +237,7 @@ def check_cpu_options(config: ParallelConfig) -> None:
 
 
 def needs_cpu_backend() -> bool:
-    """True on a CPU-only Paddle build (:func:`paddletrainer.runtime.device.has_accelerator`): the gloo fills of
+    """True on a CPU-only Paddle build (:func:`paddletrainer.device.has_accelerator`): the gloo fills of
     :mod:`paddletrainer.parallel.cpu` apply."""
     return not has_accelerator()
 

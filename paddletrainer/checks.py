@@ -15,6 +15,7 @@ import paddle
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from .data.collate import forward_parameters
+from .paddle_contract import optimizer_param_groups, pipeline_stages
 from .parallel.context import has_cp_path
 from .parallel.segment import has_sep_path
 from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
@@ -52,7 +53,7 @@ def check_optimizer_for_layout(optimizer, config) -> None:
     (``DygraphShardingOptimizer`` raises ``TypeError: Do not support param_groups now``, V2 likewise), so each
     group's learning rate, weight decay and clip would be lost.
     """
-    groups = getattr(optimizer, "_param_groups", None) or []
+    groups = optimizer_param_groups(optimizer, "paddletrainer/checks.py")
     if groups and isinstance(groups[0], dict) and config.layout.sharding > 1 and config.sharding_stage == 1:
         raise ValueError("optimizers: parameter groups are not supported with --sharding stage1 (Paddle's stage-1 "
                          "sharding optimizer takes one parameter list); use --sharding stage2 or stage3, or one "
@@ -78,7 +79,7 @@ def check_model_for_layout(model, degrees) -> None:
                 f"pipeline_parallel_degree={pp} needs a PipelineLayer model (e.g. LlamaForCausalLMPipe), but "
                 f"{name} is a plain paddle.nn.Layer; build the ...Pipe variant of the model or use "
                 f"pipeline_parallel_degree=1")
-        stages = getattr(model, "_num_stages", None)
+        stages = pipeline_stages(model)
         if stages is not None and int(stages) != pp:
             raise ValueError(
                 f"pipeline_parallel_degree={pp} but the {name} was built for {stages} stages; build it after the "

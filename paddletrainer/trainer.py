@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -43,6 +44,7 @@ from .trainer_data import TrainerData
 from .metrics.process_memory import MemoryTracker
 from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
 from .metrics.results import TrainerResults
+from .metrics.startup import StartupTimer, report_startup
 from .metrics.writers import check_report_to
 from .optim.optimization import create_optimizer
 from .optim.schedules import get_scheduler
@@ -53,7 +55,7 @@ from .parallel.expert import check_expert_model
 from .parallel.lazy_init import check_lazy_model, start_lazy_model
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
 from .trainer_utils import EvalPrediction, TrainOutput, speed_metrics
-from .runtime.device import resolve_device
+from .device import resolve_device
 from .runtime.seeding import set_seed
 from .runtime.signals import GracefulStop, check_interval
 from .trainer_checkpoints import TrainerCheckpoints
@@ -61,6 +63,7 @@ from .trainer_loop_state import LoopState
 from .training_args import TrainingArguments
 
 logger = logging.getLogger(__name__)
+_IMPORTS_DONE = time.time()  # the end of the startup report's "import" phase
 
 # PaddleNLP's names. Every Trainer starts with these callbacks (RobustnessCallback: graceful SIGTERM/SIGINT
 # stop and the collective watchdog), then one reporting callback per ``report_to`` name, then the user's, and
@@ -107,7 +110,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     ):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
-        self.args = args
+        this = weakref.ref(self)  # a strong one would keep a dropped Trainer alive until the cycle collector runs
+        self.args, self._startup = args, StartupTimer(_IMPORTS_DONE, lambda values: report_startup(values, this()))
         self.effective_device = resolve_device(args.device)  # gpu on a CPU-only build: cpu (warned); args unchanged
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there (before the checks)
             paddle.set_device("cpu")
@@ -117,6 +121,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self.amp = AmpConfig.for_device(args.amp_config)  # raises on CPU for fp16/bf16 unless a dry run was asked for
         self._check_inputs_before_groups(model, optimizers[0])
         self.topology = init_topology(args.parallel_config)  # the one place groups are created (idempotent)
+        self._startup.topology_built(self.topology.build_seconds)
         package_logger, level = logging.getLogger("paddletrainer"), args.get_process_log_level()  # HF's log_level
         if level != package_logger.getEffectiveLevel():  # "passive" (the main process's default) changes nothing
             package_logger.setLevel(level)
@@ -131,12 +136,10 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
                              weights_cast=self.amp.enabled and self.amp.level == "O2")
         if args.recompute:
             enable_recompute(model)
-        self.model = model
-        self.model_wrapped = model
+        self.model = self.model_wrapped = model
         self.criterion = criterion
         self.tokenizer = tokenizer
-        self.train_dataset = train_dataset
-        self.eval_dataset = eval_dataset
+        self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         if data_collator is None:
             data_collator = DataCollatorWithPadding(tokenizer) if tokenizer is not None else default_data_collator
         self.data_collator = data_collator
@@ -163,6 +166,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             os.makedirs(args.output_dir, exist_ok=True)
         self.control = self.callback_handler.on_init_end(self.args, self.state, self.control)
         self._memory.stop("init")
+        self._startup.mark("model")
 
     def _check_inputs_before_groups(self, model, optimizer) -> None:
         """The construction checks that need no process group: the model against the layout, its PEFT type, the
@@ -217,15 +221,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             args = self.args
             self._optimizer_built_here = True
             self.optimizer = create_optimizer(
-                self.model,
-                lr_scheduler if lr_scheduler is not None else args.learning_rate,
-                optim=args.optim,
-                weight_decay=args.weight_decay,
-                adam_beta1=args.adam_beta1,
-                adam_beta2=args.adam_beta2,
-                adam_epsilon=args.adam_epsilon,
-                multi_precision=self.amp.enabled and self.amp.level == "O2",
-            )
+                self.model, lr_scheduler if lr_scheduler is not None else args.learning_rate, optim=args.optim,
+                weight_decay=args.weight_decay, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
+                adam_epsilon=args.adam_epsilon, multi_precision=self.amp.enabled and self.amp.level == "O2")
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int):
@@ -233,13 +231,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         if self.lr_scheduler is None:
             args = self.args
             decay_steps = args.schedule_decay_steps(num_training_steps)
-            self.lr_scheduler = get_scheduler(
-                args.lr_scheduler_type,
-                learning_rate=args.learning_rate,
-                num_warmup_steps=args.get_warmup_steps(num_training_steps),
-                num_training_steps=decay_steps,
-                **args.scheduler_arguments(),  # num_cycles, lr_end, power, min_learning_rate (+ lr_scheduler_kwargs)
-            )
+            self.lr_scheduler = get_scheduler(  # + num_cycles, lr_end, power, min_learning_rate, lr_scheduler_kwargs
+                args.lr_scheduler_type, learning_rate=args.learning_rate, num_training_steps=decay_steps,
+                num_warmup_steps=args.get_warmup_steps(num_training_steps), **args.scheduler_arguments())
         return self.lr_scheduler
 
     def create_optimizer_and_scheduler(self, num_training_steps: int):
@@ -255,7 +249,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self.model, self.optimizer = self.amp.decorate(self.model, self.optimizer)
         self.scaler = self.amp.grad_scaler()
         config = self.args.parallel_config
-        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology, config)
+        self.model_wrapped, self.optimizer = parallelize(self.model, self.optimizer, self.topology, config,
+                                                         timed=self._startup.timed)
         if wrap_captures_accumulation(self.topology, config):
             self._wrapped_accumulation = config.accumulate_steps
         self.callback_handler.model = self.model
@@ -369,22 +364,27 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
 
     def _train_holding_output_dir(self, resume_from_checkpoint, ignore_keys_for_eval) -> TrainOutput:
         args = self.args
+        self._startup.skip()  # the script between Trainer() and train() is "other"
         resume = self._resolve_resume(resume_from_checkpoint)
         self._keep_saved_global_batch(resume)  # before the sampler and the step count, which are counted in it
         self._check_wrapped_accumulation()
         train_dataloader = self.get_train_dataloader()
+        self._startup.mark("first_batch")
         sampler = train_dataloader.batch_sampler if isinstance(train_dataloader.batch_sampler, GlobalBatchSampler) else None
         plan = self._plan_epochs(sampler)
         steps_per_epoch, max_steps, num_epochs = plan
         self._apply_minimum_eval_times(max_steps)
         self.create_optimizer_and_scheduler(num_training_steps=max_steps)
+        self._startup.mark("optimizer")
         self._wrap_model_and_optimizer()
+        self._startup.mark("wrap")
         if self._loop is not None:  # an earlier train() call, maybe left by an error: no stale gradients
             self.optimizer.clear_grad()
         self.state.max_steps = max_steps
         self.state.num_train_epochs = num_epochs
         if resume is not None:
             resume = self._load_resume_checkpoint(resume)  # auto: an older one if this one is corrupt
+            self._startup.mark("model")
         checks.check_checkpoint_collisions(args.output_dir, self.state.global_step, max_steps, resume)
         cls = type(self)  # the method unbound (see LoopState.forward_backward)
         forward_backward = cls._pipeline_forward_backward if self._is_pipeline else cls._micro_batched_forward_backward
@@ -444,10 +444,12 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         try:
             while True:
                 micro_batches = self._read_step(batches, loop.accumulation)
+                self._startup.mark("first_batch")
                 if micro_batches is None:
                     return epoch_steps  # end of the epoch (the sampler yields whole steps)
                 epoch_steps += 1
                 step_loss = self._train_step(micro_batches)
+                self._startup.mark("first_step")  # the startup report, once
                 if step_loss is None or not self._end_step(micro_batches, step_loss, epoch, steps_per_epoch):
                     continue  # rolled back: the step is discarded
                 self._maybe_log_save_evaluate(loop.meter, loop.flops_per_token, ignore_keys_for_eval)

@@ -27,6 +27,7 @@ from .data.nested import distributed_concat, nested_numpify
 from .data.sampling import EvalBatchSampler
 from .parallel import pipeline
 from .parallel.context import gather_context
+from .parallel.packed_attention import install_packed_attention
 from .parallel.segment import gather_sequence
 from .trainer_utils import EvalLoopOutput, EvalPrediction, PredictionOutput, speed_metrics
 
@@ -201,7 +202,9 @@ class TrainerEvaluation:
         return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
 
     def _wrap_for_inference(self):
-        """Evaluation before/without training still needs the parallel wrappers (an optimizer is not needed)."""
+        """Evaluation before/without training still needs the parallel wrappers (an optimizer is not needed), and
+        in one process the packed rows' attention that ``parallelize`` installs for training."""
+        install_packed_attention(self.model)
         if not self._wrapped and (self.topology.world_size > 1):
             if self.optimizer is None:
                 self.create_optimizer_and_scheduler(num_training_steps=max(self.args.max_steps, 1))

@@ -210,8 +210,10 @@ _TMP_INFIX = ".tmp-"  # checkpoint.layout.TMP_INFIX: a save in progress (this mo
 # checkpoint.layout's shard names (model_state.tp00_pp00.safetensors, optimizer.tp00_pp00_shard00.safetensors)
 _OUR_SHARD = re.compile(r"^(model_state|optimizer)\.tp\d+_pp\d+.*\.safetensors$")
 # the index files of PaddleNLP's unified checkpoint (``--unified_checkpoint true``): safetensors, no pickles
-PADDLENLP_UNIFIED_INDEXES = ("model.safetensors.index.json", "optimizer.safetensors.index.json",
-                             "master_weights.safetensors.index.json")
+PADDLENLP_UNIFIED_INDEXES = ("model.safetensors.index.json", "peft_model.safetensors.index.json",
+                             "optimizer.safetensors.index.json", "master_weights.safetensors.index.json")
+# the weights of PaddleNLP's non-unified checkpoint: a model's, or a LoRAModel's adapters (``lora_model_state``)
+_PADDLENLP_WEIGHTS = re.compile(r"^(lora_)?model_state(\..+)?\.pdparams$")
 
 
 def _foreign_names(path: str) -> Optional[list]:
@@ -233,21 +235,19 @@ def is_paddlenlp_unified_checkpoint(path: str) -> bool:
 
 def is_paddlenlp_checkpoint(path: str) -> bool:
     """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote, in its non-unified format (a
-    ``model_state*.pdparams``) or its unified one (:func:`is_paddlenlp_unified_checkpoint`), with its
+    ``model_state*.pdparams``, or a LoRAModel's ``lora_model_state*.pdparams``) or its unified one (:func:`is_paddlenlp_unified_checkpoint`), with its
     ``trainer_state.json`` (written after the weights), and neither our ``checkpoint_index.json`` nor our
     completion marker. A directory carrying our marker is always read as ours (whose loader refuses pickles), so
     planting ``.pdparams`` files in one of our checkpoints never routes it to the pickle-reading interop loader."""
     names = _foreign_names(path)
     return names is not None and "trainer_state.json" in names and (
-        any(n.startswith("model_state") and n.endswith(".pdparams") for n in names)
-        or any(n in names for n in PADDLENLP_UNIFIED_INDEXES))
+        any(_PADDLENLP_WEIGHTS.match(n) for n in names) or any(n in names for n in PADDLENLP_UNIFIED_INDEXES))
 
 
 def _not_a_checkpoint(value: str, resume: str) -> str:
     """Why the directory ``resume`` named by ``resume_from_checkpoint`` cannot be resumed (it has no marker)."""
     names = sorted(os.listdir(resume))
-    paddlenlp = [n for n in names if n in PADDLENLP_UNIFIED_INDEXES
-                 or (n.startswith("model_state") and n.endswith(".pdparams"))]
+    paddlenlp = [n for n in names if n in PADDLENLP_UNIFIED_INDEXES or _PADDLENLP_WEIGHTS.match(n)]
     if paddlenlp:  # PaddleNLP writes trainer_state.json after the weights and optimizer
         return (f"resume_from_checkpoint={value!r} is a PaddleNLP checkpoint whose save did not finish (it has "
                 f"{paddlenlp[0]} but no trainer_state.json, which PaddleNLP writes last)")
@@ -259,7 +259,7 @@ def _not_a_checkpoint(value: str, resume: str) -> str:
     shown = names[:8] + (["..."] if len(names) > 8 else [])
     return (f"resume_from_checkpoint={value!r} is not a paddletrainer checkpoint (found: {shown}); "
             f"valid: a checkpoint-N directory paddletrainer wrote (with {CHECKPOINT_COMPLETE_MARKER}), or one "
-            f"PaddleNLP's Trainer wrote (model_state*.pdparams or unified *.safetensors.index.json, with "
+            f"PaddleNLP's Trainer wrote ([lora_]model_state*.pdparams or unified *.safetensors.index.json, with "
             f"trainer_state.json)")
 
 

@@ -395,8 +395,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         local = launch_local_rank()
         if local is not None and self._world_size > 1:
             self.local_rank = local
-        if self.output_dir is not None:
-            self.output_dir = os.path.expanduser(self.output_dir)
+        self.output_dir = arg_checks.usable_output_dir(self.output_dir)  # "~" expanded; "", a file refused
         if self.logging_dir is None and self.output_dir is not None:
             self.logging_dir = os.path.join(self.output_dir, default_logdir())
         if self.logging_dir is not None:

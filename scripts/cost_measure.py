@@ -184,7 +184,7 @@ def measure_worker(a) -> None:
     from paddletrainer.parallel.wrappers import unwrap_optimizer
 
     logging.disable(logging.WARNING)
-    from paddletrainer.runtime.device import has_accelerator
+    from paddletrainer.device import has_accelerator
 
     lay = LAYOUTS[a.layout]
     counter = CommCounter()

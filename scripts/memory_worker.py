@@ -53,6 +53,7 @@ LAYOUTS = {
     "pp2": (2, {"pp": 2}),
     "dp4": (4, {"dp": 4}),
     "tp2_pp2": (4, {"tp": 2, "pp": 2}),
+    "stage3x4": (4, {"sharding": 4, "stage": 3}),
 }
 # The long-context mode (bench_memory.py --long-context): one sequence split over sep (Ulysses) or cp (ring) ranks.
 LONG_CONTEXT_LAYOUTS = {
@@ -67,7 +68,7 @@ STAGE3_SEGMENT = 4096  # every weight matrix sliced under stage 3 (the norms, 'h
 
 # ------------------------------------------------------------------------------------ memory counters
 def _on_gpu() -> bool:
-    from paddletrainer.runtime.device import on_cuda_device
+    from paddletrainer.device import on_cuda_device
 
     return on_cuda_device()
 

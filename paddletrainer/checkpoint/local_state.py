@@ -29,6 +29,7 @@ import numpy as np
 import paddle
 from paddle.base.framework import EagerParamBase
 
+from ..paddle_contract import creates_accumulators, optimizer_accumulators, optimizer_master_weights
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
 from ..parallel.wrappers import unwrap_model, unwrap_optimizer  # noqa: F401 (checkpoint.files: unwrap_model)
@@ -37,6 +38,7 @@ from .layout import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, m
 
 MASTER_WEIGHT = "master_weight"
 POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
+_FILE = "paddletrainer/checkpoint/local_state.py"  # named by the private reads it makes through paddle_contract
 
 
 # ------------------------------------------------------------------------------------- topology
@@ -247,7 +249,7 @@ def ensure_accumulators(optimizer) -> None:
     """
     inner = unwrap_optimizer(optimizer)
     params = _stepped_parameters(inner)
-    if not params or not hasattr(inner, "_create_accumulators"):
+    if not params or not creates_accumulators(inner):
         return
     # sharding offload runs the optimizer step in host memory (Paddle wraps it in device_guard())
     offload = any(isinstance(getattr(p, "master_weight", None), paddle.Tensor) for p in params)
@@ -315,7 +317,7 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -
     A state with the parameter's element count shares its placement; others (beta powers) are replicated.
     """
     inner = unwrap_optimizer(optimizer)
-    masters = dict(getattr(inner, "_master_weights", None) or {})
+    masters = optimizer_master_weights(inner, _FILE)
     master_to_param = {mw.name: pname for pname, mw in masters.items()}
     flat_ranges = {p.name: p.ckpt_flat_range for p in (inner._parameter_list or [])
                    if not isinstance(p, dict) and hasattr(p, "ckpt_flat_range")}
@@ -337,7 +339,7 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -
         same = not per_param and int(np.prod(t.shape)) == plt.storage_numel
         out[optim_key(gname, kind)] = LocalTensor(t, plt.placement if same else replicated(t.shape))
 
-    for kind, accs in (getattr(inner, "_accumulators", None) or {}).items():
+    for kind, accs in optimizer_accumulators(inner, _FILE).items():
         for acc_owner, t in accs.items():
             add(master_to_param.get(acc_owner, acc_owner), kind, t)
     for pname, t in masters.items():

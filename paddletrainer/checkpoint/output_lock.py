@@ -42,6 +42,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import threading
 import uuid
 from typing import Dict, Optional, Tuple
@@ -143,21 +144,44 @@ def _alive_on_this_host(holder: dict) -> bool:
     return recorded is None or now is None or recorded == now
 
 
+MAX_PID = 2**22  # Linux's largest pid_max: a lock naming a larger pid was not written by a process
+
+
+def _not_ours(path: str, what: str) -> OutputDirLockedError:
+    return OutputDirLockedError(f"{path} is not a paddletrainer lock file ({what}); it was left alone: delete it if "
+                                f"no run is using {os.path.dirname(path)}")
+
+
 def _read(path: str) -> Optional[dict]:
-    """The lock's JSON; None when there is no lock. Raises OutputDirLockedError when it is not a lock of ours."""
+    """The lock's JSON; None when there is no lock. Raises OutputDirLockedError naming the file (and the field)
+    when it is not a lock of ours: a directory, FIFO, device or symlink (dangling or not) is refused at once,
+    never opened for reading (a FIFO would block)."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(65536)
+        mode = os.lstat(path).st_mode
     except FileNotFoundError:
         return None
+    if stat.S_ISLNK(mode):
+        raise _not_ours(path, f"a symlink to {os.readlink(path)!r}")
+    if not stat.S_ISREG(mode):
+        raise _not_ours(path, "a directory" if stat.S_ISDIR(mode) else "not a regular file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:  # released meanwhile
+        return None
+    except OSError as e:
+        raise _not_ours(path, f"unreadable: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(65536)
     try:
         holder = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         holder = None
     if not isinstance(holder, dict) or holder.get("format") != _FORMAT:
-        raise OutputDirLockedError(
-            f"{path} is not a paddletrainer lock file (not the JSON paddletrainer writes); it was left alone: "
-            f"delete it if no run is using {os.path.dirname(path)}")
+        raise _not_ours(path, "not the JSON paddletrainer writes")
+    for field, valid in (("host", lambda v: isinstance(v, str)), ("run_id", lambda v: isinstance(v, str)),
+                         ("pid", lambda v: type(v) is int and 0 < v <= MAX_PID)):
+        if not valid(holder.get(field)):
+            raise _not_ours(path, f"field {field}={json.dumps(holder.get(field))[:40]}, which no run writes")
     return holder
 
 
@@ -242,9 +266,17 @@ class OutputDirLock:
     def acquire(self) -> "OutputDirLock":
         """Take the lock or raise :class:`OutputDirLockedError` naming the holder; a stale lock is taken over
         with a warning (see the module docstring)."""
-        os.makedirs(self.output_dir, exist_ok=True)
+        try:
+            os.makedirs(self.output_dir, exist_ok=True)
+        except OSError as e:
+            raise CheckpointError(f"output_dir={self.output_dir!r} cannot be created ({e.strerror or e}): choose a "
+                                  "directory this process may write") from None
         for _ in range(3):  # a holder may release (or a racing run take) the lock between our steps
-            taken, now = self._link()
+            try:
+                taken, now = self._link()
+            except OSError as e:
+                raise CheckpointError(f"output_dir={self.output_dir!r} is not writable: writing its lock file failed "
+                                      f"({e.strerror or e}); choose a directory this process may write") from None
             if taken:
                 self._pid = os.getpid()
                 _HELD[self.path] = self
@@ -273,6 +305,9 @@ class OutputDirLock:
                 return "released it meanwhile"
             if age > STALE_AFTER_SECONDS:
                 return f"has not renewed it for {age:.0f} s (its host {holder.get('host')!r} is down or it was killed)"
+            if -age > STALE_AFTER_SECONDS:  # a heartbeat sets the filesystem's "now": no live holder writes this
+                return (f"has a heartbeat {-age:.0f} s in the future, which no renewal writes (a clock set wrong when "
+                        "it was written, or a file set by hand)")
             raise OutputDirLockedError(
                 f"{where}: one run per output_dir. Its last heartbeat was {max(age, 0):.0f} s ago (renewed every "
                 f"{HEARTBEAT_SECONDS} s while it runs; taken over once older than {STALE_AFTER_SECONDS} s): wait for "

@@ -4,7 +4,9 @@ PaddleNLP's unified format stores every tensor whole (tensor-parallel slices mer
 by an index, whatever layout wrote it:
 
 * ``model.safetensors.index.json`` → ``model-0000x-of-0000y.safetensors``: the model's ``state_dict`` under its
-  structured names;
+  structured names; for a ``paddlenlp.peft.LoRAModel`` ``peft_model.safetensors.index.json`` →
+  ``peft_model-...safetensors`` instead, its trainable adapters only, named inside the base model (here, as in our
+  own LoRA checkpoints, under the LoRAModel's names: ``model.`` + name; the optimizer's keys likewise);
 * ``optimizer.safetensors.index.json`` → ``optimizer-...safetensors``: keys ``<structured name>/<state>_<n>``
   (``moment1_0``, ``beta1_pow_acc_0``, ...); its ``"master_weights": true`` says that
   ``master_weights.safetensors.index.json`` → ``master_weights-...safetensors`` holds the fp32 master weights
@@ -33,14 +35,16 @@ from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_
                           stepped_parameter_names, topology_info)
 from .members import open_safetensors, read_weight_map
 from .paddlenlp_interop import load_paddlenlp_extras
+from .peft import BASE_PREFIX, checkpoint_tensors
 from .reshard import read_placement
 
 __all__ = ["load_paddlenlp_unified_checkpoint", "unified_checkpoint_index", "UNIFIED_INDEX_NAMES"]
 
 MODEL_INDEX = "model.safetensors.index.json"
+PEFT_INDEX = "peft_model.safetensors.index.json"
 OPTIMIZER_INDEX = "optimizer.safetensors.index.json"
 MASTER_INDEX = "master_weights.safetensors.index.json"
-UNIFIED_INDEX_NAMES = (MODEL_INDEX, OPTIMIZER_INDEX, MASTER_INDEX)
+UNIFIED_INDEX_NAMES = (MODEL_INDEX, PEFT_INDEX, OPTIMIZER_INDEX, MASTER_INDEX)
 
 # safetensors dtype tags -> (our dtype name, the numpy dtype its bytes are read as)
 _DTYPES = {"F64": ("float64", "<f8"), "F32": ("float32", "<f4"), "F16": ("float16", "<f2"),
@@ -73,15 +77,17 @@ def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
         return None
 
 
-def _our_key(index_name: str, name: str) -> str:
-    if index_name == MODEL_INDEX:
-        return L.model_key(name)
+def _our_key(index_name: str, name: str, prefix: str) -> str:
+    """Our index key of the tensor ``name`` of ``index_name``; ``prefix`` ("model." for a LoRAModel's checkpoint,
+    whose names are the base model's) comes before every parameter name."""
+    if index_name in (MODEL_INDEX, PEFT_INDEX):
+        return L.model_key(prefix + name)
     if index_name == MASTER_INDEX:
-        return L.optim_key(name, MASTER_WEIGHT)
+        return L.optim_key(prefix + name, MASTER_WEIGHT)
     param, sep, state = name.rpartition("/")
     if not sep:
         raise L.CheckpointError(f"{OPTIMIZER_INDEX}: optimizer key {name!r} is not '<parameter>/<state>'")
-    return L.optim_key(param, _STATE_NUMBER.sub("", state))
+    return L.optim_key(prefix + param, _STATE_NUMBER.sub("", state))
 
 
 def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
@@ -89,6 +95,7 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
     every tensor one whole piece of the file its index names, and the opened files."""
     tensors: Dict[str, dict] = {}
     files: Dict[str, _Tensors] = {}
+    prefix = BASE_PREFIX if os.path.isfile(os.path.join(ckpt_dir, PEFT_INDEX)) else ""
     for index_name in UNIFIED_INDEX_NAMES:
         for name, file in sorted((_weight_map(ckpt_dir, index_name) or {}).items()):
             if file not in files:
@@ -104,12 +111,13 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
                 raise L.CheckpointError(f"{ckpt_dir}/{file}: {name} has dtype {entry.get('dtype')}, which is not read "
                                         f"(valid: {', '.join(_DTYPES)})")
             shape = list(entry["shape"])
-            tensors[_our_key(index_name, name)] = {
+            tensors[_our_key(index_name, name, prefix)] = {
                 "shape": shape, "dtype": _DTYPES[entry["dtype"]][0],
                 "pieces": [{"file": file, "key": name, "offsets": [0] * len(shape), "shape": shape}]}
     if not any(k.startswith(L.MODEL_PREFIX) for k in tensors):
-        raise L.CheckpointError(f"{ckpt_dir} is a PaddleNLP unified checkpoint without model weights ({MODEL_INDEX} "
-                                "missing or empty: saved with skip_save_model_weight?); it cannot be resumed")
+        raise L.CheckpointError(f"{ckpt_dir} is a PaddleNLP unified checkpoint without model weights (neither "
+                                f"{MODEL_INDEX} nor, for a LoRAModel, {PEFT_INDEX} names any tensor: saved with "
+                                "unified_checkpoint_config=skip_save_model_weight?); it cannot be resumed")
     return {"tensors": tensors}, files
 
 
@@ -163,8 +171,9 @@ def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, l
     index, files = unified_checkpoint_index(ckpt_dir)
     warnings: List[str] = []
     models, by_param = model_tensors(model, topo)
-    targets = dict(models)
-    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()}
+    saved = checkpoint_tensors(model, models)  # a LoRAModel: its adapters only (the base is the user's)
+    targets = dict(saved)
+    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in saved.items()}
     problems = L.compare_to_index(index, expected, complete_model=topo.pp_degree == 1)
     problems += _kind_problems(index, expected)
     optimizer_restored = False

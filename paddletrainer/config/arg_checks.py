@@ -22,7 +22,7 @@ import os
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union, get_args, get_origin, get_type_hints
 
 __all__ = ["INT32_MAX", "INT64_MAX", "MAX_DATALOADER_WORKERS", "RANGES", "check_option_values", "check_samples_per_step",
-           "check_scheduler_kwargs", "check_sizes", "usable_cpus"]
+           "check_scheduler_kwargs", "check_sizes", "usable_cpus", "usable_output_dir"]
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -138,6 +138,24 @@ def check_scheduler_kwargs(kwargs: Dict[str, Any], valid: Tuple[str, ...]) -> No
         rule = RANGES.get(name)
         if rule is not None and not rule.holds(value):
             raise ValueError(f"lr_scheduler_kwargs: {name}={value!r} is invalid: {rule.valid()} ({rule.why})")
+
+
+def usable_output_dir(output_dir: Optional[str]) -> Optional[str]:
+    """``output_dir`` with ``~`` expanded, refused when it cannot be a directory: empty, an existing file (or other
+    non-directory), or under a path that is a file. Only what ``stat`` tells without creating anything (whether
+    it can be created or written is learned when the run takes its lock)."""
+    if output_dir is None:
+        return None
+    if not output_dir:
+        raise ValueError("output_dir='' is invalid: must name a directory (where checkpoints and logs are written)")
+    path = os.path.expanduser(output_dir)
+    ancestor = path
+    while not os.path.lexists(ancestor) and os.path.dirname(ancestor) not in ("", ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if os.path.lexists(ancestor) and not os.path.isdir(ancestor):
+        where = "is" if ancestor == path else f"lies under {ancestor!r}, which is"
+        raise ValueError(f"output_dir={output_dir!r} is invalid: it {where} a file, not a directory")
+    return path
 
 
 def usable_cpus() -> int:

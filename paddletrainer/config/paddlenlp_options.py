@@ -191,8 +191,10 @@ def parse_parallel_config(text: Any, valid: FrozenSet[str], option: str) -> Froz
     items = text if isinstance(text, (list, tuple, set, frozenset)) else re.split(r"[,\s]+", str(text))
     names = frozenset(str(x).strip() for x in items if str(x).strip())
     unknown = sorted(names - valid)
-    if unknown:
-        raise ValueError(f"{option}: unknown option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}")
+    if unknown:  # each name and their number cut short: the string can be any length
+        shown = ", ".join(n if len(n) <= 40 else n[:37] + "..." for n in unknown[:8])
+        more = f" (and {len(unknown) - 8} more)" if len(unknown) > 8 else ""
+        raise ValueError(f"{option}: unknown option(s) {shown}{more}; valid: {', '.join(sorted(valid))}")
     return names
 
 

@@ -8,7 +8,8 @@
   (``IterableDatasetShard``);
 * :mod:`.gather` — evaluation outputs gathered back into dataset order;
 * :mod:`.nested` — PaddleNLP's nested-output helpers (``nested_concat``, ``nested_numpify`` ...);
-* :mod:`.pretrain` — the pretraining token dataset.
+* :mod:`.pretrain` — the pretraining token dataset;
+* :mod:`.packing` — packed fine-tuning rows (``pack_dataset``, ``pad_packed_rows``).
 """
 from .collate import (
     ColumnFilter,
@@ -20,6 +21,7 @@ from .collate import (
 )
 from .gather import gather_in_dataset_order, interleave_rank_batches, sum_over_data_ranks
 from .loader import CollateErrorCarrier, DataLoader, IterableDatasetShard, close_batches, worker_error_printed_first
+from .packing import pack_dataset, pad_packed_rows
 from .sampling import (
     EvalBatchSampler,
     GlobalBatchSampler,
@@ -30,6 +32,8 @@ from .sampling import (
 )
 
 __all__ = [
+    "pack_dataset",
+    "pad_packed_rows",
     "ColumnFilter",
     "CollateErrorCarrier",
     "DataCollatorWithPadding",

@@ -11,6 +11,8 @@ import numpy as np
 import paddle
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
+from .packing import DOCUMENT_ENDS, is_packed_row, pad_packed_rows
+
 __all__ = ["default_data_collator", "DataCollatorWithPadding", "forward_parameters", "forward_argument_names",
            "ColumnFilter", "remove_unused_columns", "RemoveColumnsCollator"]
 
@@ -28,10 +30,17 @@ def default_data_collator(features: List[Dict[str, Any]]) -> Dict[str, np.ndarra
     """Stacks equal-shaped fields of a list of dict samples into numpy arrays.
 
     ``label``/``label_ids`` are renamed to ``labels`` (the name models take), as in PaddleNLP/HF. Non-numeric
-    fields (strings) are left out.
+    fields (strings) are left out. Packed rows of different lengths (PaddleNLP's ``ZeroPaddingMapDataset`` /
+    ``ZeroPaddingIterableDataset`` output) are padded to the longest first (:func:`.packing.pad_packed_rows`);
+    their document ends become int32, as PaddleNLP passes them to FlashMask.
     """
     if not isinstance(features[0], dict):
         raise TypeError(f"default_data_collator expects dict samples, got {type(features[0]).__name__}")
+    if is_packed_row(features[0]):
+        if len({len(f["input_ids"]) for f in features}) > 1:
+            features = pad_packed_rows(features)
+        if features[0].get(DOCUMENT_ENDS) is not None:
+            features = [dict(f, **{DOCUMENT_ENDS: np.asarray(f[DOCUMENT_ENDS], dtype="int32")}) for f in features]
     batch: Dict[str, np.ndarray] = {}
     for key in features[0]:
         values = [f[key] for f in features]
@@ -50,7 +59,8 @@ class DataCollatorWithPadding:
     (or ``max_length``, or a multiple of ``pad_to_multiple_of``), then stacks like ``default_data_collator``.
 
     Uses ``tokenizer.pad_token_id`` (0 when absent) for ids and 0 for masks and type ids; labels that are
-    sequences are padded with -100 so losses ignore them.
+    sequences are padded with -100 so losses ignore them. Packed rows (PaddleNLP's zero-padding data: document ends
+    or a block-diagonal mask) are padded by :func:`.packing.pad_packed_rows`, the padding a document of its own.
     """
 
     tokenizer: Any = None
@@ -69,6 +79,13 @@ class DataCollatorWithPadding:
         return 0
 
     def __call__(self, features: List[Dict[str, Any]]) -> Dict[str, np.ndarray]:
+        if self.padding and is_packed_row(features[0]):
+            length = self.max_length if self.padding == "max_length" and self.max_length else 0
+            length = max([length] + [len(f["input_ids"]) for f in features])
+            if self.pad_to_multiple_of:
+                length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+            return default_data_collator(pad_packed_rows(features, length, pad_token_id=self._pad_value("input_ids"),
+                                                         label_pad=self.label_pad_token_id))
         seq_keys = [k for k, v in features[0].items() if isinstance(v, (list, tuple, np.ndarray)) and np.ndim(v) == 1]
         if seq_keys and self.padding:
             longest = max(len(f[k]) for f in features for k in seq_keys)

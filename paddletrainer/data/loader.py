@@ -11,6 +11,7 @@ import numpy as np
 import paddle
 
 from .collate import default_data_collator
+from ..paddle_contract import loader_reader_state
 
 __all__ = ["IterableDatasetShard", "CollateErrorCarrier", "worker_error_printed_first", "DataLoader",
            "close_batches"]
@@ -162,7 +163,7 @@ def worker_error_printed_first(batches, timeout: float = 10.0):
         except StopIteration:
             return
         except SystemError:
-            reader = getattr(batches, "_thread", None)
+            reader = loader_reader_state(batches)[2]
             if reader is not None:
                 reader.join(timeout)
             raise
@@ -218,9 +219,10 @@ def close_batches(batches, timeout: float = 30.0) -> None:
     if close is not None:
         close()
         return
-    if getattr(batches, "_shutdown", True):
+    shut_down, workers, _reader = loader_reader_state(batches)
+    if shut_down:
         return
-    if getattr(batches, "_workers", None) is None:  # single process: the reader is a thread of this process
+    if workers is None:  # single process: the reader is a thread of this process
         batches._thread_done_event.set()
         if batches._blocking_queue is not None:
             batches._blocking_queue.close()

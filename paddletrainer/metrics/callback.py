@@ -126,8 +126,17 @@ class MetricsCallback(TrainerCallback):
         skipped = sorted(set(logs) - {k for k in logs if _is_number(logs[k])})
         if skipped:
             logger.debug("Not a number, not written: %s", ", ".join(skipped))
+        self._write(values, state.global_step)
+
+    def write_scalars(self, values: Dict[str, float], args, state, model=None) -> None:
+        """Write ``values`` under their own tags (no ``train/`` prefix) at the current step, on the processes
+        this callback writes on (the start's ``startup/*`` seconds)."""
+        if self._open(args, state, model):
+            self._write(values, state.global_step)
+
+    def _write(self, values: Dict[str, float], step: int) -> None:
         for writer in self.writers:
-            writer.log_scalars(values, state.global_step)
+            writer.log_scalars(values, step)
             # Log steps are infrequent, so flushing each one keeps dashboards current at little cost.
             writer.flush()
 

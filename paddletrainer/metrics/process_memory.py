@@ -29,7 +29,7 @@ from typing import Dict, Optional
 
 import paddle
 
-from ..runtime.device import on_cuda_device
+from ..device import on_cuda_device
 
 __all__ = ["peak_memory_bytes", "memory_logs", "current_rss_bytes", "MemoryTracker", "TrainerMemoryTracker"]
 

@@ -16,7 +16,9 @@ import numpy as np
 import paddle
 
 __all__ = ["causal_lm_flops_per_token", "flops_per_token_from_config", "flops_per_token_of_model", "mfu", "batch_counts", "ThroughputMeter",
-           "TokenCounter"]
+           "TokenCounter", "trained_tokens"]
+
+IGNORE_INDEX = -100  # the label of a token no loss is taken on (prompts, padding), PaddleNLP's and Hugging Face's
 
 
 def causal_lm_flops_per_token(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int,
@@ -129,6 +131,22 @@ def batch_counts(inputs: Any, key: str = "input_ids") -> Tuple[int, int]:
     return samples, tokens
 
 
+def trained_tokens(inputs: Any) -> Optional[int]:
+    """The tokens of a batch a loss is taken on (``labels`` not :data:`IGNORE_INDEX`), counted only where the
+    labels are on the host (a NumPy array, or a tensor in CPU memory: the collated batch before the step moves
+    it), so counting never reads a device; None when they are not, or the batch has no ``[batch, seq]`` labels.
+    With padded fine-tuning samples this is what the step learned from; packing rows raises it toward the
+    tokens counted by :func:`batch_counts`."""
+    labels = inputs.get("labels") if isinstance(inputs, dict) else None
+    if labels is None or len(getattr(labels, "shape", ())) < 2:
+        return None
+    if isinstance(labels, paddle.Tensor):
+        if not labels.place.is_cpu_place():
+            return None
+        labels = labels.numpy()
+    return int(np.count_nonzero(np.asarray(labels) != IGNORE_INDEX))
+
+
 class ThroughputMeter:
     """Counts samples, tokens and steps between two reports and turns them into rates.
 
@@ -147,18 +165,22 @@ class ThroughputMeter:
         self._start = self._clock()
         self.samples = 0
         self.tokens = 0
+        self.trained_tokens = 0
         self.steps = 0
 
     def update(self, micro_batches: Sequence[Any], per_rank_to_global: int = 1) -> None:
         """Count one optimizer step: the samples and tokens of its micro-batches (a list of batches).
 
         ``per_rank_to_global`` scales this rank's counts to the whole run (the number of data-parallel
-        ranks, each reading a different slice), so the rates are global; 1 keeps them per rank.
+        ranks, each reading a different slice), so the rates are global; 1 keeps them per rank. Trained tokens
+        (:func:`trained_tokens`) are scaled the same way: an estimate of the run's from this rank's, exact when
+        the data ranks' batches train as many tokens.
         """
         for batch in micro_batches:
             samples, tokens = batch_counts(batch)
             self.samples += samples * per_rank_to_global
             self.tokens += tokens * per_rank_to_global
+            self.trained_tokens += (trained_tokens(batch) or 0) * per_rank_to_global
         self.steps += 1
 
     def add(self, samples: int, tokens: int = 0, steps: int = 1) -> None:
@@ -172,7 +194,9 @@ class ThroughputMeter:
         """Rates over the interval since the last reset; ``{}`` if no step was counted.
 
         Keys: ``samples_per_second, steps_per_second, step_time`` (seconds per step) and, when tokens were
-        counted, ``tokens_per_second``; with ``num_devices > 1`` also ``tokens_per_second_per_device``; with
+        counted, ``tokens_per_second`` and, when the batches' labels were counted on the host,
+        ``trained_tokens_per_second`` (the tokens a loss was taken on: padding and prompts excluded, so packed
+        rows show what they save); with ``num_devices > 1`` also ``tokens_per_second_per_device``; with
         ``flops_per_token`` also ``tflops_per_device`` (model TFLOP/s of one device), and with ``peak_flops``
         (the peak FLOP/s of ONE device) also ``mfu`` (a fraction).
 
@@ -188,6 +212,8 @@ class ThroughputMeter:
             if self.tokens > 0:
                 tps = self.tokens / elapsed
                 out["tokens_per_second"] = tps
+                if self.trained_tokens > 0:
+                    out["trained_tokens_per_second"] = self.trained_tokens / elapsed
                 per_device = tps / num_devices
                 if num_devices > 1:
                     out["tokens_per_second_per_device"] = per_device

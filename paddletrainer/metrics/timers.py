@@ -17,7 +17,7 @@ from typing import Callable, Dict, Optional
 
 import paddle
 
-from ..runtime.device import on_cuda_device
+from ..device import on_cuda_device
 
 __all__ = ["PhaseTimers", "PHASES", "device_synchronize"]
 

@@ -12,6 +12,8 @@ from paddle.distributed.auto_parallel.auto_dp_utils import in_auto_dp_mode
 from paddle.distributed.auto_parallel.fully_shard_fusion import get_fsdp_context
 from paddle.optimizer import optimizer as _paddle_optimizer
 
+from ..paddle_contract import auto_sharded
+
 __all__ = ["AdamW"]
 
 
@@ -102,7 +104,7 @@ class AdamW(paddle.optimizer.AdamW):
         that path cannot be checked here and stays Paddle's). A Tensor learning rate is that parameter's learning
         rate itself in Paddle (``_create_param_lr``), whatever its value: only the number 1 means the global one."""
         param_lr = (getattr(param, "optimize_attr", None) or {}).get("learning_rate", 1.0)
-        if (getattr(param, "regularizer", None) is not None or hasattr(param, "_need_shard_auto")
+        if (getattr(param, "regularizer", None) is not None or auto_sharded(param)
                 or not isinstance(param_lr, (int, float)) or param_lr != 1.0
                 or (self._multi_precision and self._is_dtype_fp16_or_bf16(param.dtype))):
             return None

@@ -29,7 +29,7 @@ import paddle
 from paddle.amp import grad_scaler as paddle_grad_scaler
 
 from ..config.builders import AmpSettings
-from ..runtime.device import has_accelerator
+from ..device import has_accelerator
 
 logger = logging.getLogger(__name__)
 

@@ -42,6 +42,7 @@ import paddle
 from paddle import _legacy_C_ops
 
 from ..errors import NonFiniteLossError
+from ..paddle_contract import delays_loss_scaling
 
 __all__ = ["STEP", "SKIP", "RAISE", "NonfiniteGuard", "nonfinite_action", "unscale_gradients", "update_loss_scale", "loss_scale",
            "scaler_logs", "delayed_loss_divisor"]
@@ -244,7 +245,7 @@ def delayed_loss_divisor(model) -> float:
     steps; its own ``train_batch`` divides the gradients before the step. The Trainer drives the schedule
     itself (``forward_backward_pipeline``), so it divides them here.
     """
-    if not getattr(model, "_delay_scale_loss", False):
+    if not delays_loss_scaling(model):
         return 1.0
     steps = int(getattr(model, "accumulate_steps", 1))
     return float(steps) if steps > 1 else 1.0

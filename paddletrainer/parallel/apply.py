@@ -5,7 +5,10 @@ Order (each step names the function that does it):
 1. checks: no ``grad_clip`` left on the optimizer or its groups (clipping is done after the gradient sync by
    :func:`~.clipping.clip_gradients` or :func:`~.clipping.clip_grad_norm`, so Paddle never installs its
    GPU-only HybridParallelClipGrad / GroupShardedClipGrad).
-2. one process → nothing; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
+1b. every layout, one process included: off a CUDA device, PaddleNLP Llama/Qwen2 attention layers take packed
+   rows' document masks (:func:`~.packed_attention.install_packed_attention`; Paddle has no FlashMask kernel
+   there).
+2. one process → nothing more; plain data parallel → :func:`~.data_parallel.apply_data_parallel` (with expert
    parallel, expert parameters reduced over their edp group: :class:`~.expert.ExpertGradients`).
 3. pp > 1 → :func:`~.pipeline.apply_pipeline`. ``PipelineParallel`` carries tp inside the stage and
    ``HybridParallelOptimizer`` carries dp and sharding stage 1 (stage 2/3 with pp are rejected).
@@ -33,6 +36,7 @@ would never sum its norms' gradients over tp, and the ranks would drift apart si
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Optional
 
 from paddle.distributed import fleet
@@ -43,18 +47,22 @@ from .expert import ExpertGradients, check_expert_model, expert_parameters, keep
 from .optimizer import HYBRID, LOCAL, STAGE2, STAGE3, ParallelOptimizer
 from .pipeline import apply_pipeline
 from .context import apply_context_parallel
+from .packed_attention import install_packed_attention
 from .segment import apply_segment_parallel
 from .sequence import check_sequence_parallel_model, register_sequence_parallel_hooks
 from .sharding import apply_sharding
 from .tensor import apply_tensor_parallel
+from ..paddle_contract import optimizer_grad_clip, optimizer_param_groups
 
 __all__ = ["parallelize", "wrap_captures_accumulation"]
 
+_FILE = "paddletrainer/parallel/apply.py"  # named by the private reads it makes through paddle_contract
+
 
 def _check_optimizer(optimizer) -> None:
-    groups = getattr(optimizer, "_param_groups", None) or []
+    groups = optimizer_param_groups(optimizer, _FILE)
     group_clip = any(isinstance(g, dict) and g.get("grad_clip") is not None for g in groups)
-    if getattr(optimizer, "_grad_clip", None) is not None or group_clip:
+    if optimizer_grad_clip(optimizer, _FILE) is not None or group_clip:
         raise ValueError(
             "take the optimizer's grad_clip off before parallelize: clip = paddletrainer.parallel.clipping."
             "take_gradient_clip(optimizer), then clip_gradients(optimizer, topology, clip) before each step (the "
@@ -104,7 +112,7 @@ def _find_unused_parameters(model, chosen: Optional[bool]) -> bool:
     return not any(getattr(layer, "enable_recompute", False) for layer in model.sublayers(include_self=True))
 
 
-def parallelize(model, optimizer, topology, config: ParallelConfig):
+def parallelize(model, optimizer, topology, config: ParallelConfig, timed=None):
     """Wrap ``model`` and ``optimizer`` for ``topology``; returns ``(model, ParallelOptimizer)``.
 
     ``config``: the :class:`~.config.ParallelConfig` the topology was built from (``args.parallel_config``; a
@@ -113,7 +121,9 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     and its construction has checked their combinations: nothing here checks them again. The model must
     already be built for the layout: tp-split layers when tp > 1 (PaddleNLP models do this from their
     config), a ``PipelineLayer`` when pp > 1. See the module docstring for the order of the axis functions.
+    ``timed("optimizer")`` (optional) wraps the sharded or hybrid optimizer's construction (startup timing).
     """
+    timed = timed or (lambda phase: contextlib.nullcontext())
     expect_config(config, "parallelize")
     if config.layout != topology.layout:
         raise ValueError(f"parallelize: the config's layout {config.layout.describe()} is not the topology's "
@@ -127,6 +137,7 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     # Trainer ran this before any group too.
     check_expert_model(model, topology.layout.ep, config.sequence_parallel and topology.tp_degree > 1,
                        staged=topology.pp_degree > 1)
+    install_packed_attention(model)  # document masks of packed rows where Paddle has no FlashMask kernel
     if topology.world_size == 1:
         return model, ParallelOptimizer(optimizer, mode=LOCAL, topology=topology)
     if not topology.use_hybrid:
@@ -152,7 +163,8 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
     # cp: no pp and no sharding here (ParallelConfig); the tp wrapper broadcasts over the sep group cp runs on
     model = apply_context_parallel(model, topology=topology, wrapped=topology.tp_degree > 1)
     if stage in (2, 3):
-        model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
+        with timed("optimizer"):
+            model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config)
         mode = STAGE2 if stage == 2 else STAGE3
         return model, ParallelOptimizer(optimizer, mode=mode, topology=topology, model=model)
     local_experts = False
@@ -160,11 +172,12 @@ def parallelize(model, optimizer, topology, config: ParallelConfig):
         # experts stay out of the sharded partition and broadcasts; ParallelOptimizer updates them locally
         local_experts = experts is not None
         with shard_dense_parameters(optimizer, experts.parameters if local_experts else []), \
-                keep_experts(model, topology):
+                keep_experts(model, topology), timed("optimizer"):
             model, optimizer = apply_sharding(model, optimizer, topology=topology, config=config,
                                               wrap_model=topology.tp_degree == 1)
     else:
-        optimizer = fleet.distributed_optimizer(optimizer)
+        with timed("optimizer"):
+            optimizer = fleet.distributed_optimizer(optimizer)
     return model, ParallelOptimizer(optimizer, mode=HYBRID, topology=topology, model=model, expert_grads=experts,
                                     local_experts=local_experts)
 

@@ -20,6 +20,7 @@ from paddle.distributed import fleet
 from paddle.distributed.parallel import sync_params_buffers
 
 from .layout import launch_local_rank, launch_world_size
+from ..paddle_contract import fleet_hybrid_group
 
 __all__ = ["distributed_isfile", "distributed_file", "broadcast_dp_optimizer", "broadcast_moe_optimizer",
            "broadcast_dataset_rank0_model"]
@@ -31,7 +32,7 @@ _OPTIMIZER_EXTRAS = ("master_weights", "LR_Scheduler")  # the optimizer state's 
 
 def _hcg():
     """fleet's hybrid communicate group, or None when fleet was not initialised with one."""
-    return fleet.get_hybrid_communicate_group() if getattr(fleet.fleet, "_hcg", None) is not None else None
+    return fleet_hybrid_group()
 
 
 def _data_group() -> Tuple[Any, int, int]:

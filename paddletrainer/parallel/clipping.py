@@ -23,8 +23,11 @@ import paddle.distributed as dist
 from paddle.nn import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue
 
 from .collectives import _check_group, _scale_in_place, _squares
+from ..paddle_contract import optimizer_default_dict, optimizer_grad_clip, optimizer_param_groups
 
 __all__ = ["GradientClip", "take_gradient_clip", "clip_gradients", "check_gradient_clip", "clip_grad_norm"]
+
+_FILE = "paddletrainer/parallel/clipping.py"  # named by the private reads it makes through paddle_contract
 
 SLICE_PREFIX = "slice@"  # sharding stage 3 names a parameter's local slice "slice@<name>"
 
@@ -75,9 +78,9 @@ def take_gradient_clip(optimizer) -> GradientClip:
     Called once, before AMP decoration and the parallel wrappers: afterwards Paddle's ``step()`` clips nothing
     and no wrapper replaces the clip with its own class. Refuses clip classes it cannot apply on every layout.
     """
-    own = getattr(optimizer, "_grad_clip", None)
+    own = optimizer_grad_clip(optimizer, _FILE)
     groups, unclipped = [], set()
-    param_groups = getattr(optimizer, "_param_groups", None) or []
+    param_groups = optimizer_param_groups(optimizer, _FILE)
     if param_groups and isinstance(param_groups[0], dict):
         for group in param_groups:
             clip = group.get("grad_clip", own)
@@ -91,8 +94,9 @@ def take_gradient_clip(optimizer) -> GradientClip:
         if own is not None:
             groups.append(ClipGroup(_supported(own)))
     optimizer._grad_clip = None
-    if hasattr(optimizer, "_default_dict"):
-        optimizer._default_dict["grad_clip"] = None  # groups added later must not bring the clip back
+    defaults = optimizer_default_dict(optimizer, _FILE)
+    if defaults is not None:
+        defaults["grad_clip"] = None  # groups added later must not bring the clip back
     return GradientClip(groups, frozenset(unclipped))
 
 

@@ -15,9 +15,13 @@ Which attention kernel runs: on GPU builds PaddleNLP's ``RingFlashAttention`` (f
 attention per block, ring-safe blocking send/recv) where Llama calls ``RingFlashAttention.apply``. The CPU
 runs prove the layout and our kernel, not PaddleNLP's GPU kernel.
 
-* :func:`shard_context`: the Trainer's cut, after the layout-free global order chose the samples; refuses the
-  batch keys Llama ignores or refuses under cp (``attention_mask``, custom ``position_ids``, packed-sequence
-  indices) instead of dropping them.
+* :func:`shard_context`: the Trainer's cut, after the layout-free global order chose the samples. Packed rows
+  keep their documents: the document ends travel whole to every rank (:func:`.sequence_cut.documents_of_batch`;
+  Llama refuses an ``attention_mask`` under cp, so a block-diagonal one becomes the ends), and the ring attention
+  of :mod:`.packed_attention` masks every chunk pair by the documents and skips the pairs they empty. Llama builds
+  the load-balanced positions of the whole sequence itself; per-document ``position_ids`` give the same scores
+  (rope sees only differences inside a document), so they are checked, not used. A ``[batch, seq]`` padding mask
+  stays refused by name, and so do packed rows under cp on a CUDA device (``RingFlashAttention`` takes no mask).
 * :func:`gather_context`: logits of the chunks back into whole sequences in order, for evaluation.
 """
 from __future__ import annotations
@@ -28,11 +32,10 @@ from typing import Any, Dict
 import paddle
 
 from .ring_attention import RingAttention, split_load_balanced, undo_load_balanced
-from .sequence_cut import IGNORED_KEYS, cut_batch, gather_sequences, wrap_in_segment_parallel
+from .sequence_cut import cut_batch, gather_sequences, wrap_in_segment_parallel
 
-__all__ = ["IGNORED_UNDER_CP", "apply_context_parallel", "gather_context", "has_cp_path", "shard_context"]
+__all__ = ["apply_context_parallel", "gather_context", "has_cp_path", "shard_context"]
 
-IGNORED_UNDER_CP = IGNORED_KEYS  # batch keys Llama ignores or refuses under cp: refused by the cut, never dropped
 
 
 def has_cp_path(model) -> bool:

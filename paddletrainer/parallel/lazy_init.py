@@ -27,6 +27,8 @@ import paddle
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddle.nn.initializer import constant, initializer, kaiming, normal, uniform, xavier
 
+from ..paddle_contract import diagonal_uniform, lazy_init_func
+
 __all__ = ["is_lazy", "lazy_parameter_names", "check_lazy_model", "start_lazy_model", "stage3_slice_ranges",
            "materialize_stage3", "SLICE_ATTR", "ORDER_ATTR", "STAGE3_EXCLUDED_LAYERS"]
 
@@ -73,7 +75,7 @@ _record_creation_order()
 
 
 def _is_lazy_parameter(param) -> bool:
-    return getattr(param, "_init_func", None) is not None and not param._is_initialized()
+    return lazy_init_func(param) is not None and not param._is_initialized()
 
 
 def lazy_parameter_names(model) -> list:
@@ -167,7 +169,7 @@ def _streamable(param):
     if not paddle.get_device().startswith("cpu") or init is None:
         return None
     base = next((cls for cls in _STREAMED if type(init).forward is cls.forward), None)
-    if base is None or getattr(init, "_diag_num", 0):  # a diagonal uniform depends on positions
+    if base is None or diagonal_uniform(init):  # a diagonal uniform depends on positions
         return None
     init = copy.copy(init)
     fans = init._compute_fans(param)

@@ -22,6 +22,7 @@ from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer
 
 from .pipeline import shared_weights_counted_elsewhere
 from .sharding import SplitParamSharding
+from ..paddle_contract import stage1_owner_ranks
 from .wrappers import unwrap_optimizer
 
 __all__ = ["ParallelOptimizer"]
@@ -213,7 +214,7 @@ class ParallelOptimizer:
             return [(p, g, True) for p, g in self._split_param.slice_gradients()]
         if self._mode == HYBRID:
             params = self._hybrid_parameters()
-            owner = getattr(self._optimizer._inner_opt, "_param2rank", None) if topo.sharding_degree > 1 else None
+            owner = stage1_owner_ranks(self._optimizer._inner_opt) if topo.sharding_degree > 1 else None
             local = self._expert_grads.parameters if self._local_experts else []  # this rank's own experts
             return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in params] + \
                 [(p, p.grad, True) for p in local]

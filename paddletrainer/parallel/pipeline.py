@@ -14,6 +14,10 @@ import types
 import numpy as np
 import paddle
 
+from ..paddle_contract import pipeline_inputs_hook
+from ..device import on_cuda_device
+from .flashmask import normalize_startend, visible
+from .sequence_cut import DOCUMENT_ENDS
 from .wrappers import unwrap_model
 
 __all__ = ["apply_pipeline", "check_virtual_pipeline_split", "train_batch", "eval_batch", "stack_micro_batches",
@@ -52,7 +56,7 @@ def apply_pipeline(model, optimizer, *, topology, virtual_pp_degree: int = 1):
     if virtual_pp_degree > 1 and chunks != virtual_pp_degree:
         raise ValueError(f"virtual_pp_degree={virtual_pp_degree} but the model was built with {chunks} chunk(s) per "
                          f"stage: set config.virtual_pp_degree={virtual_pp_degree} before building the ...Pipe model")
-    if getattr(model, "_prepare_pipeline_inputs_func", None) is None:
+    if pipeline_inputs_hook(model) is None:
         logger.warning("%s has no _prepare_pipeline_inputs_func: dict batches are split by the default one "
                        "(%s to the first stage, %s to the last; other keys are dropped)", type(model).__name__,
                        ", ".join(FIRST_STAGE_KEYS), ", ".join(LAST_STAGE_KEYS))
@@ -112,10 +116,25 @@ def _is_interleaved(model) -> bool:
     return getattr(model, "num_model_chunks", 1) > 1
 
 
+def _documents_as_block_mask(micro_batch: dict) -> dict:
+    """Packed rows' document ends as the block-diagonal mask they describe, off a CUDA device: PaddleNLP's Pipe
+    stages pass ``(hidden, mask, ends, positions)`` with the ``None`` entries left out and tell the ends from the
+    positions by dtype only on a GPU, so elsewhere the ends would be taken for positions. The mask travels in
+    their place (S×S per row, the format PaddleNLP's own zero-padding data also uses)."""
+    ends = micro_batch.get(DOCUMENT_ENDS)
+    if ends is None or on_cuda_device():
+        return micro_batch
+    ends = normalize_startend(paddle.to_tensor(ends) if isinstance(ends, np.ndarray) else ends)
+    positions = paddle.arange(ends.shape[1], dtype="int64")
+    out = {key: value for key, value in micro_batch.items() if key != DOCUMENT_ENDS}
+    out["attention_mask"] = visible(positions, positions, ends)
+    return out
+
+
 def _as_pair(micro_batch, layers):
     if isinstance(micro_batch, dict):
-        prepare = getattr(layers, "_prepare_pipeline_inputs_func", None) or default_pipeline_inputs
-        return tuple(prepare(dict(micro_batch)))
+        prepare = pipeline_inputs_hook(layers) or default_pipeline_inputs
+        return tuple(prepare(_documents_as_block_mask(dict(micro_batch))))
     if not isinstance(micro_batch, (tuple, list)) or len(micro_batch) != 2:
         raise TypeError("a pipeline micro-batch is (inputs, labels) or a dict; got "
                         f"{type(micro_batch).__name__}")

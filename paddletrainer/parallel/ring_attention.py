@@ -26,6 +26,10 @@ training=True)`` and ``[batch, seq/cp, heads, head_dim]`` tensors, built from pl
   all-gathers K/V once (and all-reduces their gradients) and runs on any ring size, trading memory (every
   rank holds all K/V) for fewer, larger collectives.
 
+Packed sequences (``startend_row_indices``, FlashMask's document ends of the whole sequence): a chunk pair whose
+keys all belong to documents ended before the query chunk starts is skipped like a causal future pair; the others
+are masked per document (:class:`_Documents`).
+
 GQA (fewer K/V heads than query heads) is served by repeating each K/V head over its query group.
 Dropout and an explicit ``attn_mask`` are refused, as PaddleNLP refuses dropout (Llama passes neither).
 """
@@ -36,6 +40,8 @@ import math
 import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
+
+from .flashmask import masked_block, masked_block_grads, merge, normalize_startend, visible
 
 __all__ = [
     "RingAttention",
@@ -131,21 +137,58 @@ def block_attention(q, k, v, scale, causal):
     return paddle.matmul(paddle.exp(scores - lse.unsqueeze(-1)), v), lse
 
 
-def merge(out, lse, block_out, block_lse):
-    """The online-softmax merge of two partial attentions over disjoint key sets."""
-    if out is None:
-        return block_out, block_lse
-    new_lse = paddle.maximum(lse, block_lse)
-    new_lse = new_lse + paddle.log(paddle.exp(lse - new_lse) + paddle.exp(block_lse - new_lse))
-    out = out * paddle.exp(lse - new_lse).unsqueeze(-1) + block_out * paddle.exp(block_lse - new_lse).unsqueeze(-1)
-    return out, new_lse
-
-
 def _pair_kind(q_chunk: int, k_chunk: int, is_causal: bool):
     """None (skip: every key is in the query chunk's future), "full" or "causal"."""
     if not is_causal or q_chunk > k_chunk:
         return "full"
     return "causal" if q_chunk == k_chunk else None
+
+
+class _Documents:
+    """Packed sequences' document ends (``[B, S]``, the whole sequence's, on every rank): which query chunk
+    sees which key chunk. A pair the causal order or the documents empty is skipped (the ends are read on the
+    host once per call); any other pair gets the mask of :func:`.flashmask.visible` at the chunks' global
+    positions, so the per-document attention (and with it rope's per-document positions, which enter the
+    scores only as differences within a document) is the one-process result."""
+
+    def __init__(self, end, n_chunks):
+        self.end, self.ends_host = end, end.numpy()
+        self.chunk = int(end.shape[1]) // n_chunks
+
+    def positions(self, chunk):
+        return paddle.arange(chunk * self.chunk, (chunk + 1) * self.chunk, dtype="int64")
+
+    def keep(self, q_chunk, k_chunk):
+        """None (skip the pair) or the ``[B, 1, chunk, chunk]`` mask of query chunk ``q_chunk`` over keys of
+        ``k_chunk``."""
+        if k_chunk > q_chunk:
+            return None
+        keys = slice(k_chunk * self.chunk, (k_chunk + 1) * self.chunk)
+        if self.ends_host[:, keys].max() <= q_chunk * self.chunk:  # every key's document ends before the queries
+            return None
+        return visible(self.positions(q_chunk), self.positions(k_chunk), self.end[:, keys])
+
+
+def _tile(q_chunk, k_chunk, is_causal, documents):
+    """How a (query chunk, key chunk) pair is computed: None (skipped), ``("mask", keep)`` or ``("causal",
+    flag)``."""
+    if documents is not None:
+        keep = documents.keep(q_chunk, k_chunk)
+        return None if keep is None else ("mask", keep)
+    kind = _pair_kind(q_chunk, k_chunk, is_causal)
+    return None if kind is None else ("causal", kind == "causal")
+
+
+def _tile_attention(q, k, v, scale, tile):
+    if tile[0] == "mask":
+        return masked_block(q, k, v, scale, tile[1])
+    return block_attention(q, k, v, scale, tile[1])
+
+
+def _tile_grads(q, k, v, out_grad, lse, delta, scale, tile):
+    if tile[0] == "mask":
+        return masked_block_grads(q, k, v, out_grad, lse, delta, scale, tile[1])
+    return _block_grads(q, k, v, out_grad, lse, delta, scale, tile[1])
 
 
 def _repeat_heads(t, groups):
@@ -231,7 +274,7 @@ def _local_chunks(t, n_chunks):
     return paddle.split(t, n_chunks, axis=2)  # [b, h, s, d]: the sequence axis is 2
 
 
-def ring_forward(q, k, v, ring, scale, is_causal):
+def ring_forward(q, k, v, ring, scale, is_causal, documents=None):
     """Per query chunk, the merged ``(out, lse)`` over every K/V block of the ring (heads-major, compute dtype)."""
     groups = q.shape[1] // k.shape[1]
     q_chunks = _local_chunks(q, 2)
@@ -243,9 +286,9 @@ def ring_forward(q, k, v, ring, scale, is_causal):
         v_chunks = _local_chunks(_repeat_heads(v_block, groups), 2)
         for a, q_chunk in enumerate(mine):
             for b, k_chunk in enumerate(theirs):
-                kind = _pair_kind(q_chunk, k_chunk, is_causal)
-                if kind is not None:
-                    out, lse = block_attention(q_chunks[a], k_chunks[b], v_chunks[b], scale, kind == "causal")
+                tile = _tile(q_chunk, k_chunk, is_causal, documents)
+                if tile is not None:
+                    out, lse = _tile_attention(q_chunks[a], k_chunks[b], v_chunks[b], scale, tile)
                     acc[a] = merge(*acc[a], out, lse)
     return acc
 
@@ -258,7 +301,7 @@ def _block_grads(q, k, v, out_grad, lse, delta, scale, causal):
     return paddle.matmul(d_scores, k), paddle.matmul(d_scores, q, transpose_x=True), dv
 
 
-def ring_backward(q, k, v, outs, lses, out_grads, ring, scale, is_causal):
+def ring_backward(q, k, v, outs, lses, out_grads, ring, scale, is_causal, documents=None):
     """``(dq, dk, dv)`` of this rank's local q/k/v (heads-major, compute dtype)."""
     groups = q.shape[1] // k.shape[1]
     q_chunks = _local_chunks(q, 2)
@@ -275,11 +318,11 @@ def ring_backward(q, k, v, outs, lses, out_grads, ring, scale, is_causal):
         dk_rep, dv_rep = [paddle.zeros_like(c) for c in k_chunks], [paddle.zeros_like(c) for c in v_chunks]
         for a, q_chunk in enumerate(mine):
             for b, k_chunk in enumerate(theirs):
-                kind = _pair_kind(q_chunk, k_chunk, is_causal)
-                if kind is None:
+                tile = _tile(q_chunk, k_chunk, is_causal, documents)
+                if tile is None:
                     continue
-                dq_ab, dk_ab, dv_ab = _block_grads(q_chunks[a], k_chunks[b], v_chunks[b], out_grads[a], lses[a],
-                                                   deltas[a], scale, kind == "causal")
+                dq_ab, dk_ab, dv_ab = _tile_grads(q_chunks[a], k_chunks[b], v_chunks[b], out_grads[a], lses[a],
+                                                  deltas[a], scale, tile)
                 dq[a], dk_rep[b], dv_rep[b] = dq[a] + dq_ab, dk_rep[b] + dk_ab, dv_rep[b] + dv_ab
         dk_block = _fold_heads(paddle.concat(dk_rep, axis=2), groups)
         dv_block = _fold_heads(paddle.concat(dv_rep, axis=2), groups)
@@ -341,29 +384,44 @@ def _check_call(query, key, value, attn_mask, dropout, ring_size):
                          f"(the load-balanced layout); the global length must divide by 2 x {ring_size}")
 
 
+def _documents(startend_row_indices, query, ring_size, is_causal):
+    """The packed sequences' :class:`_Documents` (None without indices): the indices cover the whole sequence,
+    ``ring_size`` times the local one, and only with causal attention (FlashMask's causal form)."""
+    if startend_row_indices is None:
+        return None
+    end = normalize_startend(startend_row_indices)
+    if not is_causal or end.shape != [query.shape[0], query.shape[1] * ring_size]:
+        raise ValueError(f"ring attention: startend_row_indices {list(startend_row_indices.shape)} must be the "
+                         f"whole sequences' [batch, {query.shape[1] * ring_size}] document ends, with "
+                         f"is_causal=True")
+    return _Documents(end, 2 * ring_size)
+
+
 class RingAttention(PyLayer):
     """Ring attention over ``group`` (default: fleet's sep group, as PaddleNLP) for load-balanced sequences.
 
     ``RingAttention.apply(query, key, value, group=None, fixed_seed_offset=None, attn_mask=None, dropout=0.0,
-    is_causal=False, training=True, rotation="p2p")``: the arguments of PaddleNLP's ``RingFlashAttention``
-    (``fixed_seed_offset`` and ``training`` only matter for dropout, which is refused) plus ``rotation``
-    (see module). Tensors are ``[batch, seq/cp, heads, head_dim]``, each rank holding its
+    is_causal=False, training=True, rotation="p2p", startend_row_indices=None)``: the arguments of PaddleNLP's
+    ``RingFlashAttention`` (``fixed_seed_offset`` and ``training`` only matter for dropout, which is refused) plus
+    ``rotation`` (see module) and packed sequences' document ends (FlashMask's ``[B, S]`` or ``[B, 1, S]`` of the
+    whole sequence, every rank the same). Tensors are ``[batch, seq/cp, heads, head_dim]``, each rank holding its
     :func:`split_load_balanced` part; returns the attention output in the query's dtype and layout.
     """
 
     @staticmethod
     def forward(ctx, query, key, value, group=None, fixed_seed_offset=None, attn_mask=None, dropout=0.0,
-                is_causal=False, training=True, rotation="p2p"):
+                is_causal=False, training=True, rotation="p2p", startend_row_indices=None):
         group = _default_group() if group is None else group
         ring = _Ring(group, rotation)
         _check_call(query, key, value, attn_mask, dropout, ring.n)
+        documents = _documents(startend_row_indices, query, ring.n, is_causal)
         dtype = _compute_dtype(query.dtype)
         q, k, v = (_heads_major(t, dtype) for t in (query, key, value))
         scale = 1.0 / math.sqrt(query.shape[-1])
-        acc = ring_forward(q, k, v, ring, scale, is_causal)
+        acc = ring_forward(q, k, v, ring, scale, is_causal, documents)
         outs, lses = [a[0] for a in acc], [a[1] for a in acc]
         ctx.save_for_backward(q, k, v, *outs, *lses)
-        ctx.ring, ctx.scale, ctx.is_causal = ring, scale, is_causal
+        ctx.ring, ctx.scale, ctx.is_causal, ctx.documents = ring, scale, is_causal, documents
         ctx.dtypes = (query.dtype, key.dtype, value.dtype)
         return _seq_major(paddle.concat(outs, axis=2), query.dtype)
 
@@ -371,7 +429,8 @@ class RingAttention(PyLayer):
     def backward(ctx, out_grad):
         q, k, v, out0, out1, lse0, lse1 = ctx.saved_tensor()
         grads = _local_chunks(_heads_major(out_grad, q.dtype), 2)
-        dq, dk, dv = ring_backward(q, k, v, [out0, out1], [lse0, lse1], grads, ctx.ring, ctx.scale, ctx.is_causal)
+        dq, dk, dv = ring_backward(q, k, v, [out0, out1], [lse0, lse1], grads, ctx.ring, ctx.scale, ctx.is_causal,
+                                   ctx.documents)
         return tuple(_seq_major(g, dtype) for g, dtype in zip((dq, dk, dv), ctx.dtypes))
 
 

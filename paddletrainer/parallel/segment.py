@@ -12,9 +12,13 @@ fused dp×sep group).
 
 * :func:`shard_sequence`: the Trainer's cut, applied to each micro-batch after the layout-free global order
   chose its samples (so the order depends only on seed and global batch). PaddleNLP cuts with
-  ``split_inputs_sequence_dim``; ours refuses what Llama ignores under sep instead of dropping it silently:
-  ``attention_mask`` (the sep attention builds its own causal mask), custom ``position_ids`` (rebuilt as
-  ``arange(seq_length)``) and packed-sequence indices.
+  ``split_inputs_sequence_dim``, and its sep attention then drops a mask and rebuilds positions as
+  ``arange(seq_length)``. Ours keeps packed rows exact: the document mask travels whole to every rank
+  (:func:`.sequence_cut.documents_of_batch`: FlashMask's document ends, a block-diagonal ``attention_mask``
+  turned into them), the attention of :mod:`.packed_attention` applies it to the rank's heads over the whole
+  sequence, and per-document ``position_ids`` give the same scores as the whole sequence's (rope sees only
+  differences inside a document). A ``[batch, seq]`` padding mask and positions that do not count up inside a
+  document stay refused by name.
 * :func:`gather_sequence`: logits of the segments back into whole sequences, for evaluation and prediction.
 * :func:`apply_segment_parallel`: fleet's ``SegmentParallel`` wrapper (broadcasts the initial parameters over
   sep, sharding and dp) when no other axis wrapper does, and PaddleNLP 3.0.0b4's all-to-all argument order fix
@@ -29,11 +33,10 @@ from typing import Any, Dict
 import paddle
 
 from .cpu.all_to_all import install_paddlenlp_reshard_order_fix
-from .sequence_cut import IGNORED_KEYS, cut_batch, gather_sequences, wrap_in_segment_parallel
+from .sequence_cut import cut_batch, gather_sequences, wrap_in_segment_parallel
 
-__all__ = ["IGNORED_UNDER_SEP", "apply_segment_parallel", "gather_sequence", "has_sep_path", "shard_sequence"]
+__all__ = ["apply_segment_parallel", "gather_sequence", "has_sep_path", "shard_sequence"]
 
-IGNORED_UNDER_SEP = IGNORED_KEYS  # batch keys Llama ignores under sep: refused by the cut, never dropped
 
 
 def has_sep_path(model) -> bool:

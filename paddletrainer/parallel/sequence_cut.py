@@ -2,33 +2,89 @@
 chunks, :mod:`.context`): the Trainer's cut of a micro-batch along the sequence, the gather of logits back into
 whole sequences, and fleet's ``SegmentParallel`` wrapper both run on (PaddleNLP 3.0.0b4 runs cp on fleet's sep
 groups).
+
+Packed rows (several documents in one sequence, PaddleNLP's zero-padding data) travel with the sequence: their
+document mask becomes FlashMask's document ends, kept whole on every rank (:func:`documents_of_batch`), because
+each rank's attention sees keys of the whole sequence (sep: all positions for its heads; cp: every chunk of the
+ring).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List
 
+import numpy as np
 import paddle
 import paddle.distributed as dist
 
-__all__ = ["IGNORED_KEYS", "cut_batch", "gather_sequences", "wrap_in_segment_parallel"]
+from ..device import on_cuda_device
 
-# batch keys PaddleNLP's Llama ignores under sep and cp (it builds a causal mask and positions 0..seq-1 itself) or
-# packs sequences with: refused by the cut, never dropped
-IGNORED_KEYS = ("attention_mask", "position_ids", "attn_mask_startend_row_indices")
+__all__ = ["DOCUMENT_ENDS", "cut_batch", "documents_of_batch", "gather_sequences", "wrap_in_segment_parallel"]
+
+DOCUMENT_ENDS = "attn_mask_startend_row_indices"  # FlashMask's key: every key's document end, kept whole by the cut
+
+
+def _block_mask_ends(mask: np.ndarray, option: str) -> np.ndarray:
+    """``[B, S]`` document ends of a block-diagonal causal ``[B, 1, S, S]`` / ``[B, S, S]`` mask (PaddleNLP's
+    zero-padding ``attention_mask``); anything else is refused, naming ``option``."""
+    keep = mask.reshape([mask.shape[0], mask.shape[-2], mask.shape[-1]]).astype(bool)
+    rows = np.arange(keep.shape[-1])
+    ends = rows[None, :] + np.tril(keep).sum(axis=1)  # column j is seen by rows j .. end_j - 1
+    rebuilt = (rows[None, None, :] <= rows[None, :, None]) & (rows[None, :, None] < ends[:, None, :])
+    if not np.array_equal(rebuilt, keep):
+        raise ValueError(f"{option}: the batch's attention_mask is not block-diagonal causal (one causal block per "
+                         f"packed document); only that mask, or attn_mask_startend_row_indices, travels with the "
+                         f"sequence here")
+    return ends
+
+
+def _check_positions(positions: np.ndarray, ends: np.ndarray, option: str) -> None:
+    """Positions must count up by one inside every document: sep and cp attend with the whole sequence's
+    positions, which give the same scores exactly then (rope sees positions only as differences, and the
+    document mask keeps every pair inside one document)."""
+    same_document = ends[:, 1:] == ends[:, :-1]
+    if np.any((np.diff(positions, axis=1) != 1) & same_document):
+        raise ValueError(f"{option}: position_ids must count up by one inside every packed document (restarting "
+                         f"at each document is fine); other positions are not supported here")
+
+
+def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) -> Dict[str, Any]:
+    """A micro-batch made ready for the cut: a block-diagonal ``attention_mask`` becomes the document ends
+    (:data:`DOCUMENT_ENDS`, ``[B, S]``) and ``position_ids`` are checked against the documents
+    (:func:`_check_positions`). A batch without these keys comes back unchanged (no host read); a packed one is read
+    on the host once per micro-batch (the mask or ends and the positions: a device copy on a GPU). Refused by name:
+    a ``[batch, seq]`` padding mask, a mask that is not per-document causal, and packed rows under context
+    parallel on a CUDA device (PaddleNLP's ``RingFlashAttention`` takes no mask)."""
+    mask, ends, positions = (inputs.get(key) for key in ("attention_mask", DOCUMENT_ENDS, "position_ids"))
+    if mask is None and ends is None and positions is None:
+        return inputs
+    out = dict(inputs)
+    out.pop("attention_mask", None)  # the ends carry it (PaddleNLP's Llama uses the ends when both are given)
+    if mask is not None and ends is None:
+        if mask.ndim == 2:
+            raise ValueError(f"{option}: the batch has a [batch, seq] attention_mask (padding); pad on the right and "
+                             f"drop it (causal attention never lets a token see the padding after it), or pack "
+                             f"documents with attn_mask_startend_row_indices")
+        ends = paddle.to_tensor(_block_mask_ends(np.asarray(mask.numpy()), option))
+    if ends is not None:
+        if option.startswith("context") and on_cuda:
+            raise ValueError(f"{option}: packed rows need the document mask inside ring attention, which PaddleNLP's "
+                             f"RingFlashAttention does not take; use sep_parallel_degree for packed data on GPU")
+        out[DOCUMENT_ENDS] = ends.reshape([ends.shape[0], -1]).astype("int32")
+    if positions is not None:
+        host_ends = out[DOCUMENT_ENDS].numpy() if ends is not None else np.zeros(positions.shape, "int64")
+        _check_positions(np.asarray(positions.numpy()), host_ends, option)
+    return out
 
 
 def cut_batch(inputs: Dict[str, Any], *, option: str, degree: int, pieces: int,
               cut: Callable[[paddle.Tensor], paddle.Tensor]) -> Dict[str, Any]:
-    """Every ``[batch, seq]`` tensor of ``inputs`` through ``cut`` (this rank's part of the sequence); other values
-    unchanged. One-line ``ValueError`` naming ``option`` for a key of :data:`IGNORED_KEYS`, a tensor that is not
-    2-D, or a sequence length ``pieces`` does not divide."""
+    """Every ``[batch, seq]`` tensor of ``inputs`` through ``cut`` (this rank's part of the sequence); the document
+    ends (:data:`DOCUMENT_ENDS`, made by :func:`documents_of_batch`) stay whole. Other values unchanged. One-line
+    ``ValueError`` naming ``option`` for a tensor that is not 2-D or a sequence length ``pieces`` does not
+    divide."""
     out = {}
-    for key, value in inputs.items():
-        if key in IGNORED_KEYS and value is not None:
-            raise ValueError(f"{option}={degree}: the batch has {key!r}, which PaddleNLP's Llama ignores or refuses "
-                             f"here (causal mask and positions 0..seq-1 only); drop that column (packed or padded "
-                             f"sequences are not supported under {option})")
-        if value is None or not isinstance(value, paddle.Tensor):
+    for key, value in documents_of_batch(inputs, option=option, on_cuda=on_cuda_device()).items():
+        if value is None or not isinstance(value, paddle.Tensor) or key == DOCUMENT_ENDS:
             out[key] = value
             continue
         if value.ndim != 2:

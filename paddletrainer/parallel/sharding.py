@@ -23,10 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
-import io
-import textwrap
-import tokenize
 
 import paddle
 import paddle.distributed as dist
@@ -41,6 +37,7 @@ from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage3 import GroupShardedStage3
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
+from .. import paddle_contract
 from . import cpu as cpu_backend
 from . import lazy_init
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
@@ -187,6 +184,33 @@ class _BalancedStage2Optimizer(GroupShardedOptimizerStage2):
             self._comm_task = None
 
 
+# Set on a sliced parameter of _ReduceScatterStage3 whose padded size is its own size: backward's gradient tensor is
+# reduced as it is, with no zero-filled buffer to accumulate it into (see install_gradient_buffers_where_padded).
+_GRADIENT_IN_PLACE = "_paddletrainer_stage3_gradient_in_place"
+
+
+def _create_params_grad_where_padded(trainable_params, param2buffer_size, task_flow):
+    """Paddle's ``_create_params_grad`` for the parameters that need its buffer, the others left to backward.
+
+    Paddle gives every sliced parameter, before its backward, a zero-filled gradient buffer of the padded size
+    (a multiple of the group's), and backward adds the computed gradient into it: at that moment both are alive,
+    two full-size gradients of the layer (the embedding's and the head's are the peak of the step). A parameter of
+    :class:`_ReduceScatterStage3` marked ``_GRADIENT_IN_PLACE`` needs no padding, so it gets no buffer: backward's
+    gradient becomes ``param.grad`` as it is, and the hook reduce-scatters that tensor (the same values: 0 + g).
+    """
+    padded = [p for p in trainable_params if not getattr(p, _GRADIENT_IN_PLACE, False)]
+    return _create_params_grad_where_padded.__wrapped_paddle__(padded, param2buffer_size, task_flow)
+
+
+def install_gradient_buffers_where_padded() -> None:
+    """Put :func:`_create_params_grad_where_padded` in ``group_sharded_stage3`` (its ``ForwardPostHooks.backward``
+    looks the function up there at call time); a parameter not marked gets Paddle's buffer as before. Idempotent;
+    the source check reads Paddle's function through ``__wrapped_paddle__``."""
+    if group_sharded_stage3._create_params_grad is not _create_params_grad_where_padded:
+        _create_params_grad_where_padded.__wrapped_paddle__ = group_sharded_stage3._create_params_grad
+        group_sharded_stage3._create_params_grad = _create_params_grad_where_padded
+
+
 class _ReduceScatterStage3(GroupShardedStage3):
     """``GroupShardedStage3`` whose backward hooks reduce-scatter each sliced gradient instead of all-reducing it.
 
@@ -208,6 +232,11 @@ class _ReduceScatterStage3(GroupShardedStage3):
     def __init__(self, *args, **kwargs):
         check_paddle_stage3_sources()  # before Paddle's constructor allocates or communicates anything
         super().__init__(*args, **kwargs)
+        install_gradient_buffers_where_padded()
+        if not (self._offload or self.use_main_grad):
+            for param in self._layer.parameters():  # a slice of the group's size each: no padding to add
+                if self._param2buffer_size.get(param.name) == param._numel():
+                    setattr(param, _GRADIENT_IN_PLACE, True)
 
     @paddle.autograd.no_grad()
     def _sync_params_and_buffers(self):
@@ -239,20 +268,27 @@ class _ReduceScatterStage3(GroupShardedStage3):
         release_full_param = super()._get_allreduce_fn(param)
 
         @paddle.autograd.no_grad()
-        def reduce_scatter_then_release(*args):
+        def release_then_reduce_scatter(*args):
+            # The gradient is complete, and with it every use of the gathered parameter in this backward (its
+            # grad node computed the input's gradient too): Paddle's hook, finding no gradient left to reduce,
+            # frees the gathered parameter first, so it is not alive beside the gradient's reduction buffers.
             full_grad = self._task_flow.full_grad.pop(param.name, None)
+            if full_grad is None and getattr(param, _GRADIENT_IN_PLACE, False) and param.grad is not None:
+                full_grad = param.grad.reshape([-1])  # the backward's own gradient tensor, flat (a view)
+            release_full_param(*args)
             if full_grad is not None:
                 self._reduce_scatter_into_slice(param, full_grad)
-            release_full_param(*args)
 
-        return reduce_scatter_then_release
+        return release_then_reduce_scatter
 
     def _reduce_scatter_into_slice(self, param, full_grad):
         start, end = self._param2buffer[param.name][self._rank]
         full_grad.scale_(scale=self._world_size_scaling)  # SUM of the 1/N-scaled gradients, as Paddle's mean
         grad_slice = paddle.empty([end - start], dtype=full_grad.dtype)
-        # looked up at call time: the CPU backend replaces dist.reduce_scatter (cpu.reduce_scatter)
-        dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
+        if cpu_backend.is_installed():  # gloo's reduce-scatter is an all-reduce: in place on this scratch buffer
+            cpu_backend.reduce_scatter.reduce_scatter_into(grad_slice, full_grad, group=self._group, scratch_input=True)
+        else:
+            dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
         if self._dp_group is not None and self._dp_group.nranks > 1:
             grad_slice.scale_(scale=1.0 / self._dp_group.nranks)
             dist.all_reduce(grad_slice, group=self._dp_group)
@@ -272,117 +308,28 @@ class _ReduceScatterStage3(GroupShardedStage3):
             param.clear_gradient(False)
 
 
-# The Paddle functions whose behaviour _ReduceScatterStage3 reproduces or relies on, each with the sha256 of its
-# normalised source (see _normalised_source) in Paddle 3.3.1, and what to re-check in _ReduceScatterStage3 when a
-# Paddle version changes it. Any difference fails, even one that looks harmless: a step added to Paddle's hook
-# (a found_inf check, async communication, another scaling) would otherwise be skipped by ours without a word.
-_PADDLE_STAGE3_SOURCES = (
-    (GroupShardedStage3, "_get_allreduce_fn",
-     "ad900188d41b4fbce7f8ac8411e4c1155da71b94641535aaccf88120dd2c4a68",
-     "that every step of its gradient branch is in _reduce_scatter_into_slice (1/N scale, dp scale and all-reduce, "
-     "bw_storage accumulation with and without offload, main_grad/grad release) and that it still skips a "
-     "gradient no longer in task_flow.full_grad"),
-    (GroupShardedStage3, "_flatten_layer_params",
-     "7bca3ee7f3173b9c7a12d5f10934329053add20f16483960cbe6f8085f61ec74",
-     "that each sliced buffer is still padded to a multiple of the group size and _param2buffer still holds "
-     "equal per-rank slices (what makes the reduce-scatter legal)"),
-    (GroupShardedStage3, "_register_backward_hooks",
-     "0e7bf60c05aec4095d3a0d4d03b0bc93151fbd3214ac96ae67f7fa66b37e621f",
-     "that the backward hook of every sliced parameter is still built by self._get_allreduce_fn, once"),
-    (group_sharded_stage3, "_create_params_grad",
-     "549139a61f7eabf7f32bbf07f85e11b97c1d0f2b9248238aab739236d9e509e1",
-     "that full_grad still holds the padded gradient buffer, fp32 when the parameter has main_grad"),
-    (GroupShardedStage3, "_sync_params_and_buffers",
-     "e537fbb4a5f710df2b5d800bbfd9a3af149d3c70ea4dd99da8407980af4fdab4",
-     "that it still only broadcasts every parameter over the group, then dp (the lazy override skips the "
-     "sliced lazy ones)"),
-    (GroupShardedStage3, "_param_storage",
-     "474094b3aac2cd1abbdede5ba265ecb77c91500ff5fe73724c79d6f314fe788c",
-     "that for an fp32 parameter without offload it still only sets fw_storage ('slice@' name) to the rank's "
-     "range and status 'part', then clears the parameter (what the lazy override does)"),
-)
-
-
-_paddle_source = cpu_backend.paddle_checks.paddle_source  # the check's source getter (the tests replace it)
-
-
-def _normalised_source(source: str) -> str:
-    """``source`` as its tokens: comments, blank lines and spacing dropped, the block structure kept."""
-    layout = {tokenize.INDENT: "<indent>", tokenize.DEDENT: "<dedent>", tokenize.NEWLINE: "<newline>"}
-    tokens = tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline)
-    return " ".join(layout.get(t.type, t.string) for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL))
-
-
-def _source_problems(table) -> list:
-    """One line per function of ``table`` whose normalised source is not the recorded one."""
-    problems = []
-    for owner, name, expected, recheck in table:
-        label = f"{owner.__name__.rsplit('.', 1)[-1]}.{name}"
-        try:
-            func = getattr(owner, name)
-            func = func.fget if isinstance(func, property) else func
-            digest = hashlib.sha256(_normalised_source(_paddle_source(func)).encode()).hexdigest()
-        except (AttributeError, OSError, TypeError, tokenize.TokenError) as exc:
-            problems.append(f"{label} cannot be read ({type(exc).__name__}: {exc}); re-check {recheck}")
-            continue
-        if digest != expected:
-            problems.append(f"{label} differs from Paddle 3.3.1's (normalised-source sha256 {digest[:12]}, "
-                            f"expected {expected[:12]}); re-check {recheck}")
-    return problems
-
-
 @functools.lru_cache(maxsize=1)
 def check_paddle_stage3_sources() -> None:
-    """Raise ``RuntimeError`` unless the installed Paddle's stage-3 functions listed in ``_PADDLE_STAGE3_SOURCES``
-    are, token for token, those :class:`_ReduceScatterStage3` was written against (Paddle 3.3.1). Cached: the
-    installed Paddle does not change within a process (tests call ``cache_clear()``)."""
-    problems = _source_problems(_PADDLE_STAGE3_SOURCES)
+    """Raise ``RuntimeError`` unless the installed Paddle's stage-3 functions listed in
+    ``paddle_contract.STAGE3_SOURCES`` are, token for token, those :class:`_ReduceScatterStage3` was written
+    against. Cached: the installed Paddle does not change within a process (tests call ``cache_clear()``)."""
+    problems = paddle_contract.digest_problems(paddle_contract.STAGE3_SOURCES)
     if problems:
-        raise RuntimeError("paddletrainer's stage-3 gradient reduce-scatter (_ReduceScatterStage3 in "
-                           "paddletrainer/parallel/sharding.py) was written against other Paddle code: "
-                           + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE3_SOURCES.")
-
-
-# The Paddle stage-2 code _BalancedStage2Optimizer replaces or relies on, as _PADDLE_STAGE3_SOURCES.
-_PADDLE_STAGE2_SOURCES = (
-    (GroupShardedOptimizerStage2, "_segment_params",
-     "66a74117f9945de05b941c078d7577257bd5bbbc6cf748ae08f945b5fa5bb953",
-     "that it still only assigns whole parameters to ranks (one list per rank, each parameter once), cached in "
-     "self.__segment_params, and balanced_partition still does what it does"),
-    (GroupShardedOptimizerStage2, "param2rank",
-     "b1af2971712324b042b4fbddd42f2b048d8ce858fb3dc5e27da981c1a67368a3",
-     "that the owner of each parameter is still read from self._segment_params()"),
-    (GroupShardedOptimizerStage2, "dtype_rank_params",
-     "06385806b660da6cb36ef4891f3132974a6b722ea7b202ddf397052c128a8a2f",
-     "that the per-rank parameter lists are still built from param2rank"),
-    (GroupShardedOptimizerStage2, "_clear_cache",
-     "ec3b8c580f0e1917d07e33fed63166cd1e0b25e770ce73b74a4a123088897e1f",
-     "that it still empties self.__segment_params, the cache _BalancedStage2Optimizer._segment_params fills"),
-    (GroupShardedStage2, "_fresh_trainable",
-     "91f0e535e9097dfff006abb0239ee0e3206ba98aec481eb9131f44d59fa9d15d",
-     "that the gradient storages still take each parameter's rank from the optimizer's param2rank"),
-    (GroupShardedOptimizerStage2, "_update_task",
-     "d2954e9e969bdeb1cfb5f0c3a229efbcf0fd1ae2f73a3754e0d8311b910f3be4",
-     "that it still only keeps the last reduce task in self._comm_task (which _update_task drops without overlap)"),
-    (GroupShardedStage2, "_get_reduce_fn",
-     "eabc28c91f9964b6ee2394ba2ba56f6b4a151a4758d75d97a98616ab4f586146",
-     "that every reduce is still synchronous unless self._reduce_overlap and its task goes to _update_task"),
-    (GroupShardedStage2, "_redefine_opt_step",
-     "f5d96d64ff903080af1466a1c1adb49cd9d646ec421fc2a7f6cb9a99e323aff0",
-     "that the step still reads _comm_task only under reduce_overlap (without it _update_task keeps none)"),
-)
+        raise RuntimeError("paddletrainer's stage-3 gradient reduce-scatter (_ReduceScatterStage3) was written "
+                           "against other Paddle code: " + "; ".join(problems)
+                           + ". Then update the digest in paddle_contract.STAGE3_SOURCES.")
 
 
 @functools.lru_cache(maxsize=1)
 def check_paddle_stage2_sources() -> None:
-    """Raise ``RuntimeError`` unless the installed Paddle's stage-2 functions listed in ``_PADDLE_STAGE2_SOURCES``
-    are, token for token, those :class:`_BalancedStage2Optimizer` was written against (Paddle 3.3.1). Cached
-    (tests call ``cache_clear()``)."""
-    problems = _source_problems(_PADDLE_STAGE2_SOURCES)
+    """Raise ``RuntimeError`` unless the installed Paddle's stage-2 functions listed in
+    ``paddle_contract.STAGE2_SOURCES`` are, token for token, those :class:`_BalancedStage2Optimizer` was written
+    against. Cached (tests call ``cache_clear()``)."""
+    problems = paddle_contract.digest_problems(paddle_contract.STAGE2_SOURCES)
     if problems:
-        raise RuntimeError("paddletrainer's balanced stage-2 partition (_BalancedStage2Optimizer in "
-                           "paddletrainer/parallel/sharding.py) was written against other Paddle code: "
-                           + "; ".join(problems) + ". Then update the digest in _PADDLE_STAGE2_SOURCES.")
+        raise RuntimeError("paddletrainer's balanced stage-2 partition (_BalancedStage2Optimizer) was written "
+                           "against other Paddle code: " + "; ".join(problems)
+                           + ". Then update the digest in paddle_contract.STAGE2_SOURCES.")
 
 
 def _v2_of(optimizer):

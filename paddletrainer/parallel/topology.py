@@ -18,12 +18,15 @@ Per-axis facts (fleet's names, the group getters) come from :data:`~.layout.AXES
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from typing import Any, Mapping, Optional
 
 import paddle.distributed as dist
 from paddle.distributed import fleet
 
-from ..runtime.device import has_accelerator
+from .. import paddle_contract
+from ..device import has_accelerator
 from . import cpu as cpu_backend
 from .config import ParallelConfig, expect_config
 from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
@@ -45,6 +48,7 @@ __all__ = [
 ]
 
 _TOPOLOGY = None
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +68,7 @@ class Topology:
     coords: Mapping[str, int] = dataclasses.field(default_factory=dict, hash=False)  # axis → this rank's coordinate
     hcg: Any = dataclasses.field(default=None, repr=False, compare=False)
     groups: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    build_seconds: float = dataclasses.field(default=0.0, repr=False, compare=False)  # init_topology's wall time
 
     def __post_init__(self):
         if not self.coords:  # default: where fleet places ``rank``
@@ -232,9 +237,21 @@ def check_cpu_options(config: ParallelConfig) -> None:
 
 
 def needs_cpu_backend() -> bool:
-    """True on a CPU-only Paddle build (:func:`paddletrainer.runtime.device.has_accelerator`): the gloo fills of
+    """True on a CPU-only Paddle build (:func:`paddletrainer.device.has_accelerator`): the gloo fills of
     :mod:`paddletrainer.parallel.cpu` apply."""
     return not has_accelerator()
+
+
+def _check_paddle_contract(on_cpu: bool) -> None:
+    """``paddle_contract.check()`` before the first process group: every broken fact ends a CPU-only build's run
+    (its fills patch Paddle); an accelerator build, which installs none of the CPU fills, logs them (the stage-2/3
+    digests and the accessors still refuse there, at construction and on use)."""
+    problems = paddle_contract.check()
+    if problems and on_cpu:
+        raise RuntimeError("paddletrainer no longer matches this Paddle/PaddleNLP (each line names the file to "
+                           "edit):\n  - " + "\n  - ".join(problems))
+    for problem in problems:
+        logger.warning("paddle contract: %s", problem)
 
 
 def _build_topology(config: ParallelConfig) -> Topology:
@@ -249,6 +266,7 @@ def _build_topology(config: ParallelConfig) -> Topology:
 
     on_cpu = needs_cpu_backend()
     config.check_device(on_cpu)
+    _check_paddle_contract(on_cpu)
     if on_cpu:
         cpu_backend.install()
 
@@ -338,7 +356,9 @@ def init_topology(config: ParallelConfig) -> Topology:
         if (_TOPOLOGY.layout, _TOPOLOGY.layout.topo_order) != (config.layout, config.layout.topo_order):
             raise RuntimeError(f"init_topology already ran with {_TOPOLOGY.layout}; got {config.layout}")
         return _TOPOLOGY
-    _TOPOLOGY = _build_topology(config)
-    if _TOPOLOGY.layout.world_size > 1:
-        prime_launcher_store(_TOPOLOGY.rank)  # rank 0 hosts the launcher's store: see tcp_store
+    began = time.time()
+    topology = _build_topology(config)
+    if topology.layout.world_size > 1:
+        prime_launcher_store(topology.rank)  # rank 0 hosts the launcher's store: see tcp_store
+    _TOPOLOGY = dataclasses.replace(topology, build_seconds=time.time() - began)  # the Trainer's startup report
     return _TOPOLOGY

@@ -1,5 +1,7 @@
-"""What Paddle's parallel wrappers hide: the user's model and the Paddle optimizer inside them (pure, no paddle
-import). The one place that knows which attribute each wrapper keeps the wrapped object in."""
+"""What Paddle's parallel wrappers hide: the user's model and the Paddle optimizer inside them. The one place that
+knows which attribute each wrapper keeps the wrapped object in (the model's through ``paddle_contract``)."""
+
+from ..paddle_contract import wrapped_layer
 
 __all__ = ["unwrap_model", "unwrap_optimizer", "optimizer_layers"]
 
@@ -16,7 +18,7 @@ def unwrap_model(model):
     seen = set()
     while model is not None and id(model) not in seen:
         seen.add(id(model))
-        inner = getattr(model, "_layers", None) or getattr(model, "_layer", None)
+        inner = wrapped_layer(model)
         if inner is None:
             break
         model = inner

@@ -1,10 +1,10 @@
-"""What keeps a run alive, reproducible and on the right device.
+"""What keeps a run alive and reproducible.
 
 * :mod:`.signals` (graceful SIGTERM/SIGINT stop), :mod:`.watchdog` (collective hang watchdog) and
   :mod:`.callback` (the Trainer callback that drives both);
 * :mod:`.rollback` (``nan_inf_policy=rollback``) and :mod:`.replica_check` (replicas stay bit-identical);
-* :mod:`.device` (which build and device this is), :mod:`.seeding` (``set_seed``) and
-  :mod:`.paddle_requirement` (the Paddle install check ``import paddletrainer`` arms).
+* :mod:`.seeding` (``set_seed``) and :mod:`.paddle_requirement` (the Paddle install check ``import paddletrainer``
+  arms). Which build and device this is lives below ``parallel/``, in :mod:`paddletrainer.device`.
 
 The names below resolve on first use (a literal table): ``import paddletrainer`` imports
 ``runtime.paddle_requirement`` before Paddle may be imported at all, so this package must not import its

@@ -83,10 +83,30 @@ def trainer_reference(tmp_path_factory, llama_weights):
 
 
 @pytest.fixture(scope="session")
-def finetune_reference(tmp_path_factory, llama_weights):
-    """The fine-tuning phase (``trainer_worker.finetune_phases``) of one process holding the whole global batch (8
-    documents) in one micro-batch, with its eval documents' token mean computed without the Trainer."""
+def one_micro_batch_reference(tmp_path_factory, llama_weights):
+    """One process holding the whole global batch in one micro-batch: the fine-tuning phase
+    (``trainer_worker.finetune_phases``, with its eval documents' token mean computed without the Trainer) and the
+    packed-row phases (``packed_phases``)."""
     work = tmp_path_factory.mktemp("finetune_single")
     run_single(PHASES, phase_args("llama", work / "out", work / "res", llama_weights, per_device_train_batch_size=8,
-                                  gradient_accumulation_steps=1, finetune="own", finetune_only=True, direct_eval=True))
-    return read_results(work / "res", 1)[0]["finetune"]
+                                  gradient_accumulation_steps=1, finetune="own", finetune_only=True, direct_eval=True,
+                                  packed=True))
+    return read_results(work / "res", 1)[0]
+
+
+@pytest.fixture(scope="session")
+def finetune_reference(one_micro_batch_reference):
+    """The fine-tuning phase of :func:`one_micro_batch_reference`."""
+    return one_micro_batch_reference["finetune"]
+
+
+@pytest.fixture(scope="session")
+def packed_reference(one_micro_batch_reference):
+    """The packed-row phases of :func:`one_micro_batch_reference`; the two formats train alike."""
+    ref = {name: phase for name, phase in one_micro_batch_reference.items() if name.startswith("packed_")}
+    startend, block = ref["packed_startend"], ref["packed_attention_mask"]
+    for key in ("losses", "grad_norms"):
+        assert startend[key] == pytest.approx(block[key], rel=1e-5), key
+    assert startend["eval_loss"] == pytest.approx(block["eval_loss"], rel=1e-5)
+    assert len(startend["trained_tokens_per_second"]) == 3
+    return ref

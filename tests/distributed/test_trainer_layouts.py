@@ -6,6 +6,7 @@ several claims are checked from its outputs.
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import pytest
@@ -14,6 +15,8 @@ from launcher import launch, read_results, run_single
 from trainer_phases import assert_finetune
 
 WORKER = "trainer_worker.py"
+STARTUP_KEYS = {f"startup/{phase}" for phase in
+                ("import", "topology", "model", "optimizer", "wrap", "first_batch", "first_step", "other", "total")}
 RTOL = 1e-5
 
 
@@ -54,7 +57,7 @@ def single_mlp(tmp_path_factory):
 def test_trainer_dp2_losses_grad_norms_and_eval_match_single_process_and_visualdl_logs_them(tmp_path, single_mlp):
     _, ref = single_mlp
     launch(WORKER, 2, trainer_args(tmp_path / "out", tmp_path / "res", per_device_train_batch_size=4,
-                                   logging_dir=tmp_path / "vdl"), tmp_path)
+                                   logging_dir=tmp_path / "vdl", metrics_output_path=tmp_path / "json"), tmp_path)
     ranks = read_results(tmp_path / "res", 2)
     for r in ranks:
         assert_close_lists(r["losses"], ref["losses"], what="loss")
@@ -62,6 +65,12 @@ def test_trainer_dp2_losses_grad_norms_and_eval_match_single_process_and_visuald
         assert r["eval_loss"] == pytest.approx(ref["eval_loss"], rel=RTOL)
     # one VisualDL writer for the whole run, and it holds the global-mean loss (float32 precision)
     assert_close_lists(visualdl_scalars(tmp_path / "vdl", "train/loss"), ranks[0]["losses"], rtol=1e-6, what="vdl loss")
+    assert len(visualdl_scalars(tmp_path / "vdl", "startup/total")) == 1
+    for rank in range(2):  # every rank reports its start once, with every phase, before its first log
+        rows = [json.loads(line) for line in (tmp_path / "json" / f"metrics_rank{rank}.json").read_text().splitlines()]
+        (startup,) = [row for row in rows if "startup/total" in row]
+        assert STARTUP_KEYS <= set(startup) and rows.index(startup) < [("train/loss" in r) for r in rows].index(True)
+        assert startup["startup/topology"] > 0 and startup["startup/first_step"] > 0
 
 
 def test_trainer_gradient_accumulation2_with_dp2_matches_single_process(tmp_path, single_mlp):

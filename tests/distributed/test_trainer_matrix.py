@@ -12,7 +12,11 @@ One launch per layout (``workers/trainer_phases_worker.py``) checks all of it on
   trained-token counts; ``--finetune``, on the rows that name it and every full-matrix Llama row): every logged
   loss, grad norm and the eval loss equal one process holding the global batch in one micro-batch (1e-5): the
   loss is the mean over the global batch's trained tokens on every layout, and the reference's eval loss is the
-  token mean computed without the Trainer (1e-6).
+  token mean computed without the Trainer (1e-6);
+* packed rows (``--packed``: several documents per 16-token row, PaddleNLP's zero-padding formats, FlashMask's
+  document ends and the block-diagonal mask; on dp2, tp2·SP, the tp2 launch of the interleaved test, sep2, cp2
+  and the full matrix's pp2): every logged loss, grad norm and the eval loss equal one process (1e-5) — the
+  document mask travels whole under sep and cp, the Pipe stages carry it under pp.
 
 The interleaved pipeline (``virtual_pp_degree``) has its own CI test at the end: pp2·vpp2 as above, then its
 checkpoint resumed under tp2 and in one process.
@@ -30,16 +34,17 @@ import pytest
 
 from launcher import launch, read_results, run_single
 from paddletrainer.checkpoint import read_index
-from trainer_phases import (GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_finetune, assert_predictions, close,
-                            phase_args)
+from trainer_phases import (GA, GLOBAL_BATCH, RTOL, WORKER, assert_curve, assert_finetune, assert_packed,
+                            assert_predictions, close, phase_args)
 
 FULL = os.environ.get("PT_FULL_MATRIX") == "1"
 
 
 def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=False, sep=1, cp=1, finetune=None,
-           **extra):
+           packed=False, **extra):
     """Global batch 8 on every layout; ``mlp``: also the plain regression net (needs no tp/pp layers);
-    ``finetune``: the Llama's ``--finetune`` phases (default: the full matrix's rows, not CI's)."""
+    ``finetune``: the Llama's ``--finetune`` phases (default: the full matrix's rows, not CI's); ``packed``: its
+    ``--packed`` phases (packed rows, both mask formats)."""
     data_world = dp * sharding
     options = dict(per_device_train_batch_size=GLOBAL_BATCH // (ga * data_world), gradient_accumulation_steps=ga)
     if sharding > 1:
@@ -56,6 +61,8 @@ def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=Fal
     full_only = [pytest.mark.full_matrix] + ([pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")] if not FULL else [])
     finetune = finetune if finetune is not None else ("" if ci else "own")
     llama_options = dict(options, finetune=finetune) if finetune else options
+    if packed:
+        llama_options = dict(llama_options, packed=True)
     params = [pytest.param("llama", name, dp * sharding * tp * pp * sep * cp, llama_options, id=f"llama-{name}",
                            marks=[] if ci else full_only)]
     if mlp:  # the plain paddle.nn.Layer: full matrix only (CI keeps its launches for the Llama)
@@ -64,7 +71,8 @@ def layout(name, dp=1, sharding=1, stage=0, tp=1, pp=1, ga=GA, ci=False, mlp=Fal
 
 
 LAYOUTS = [
-    *layout("dp2", dp=2, ci=True, mlp=True, stream=True, uninterrupted=True, finetune="own,1"),  # dp2×GA2 and dp2
+    # dp2×GA2 and dp2 on fine-tuning documents; packed rows
+    *layout("dp2", dp=2, ci=True, mlp=True, stream=True, uninterrupted=True, finetune="own,1", packed=True),
     *layout("dp4", dp=4, mlp=True),
     *layout("s1x2", sharding=2, stage=1, mlp=True),
     *layout("s2x2", sharding=2, stage=2, mlp=True),
@@ -73,7 +81,7 @@ LAYOUTS = [
     *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True, sharding_stage3_segment_size=1000, uninterrupted=True),
     *layout("s2x2_dp2", dp=2, sharding=2, stage=2, mlp=True),
     *layout("tp2", tp=2),
-    *layout("pp2", pp=2),
+    *layout("pp2", pp=2, packed=True),
     *layout("pp4", pp=4, ga=4),  # the pipeline needs a micro-batch per stage
     *layout("tp2_pp2", tp=2, pp=2, ci=True, finetune="own"),
     *layout("dp2_tp2", dp=2, tp=2),
@@ -87,7 +95,7 @@ LAYOUTS = [
             sharding_parallel_config="split_param"),
     # sequence parallel inside tp (CPU: parallel/cpu/reduce_scatter.py); the 8-process one fuses the
     # allreduce of the replicated (norm) gradients
-    *layout("tp2_sp", tp=2, ci=True, sequence_parallel=True),
+    *layout("tp2_sp", tp=2, ci=True, sequence_parallel=True, packed=True),
     *layout("dp2_tp2_sp_pp2", dp=2, tp=2, pp=2, ci=True, sequence_parallel=True,
             fuse_sequence_parallel_allreduce=True),
     # interleaved pipeline: GA >= 2·pp runs Paddle's interleaved 1F1B, GA = pp its all-forward-then-backward
@@ -141,6 +149,7 @@ def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
 ):
     ref, foreign = trainer_reference(model)
     finetune_ref = request.getfixturevalue("finetune_reference") if options.get("finetune") else None
+    packed_ref = request.getfixturevalue("packed_reference") if options.get("packed") else None
     launch(WORKER, nproc, phase_args(model, tmp_path / "out", tmp_path / "res", llama_weights,
                                      foreign_checkpoint=foreign, **options), tmp_path, timeout=420)
     for r in read_results(tmp_path / "res", nproc):
@@ -148,6 +157,8 @@ def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
         assert_layout_claims(r, ref, at)
         if finetune_ref is not None:
             assert_finetune(r, finetune_ref, at)
+        if packed_ref is not None:
+            assert_packed(r, packed_ref, at)
         # the sequence-parallel layers are really in the model (norm weights marked for the tp allreduce)
         assert (r["sequence_parallel_params"] > 0) == bool(options.get("sequence_parallel")), at
         if model == "llama" and options.get("sharding_stage3_segment_size"):
@@ -167,7 +178,7 @@ def test_trainer_layout_trains_evaluates_predicts_and_resumes_like_one_process(
 
 
 def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes_under_tp2_and_one_process(
-    tmp_path, trainer_reference, finetune_reference, llama_weights
+    tmp_path, trainer_reference, finetune_reference, packed_reference, llama_weights
 ):
     """pp2·vpp2 (4 chunks of one decoder layer; stage 0 holds layers 0 and 2): the layout's claims as above,
     then its step-3 checkpoint continues the one-process curve under tp2 and in one process."""
@@ -184,14 +195,15 @@ def test_interleaved_pipeline_trains_like_one_process_and_its_checkpoint_resumes
 
     resume = dict(foreign_checkpoint=saved)
     launch(WORKER, 2, phase_args("llama", tmp_path / "tp2", tmp_path / "tp2_res", llama_weights,
-                                 per_device_train_batch_size=4, tensor_parallel_degree=2, finetune="own", **resume),
-           tmp_path / "tp2_launch", timeout=420)
+                                 per_device_train_batch_size=4, tensor_parallel_degree=2, finetune="own", packed=True,
+                                 **resume), tmp_path / "tp2_launch", timeout=420)
     run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
                                   per_device_train_batch_size=4, **resume))
     for r in read_results(tmp_path / "tp2_res", 2) + read_results(tmp_path / "one_res", 1):
         assert_curve(r["foreign"], ref["uninterrupted"], 6, f"pp2_vpp2 checkpoint resumed by rank {r['rank']}")
     for r in read_results(tmp_path / "tp2_res", 2):
         assert_finetune(r, finetune_reference, f"tp2 rank {r['rank']}")
+        assert_packed(r, packed_reference, f"tp2 rank {r['rank']}")
 
 
 def test_split_param_trains_like_one_process_and_its_checkpoint_resumes_under_stage3_and_one_process(
@@ -220,7 +232,7 @@ def test_split_param_trains_like_one_process_and_its_checkpoint_resumes_under_st
 
 
 def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_and_under_tp2_pp2_and_back(
-    tmp_path, trainer_reference, finetune_reference, llama_weights
+    tmp_path, trainer_reference, finetune_reference, packed_reference, llama_weights
 ):
     """Sequence-segment parallel ×2 (Ulysses): the layout's claims as above — both sep ranks read the same 4
     samples per micro-batch and keep half of every sequence; the logged loss is the whole sequences' mean and the
@@ -231,11 +243,13 @@ def test_sep_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_a
     ref, foreign = trainer_reference("llama")
     sep = dict(per_device_train_batch_size=4, sep_parallel_degree=2)
     launch(WORKER, 2, phase_args("llama", tmp_path / "sep", tmp_path / "sep_res", llama_weights,
-                                 foreign_checkpoint=foreign, finetune="own", **sep), tmp_path / "sep_launch", timeout=420)
+                                 foreign_checkpoint=foreign, finetune="own", packed=True, **sep),
+           tmp_path / "sep_launch", timeout=420)
     saved = tmp_path / "sep" / "short" / "checkpoint-3"
     for r in read_results(tmp_path / "sep_res", 2):
         assert_layout_claims(r, ref, f"sep2 rank {r['rank']}")
         assert_finetune(r, finetune_reference, f"sep2 rank {r['rank']}")
+        assert_packed(r, packed_reference, f"sep2 rank {r['rank']}")  # the document mask travels whole
     one_writer_per_piece(read_index(str(saved)), read_index(str(foreign)))
 
     run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,
@@ -277,7 +291,7 @@ def one_writer_per_piece(index, one_process_index, axis="sep"):
 
 
 def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_and_under_tp2_pp2_and_back(
-    tmp_path, trainer_reference, finetune_reference, llama_weights
+    tmp_path, trainer_reference, finetune_reference, packed_reference, llama_weights
 ):
     """Ring context parallel ×2: the layout's claims as above — both cp ranks read the same 4 samples per
     micro-batch and keep the head/tail chunks (0, 3) and (1, 2) of every sequence; the logged loss is the whole
@@ -288,11 +302,13 @@ def test_cp_trains_like_one_process_and_its_checkpoint_resumes_in_one_process_an
     ref, foreign = trainer_reference("llama")
     cp = dict(per_device_train_batch_size=4, context_parallel_degree=2)
     launch(WORKER, 2, phase_args("llama", tmp_path / "cp", tmp_path / "cp_res", llama_weights,
-                                 foreign_checkpoint=foreign, finetune="own", **cp), tmp_path / "cp_launch", timeout=420)
+                                 foreign_checkpoint=foreign, finetune="own", packed=True, **cp),
+           tmp_path / "cp_launch", timeout=420)
     saved = tmp_path / "cp" / "short" / "checkpoint-3"
     for r in read_results(tmp_path / "cp_res", 2):
         assert_layout_claims(r, ref, f"cp2 rank {r['rank']}")
         assert_finetune(r, finetune_reference, f"cp2 rank {r['rank']}")
+        assert_packed(r, packed_reference, f"cp2 rank {r['rank']}")  # the document mask travels whole
     one_writer_per_piece(read_index(str(saved)), read_index(str(foreign)), "cp")
 
     run_single(WORKER, phase_args("llama", tmp_path / "one", tmp_path / "one_res", llama_weights,

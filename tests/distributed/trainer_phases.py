@@ -50,3 +50,14 @@ def assert_finetune(result, reference, what):
     for name in phases:
         assert_curve(dict(result[name], global_step=3, max_steps=3), reference, 3, f"{what} {name}")
         assert result[name]["eval_loss"] == pytest.approx(reference["eval_loss"], rel=RTOL), f"{what} {name} eval loss"
+
+
+def assert_packed(result, reference, what):
+    """Both packed-row phases of one rank (``packed_startend``, ``packed_attention_mask``) against one process: each
+    logged loss and grad norm, and the eval loss (1e-5)."""
+    phases = [name for name in reference if name.startswith("packed_")]
+    assert len(phases) == 2, f"the reference ran {phases}"
+    for name in phases:
+        assert name in result, f"{what}: no {name} phase ran"
+        assert_curve(dict(result[name], global_step=3, max_steps=3), reference[name], 3, f"{what} {name}")
+        assert result[name]["eval_loss"] == pytest.approx(reference[name]["eval_loss"], rel=RTOL), f"{what} {name}"

@@ -74,13 +74,13 @@ def test_the_cut_keeps_chunks_r_and_2cp_minus_1_minus_r_and_the_gather_restores_
 
 
 @pytest.mark.parametrize("batch,message", [
-    ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 16))}, "'attention_mask'"),
-    ({"input_ids": np.zeros((2, 16)), "position_ids": np.zeros((2, 16))}, "'position_ids'"),
-    ({"input_ids": np.zeros((2, 16)), "attn_mask_startend_row_indices": np.zeros((2, 16))}, "packed"),
+    ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 16))}, "attention_mask \\(padding\\)"),
+    ({"input_ids": np.zeros((2, 16)), "position_ids": np.zeros((2, 16))}, "position_ids must count up by one"),
+    ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 1, 16, 16))}, "not block-diagonal causal"),
     ({"input_ids": np.zeros((2, 12))}, "context_parallel_degree=4: the sequence length 12 of batch key .input_ids. does not divide into 8 pieces"),
     ({"input_ids": np.zeros((2, 16, 3))}, "must be \\[batch, sequence\\]"),
 ])
-def test_inputs_llama_ignores_under_cp_and_uneven_sequences_are_refused(batch, message):
+def test_padding_masks_inconsistent_positions_and_uneven_sequences_are_refused_under_cp(batch, message):
     batch = {k: paddle.to_tensor(v) for k, v in batch.items()}
     with pytest.raises(ValueError, match=message):
         shard_context(batch, 4, 0)

@@ -6,8 +6,8 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.runtime import device
-from paddletrainer.runtime.device import has_accelerator, resolve_device
+from paddletrainer import device
+from paddletrainer.device import has_accelerator, resolve_device
 from toy_models import RegressionModel, regression_data
 
 pytestmark = pytest.mark.skipif(has_accelerator(), reason="needs a CPU-only Paddle build")

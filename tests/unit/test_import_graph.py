@@ -12,9 +12,10 @@ LAZY_ALLOWED = {
 }
 # What parallel/ must not import (a module or a package and everything under it): the arguments layer (PaddleNLP's
 # option tables and their checks in config/paddlenlp_options; the builders; the arguments) and the layers that use
-# parallel/ (the Trainer, checkpoint, metrics). parallel/ takes a ParallelConfig instead.
+# parallel/ (the Trainer, checkpoint, metrics, runtime: its rollback and replica check sit above parallel/, so the
+# device facts parallel/ needs live in paddletrainer/device.py). parallel/ takes a ParallelConfig instead.
 FORBIDDEN_FROM_PARALLEL = ("paddletrainer.config", "paddletrainer.training_args", "paddletrainer.trainer",
-                           "paddletrainer.checkpoint", "paddletrainer.metrics")
+                           "paddletrainer.checkpoint", "paddletrainer.metrics", "paddletrainer.runtime")
 # parallel/__init__.py imports its paddle modules with importlib on first attribute access (PEP 562): edges the
 # import statements do not show, read from its tables and allowed as function-level imports
 LAZY_TABLES = ("_PADDLE_NAMES", "_SUBMODULES")

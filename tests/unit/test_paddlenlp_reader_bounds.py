@@ -147,3 +147,52 @@ def test_the_control_a_base_model_s_sharded_weights_are_read(tmp_path):
     base = write_unified(tmp_path / "base")
     got = read_base_weights(base)
     assert sorted(got) == sorted(WEIGHTS) and all(np.array_equal(got[k], WEIGHTS[k]) for k in WEIGHTS)
+
+
+def _mutants(data: bytes, seed: int, count: int):
+    """``data`` cut at every 7th offset, then ``count`` copies with 1-4 bytes set to random values (seeded)."""
+    rng = np.random.RandomState(seed)
+    yield from (data[:n] for n in range(0, len(data), 7))
+    for _ in range(count):
+        mutant = bytearray(data)
+        for pos in rng.randint(0, len(data), size=rng.randint(1, 5)):
+            mutant[pos] = rng.randint(0, 256)
+        yield bytes(mutant)
+
+
+def _outcomes(tmp_path, name, data, seed, load):
+    """What ``load`` did with each mutant of file ``name``: {"loaded" | "CheckpointError" | other exception}."""
+    seen = {}
+    for i, mutant in enumerate(_mutants(data, seed, 300)):
+        with open(tmp_path / name, "wb") as f:
+            f.write(mutant)
+        try:
+            with within(10):
+                load()
+            kind = "loaded"
+        except CheckpointError:
+            kind = "CheckpointError"
+        except BaseException as e:  # noqa: BLE001 - the fuzz's finding: anything but a CheckpointError
+            kind = f"{type(e).__name__}: {str(e)[:100]} (mutant {i})"
+        seen.setdefault(kind, 0)
+        seen[kind] += 1
+    return seen
+
+
+@pytest.mark.parametrize("name", [SHARD, "model.safetensors.index.json"])
+def test_fuzzed_unified_files_load_or_end_in_one_checkpoint_error(tmp_path, name):
+    ckpt = write_unified(tmp_path)
+    data = open(os.path.join(ckpt, name), "rb").read()
+    seen = _outcomes(tmp_path, name, data, 7, lambda: load_paddlenlp_unified_checkpoint(
+        ckpt, model=paddle.nn.Linear(2, 3), load_rng=False))
+    assert set(seen) <= {"loaded", "CheckpointError"} and seen.get("CheckpointError"), seen
+
+
+def test_fuzzed_pickles_load_or_end_in_one_checkpoint_error(tmp_path):
+    from paddletrainer.checkpoint.restricted_pickle import load_pickle
+
+    paddle.save({"weight": paddle.to_tensor(WEIGHTS["weight"]), "step": 3, "names": ["a", "b"]},
+                str(tmp_path / "state.pdparams"))
+    data = (tmp_path / "state.pdparams").read_bytes()
+    seen = _outcomes(tmp_path, "state.pdparams", data, 11, lambda: load_pickle(str(tmp_path / "state.pdparams")))
+    assert set(seen) <= {"loaded", "CheckpointError"} and seen.get("CheckpointError"), seen

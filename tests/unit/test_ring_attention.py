@@ -166,4 +166,4 @@ def test_ring_attention_takes_paddlenlps_ring_flash_attention_arguments_in_order
     theirs = list(inspect.signature(RingFlashAttention.forward).parameters)
     ours = list(inspect.signature(ra.RingAttention.forward).parameters)
     assert ours[:len(theirs)] == theirs  # Llama's call: apply(q, k, v, attn_mask=None, is_causal=True)
-    assert ours[len(theirs):] == ["rotation"]
+    assert ours[len(theirs):] == ["rotation", "startend_row_indices"]

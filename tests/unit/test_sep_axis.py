@@ -67,13 +67,13 @@ def test_the_cut_keeps_this_ranks_contiguous_segment_of_every_sequence():
 
 
 @pytest.mark.parametrize("batch,message", [
-    ({"input_ids": np.zeros((2, 12)), "attention_mask": np.ones((2, 12))}, "'attention_mask'"),
-    ({"input_ids": np.zeros((2, 12)), "position_ids": np.zeros((2, 12))}, "'position_ids'"),
-    ({"input_ids": np.zeros((2, 12)), "attn_mask_startend_row_indices": np.zeros((2, 12))}, "packed"),
+    ({"input_ids": np.zeros((2, 12)), "attention_mask": np.ones((2, 12))}, "attention_mask \\(padding\\)"),
+    ({"input_ids": np.zeros((2, 12)), "position_ids": np.zeros((2, 12))}, "position_ids must count up by one"),
+    ({"input_ids": np.zeros((2, 12)), "attention_mask": np.ones((2, 1, 12, 12))}, "not block-diagonal causal"),
     ({"input_ids": np.zeros((2, 10))}, "sep_parallel_degree=4: the sequence length 10 of batch key .input_ids. does not divide into 4 pieces"),
     ({"input_ids": np.zeros((2, 12, 3))}, "must be \\[batch, sequence\\]"),
 ])
-def test_inputs_llama_ignores_under_sep_and_uneven_sequences_are_refused(batch, message):
+def test_padding_masks_inconsistent_positions_and_uneven_sequences_are_refused_under_sep(batch, message):
     batch = {k: paddle.to_tensor(v) for k, v in batch.items()}
     with pytest.raises(ValueError, match=message):
         shard_sequence(batch, 4, 0)

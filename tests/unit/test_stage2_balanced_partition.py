@@ -8,6 +8,7 @@ import pytest
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import GroupShardedOptimizerStage2
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 
+from paddletrainer import paddle_contract
 from paddletrainer.parallel import sharding
 
 
@@ -147,7 +148,7 @@ def test_the_installed_paddle_passes_the_stage2_source_check(fresh_check):
                                          (GroupShardedStage2, "_get_reduce_fn"),
                                          (GroupShardedStage2, "_redefine_opt_step")])
 def test_a_changed_paddle_stage2_function_fails_the_check_naming_it(monkeypatch, fresh_check, owner, name):
-    original = sharding._paddle_source
+    original = paddle_contract._paddle_source
     changed = getattr(owner, name)
     changed = changed.fget if isinstance(changed, property) else changed
 
@@ -158,13 +159,13 @@ def test_a_changed_paddle_stage2_function_fails_the_check_naming_it(monkeypatch,
             text += " " * (len(last) - len(last.lstrip())) + "sizes = None\n"
         return text
 
-    monkeypatch.setattr(sharding, "_paddle_source", source)
+    monkeypatch.setattr(paddle_contract, "_paddle_source", source)
     with pytest.raises(RuntimeError, match=rf"_BalancedStage2Optimizer.*\.{name} differs from Paddle 3\.3\.1's"):
         sharding.check_paddle_stage2_sources()
 
 
 def test_stage2_construction_runs_the_check_before_paddles_constructor(monkeypatch, fresh_check):
-    monkeypatch.setattr(sharding, "_paddle_source", lambda _func: "def f():\n    return 1\n")
+    monkeypatch.setattr(paddle_contract, "_paddle_source", lambda _func: "def f():\n    return 1\n")
     monkeypatch.setattr(GroupShardedOptimizerStage2, "__init__", lambda *a, **k: pytest.fail("Paddle's constructor ran"))
     with pytest.raises(RuntimeError, match="_BalancedStage2Optimizer"):
         sharding._BalancedStage2Optimizer(params=[], optim=None)

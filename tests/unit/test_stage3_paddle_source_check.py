@@ -3,6 +3,7 @@ import paddle
 import pytest
 from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3
 
+from paddletrainer import paddle_contract
 from paddletrainer.parallel import sharding
 
 
@@ -18,7 +19,7 @@ def test_the_installed_paddle_passes_the_stage3_source_check():
 
 
 def _with_an_extra_step(monkeypatch, changed_function):
-    original = sharding._paddle_source
+    original = paddle_contract._paddle_source
 
     def source(func):
         text = original(func)
@@ -27,12 +28,13 @@ def _with_an_extra_step(monkeypatch, changed_function):
             text += " " * (len(last) - len(last.lstrip())) + "found_inf = None\n"
         return text
 
-    monkeypatch.setattr(sharding, "_paddle_source", source)
+    monkeypatch.setattr(paddle_contract, "_paddle_source", source)
 
 
 @pytest.mark.parametrize("owner, name", [(gs3.GroupShardedStage3, "_get_allreduce_fn"),
                                          (gs3.GroupShardedStage3, "_flatten_layer_params"),
                                          (gs3, "_create_params_grad"),
+                                         (gs3.ForwardPostHooks, "backward"),
                                          (gs3.GroupShardedStage3, "_sync_params_and_buffers"),
                                          (gs3.GroupShardedStage3, "_param_storage")])
 def test_a_step_added_to_a_reproduced_paddle_function_fails_the_check_naming_it(monkeypatch, owner, name):
@@ -42,13 +44,13 @@ def test_a_step_added_to_a_reproduced_paddle_function_fails_the_check_naming_it(
 
 
 def test_comments_and_spacing_in_paddles_source_do_not_fail_the_check(monkeypatch):
-    original = sharding._paddle_source
+    original = paddle_contract._paddle_source
 
     def reformatted(func):
         lines = original(func).splitlines()
         return "\n".join(f"{line}   # a comment" if line.strip().startswith("if ") else line for line in lines) + "\n\n"
 
-    monkeypatch.setattr(sharding, "_paddle_source", reformatted)
+    monkeypatch.setattr(paddle_contract, "_paddle_source", reformatted)
     sharding.check_paddle_stage3_sources()
 
 
@@ -62,7 +64,7 @@ def test_stage3_construction_runs_the_check_before_paddles_constructor(monkeypat
     def changed(_func):
         return "def f():\n    return 1\n"
 
-    monkeypatch.setattr(sharding, "_paddle_source", changed)
+    monkeypatch.setattr(paddle_contract, "_paddle_source", changed)
     monkeypatch.setattr(gs3.GroupShardedStage3, "__init__", lambda *a, **k: pytest.fail("Paddle's constructor ran"))
     with pytest.raises(RuntimeError, match="_ReduceScatterStage3"):
         sharding._ReduceScatterStage3(paddle.nn.Linear(2, 2))

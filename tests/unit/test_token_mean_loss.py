@@ -118,3 +118,39 @@ def test_micro_batch_weights_are_each_share_of_the_global_count_and_exactly_one_
     assert loss_items({"labels": labels}, ["labels"]) == 3
     assert int(loss_items({"labels": paddle.to_tensor(labels)}, ["labels"])) == 3
     assert loss_items({"input_ids": labels}, ["labels"]) == 2  # no labels: a loss per sample
+
+
+class MaskedRegression(paddle.nn.Layer):
+    """A loss averaged over a ``loss_mask``, not over labels: a user's model the default count does not know."""
+
+    def __init__(self):
+        super().__init__()
+        paddle.seed(5)
+        self.linear = paddle.nn.Linear(4, 1)
+
+    def forward(self, x, labels, loss_mask):
+        errors = (self.linear(x).squeeze(-1) - labels) ** 2
+        return (errors * loss_mask).sum() / loss_mask.sum()
+
+
+class CountsTheMask(Trainer):
+    def count_loss_items(self, inputs):
+        return inputs["loss_mask"].sum()
+
+
+def test_a_user_loss_over_a_mask_opts_in_by_overriding_count_loss_items(tmp_path):
+    rng = np.random.RandomState(0)
+    data = [{"x": rng.randn(6, 4).astype("float32"), "labels": rng.randn(6).astype("float32"),
+             "loss_mask": (np.arange(6) < rng.randint(1, 7)).astype("float32")} for _ in range(16)]
+
+    def losses(trainer_class, batch, accumulation):
+        args = TrainingArguments(output_dir=str(tmp_path / f"{trainer_class.__name__}{batch}"), max_steps=2,
+                                 per_device_train_batch_size=batch, gradient_accumulation_steps=accumulation,
+                                 learning_rate=0.1, logging_steps=1, save_steps=100, seed=1, report_to="none",
+                                 disable_tqdm=True)
+        trainer = trainer_class(model=MaskedRegression(), args=args, train_dataset=data)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    assert losses(CountsTheMask, 2, 4) == pytest.approx(losses(CountsTheMask, 8, 1), rel=1e-6)
+    assert losses(Trainer, 2, 4) != pytest.approx(losses(Trainer, 8, 1), rel=1e-4)  # counted as labels: per micro-batch

@@ -238,3 +238,20 @@ def test_a_batch_sampler_that_dies_in_the_loader_thread_ends_the_run_with_its_er
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "PYTHONPATH": REPO})
     assert proc.stdout.splitlines() == ["batch [2, 2]", "raised: laying out 10**11 samples"], proc.stderr[-2000:]
+
+
+CONFIG_STRINGS = ["sharding_parallel_config", "pipeline_parallel_config", "tensor_parallel_config",
+                  "data_parallel_config", "sequence_parallel_config", "unified_checkpoint_config"]
+
+
+@pytest.mark.parametrize("option", CONFIG_STRINGS)
+def test_bad_config_strings_are_one_short_usage_error_naming_the_option(capsys, tmp_path, option):
+    extra = ["--unified_checkpoint", "true"] if option == "unified_checkpoint_config" else []
+    for value in ('{"a": 1}', "enable_nothing", "x" * 1000000, " ".join(f"bad{i}" for i in range(10000)), "\x00"):
+        with pytest.raises(SystemExit) as info:
+            PdArgumentParser(TrainingArguments).parse_args_into_dataclasses(
+                ["--output_dir", str(tmp_path), f"--{option}", value, *extra], look_for_args_file=False)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and "Traceback" not in err
+        line = err.strip().splitlines()[-1]
+        assert f"error: argument --{option}: {option}: unknown option(s) " in line and len(line) < 1000, line[:300]

@@ -39,7 +39,7 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
-from ...runtime.device import has_accelerator
+from ...device import has_accelerator
 from .blocking import DoneTask, group_or_world
 from .paddle_checks import Assumption, broken_assumptions
 

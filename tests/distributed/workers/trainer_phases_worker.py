@@ -11,6 +11,8 @@ would on a rerun), in one process:
 5. ``stream`` (with ``--stream``): the data as ``paddle.io.IterableDataset`` streams, train/evaluate/predict.
 6. ``finetune``, ``finetune_ga<n>`` (with ``--finetune``): fine-tuning documents of different trained-token
    counts (``trainer_worker.finetune_phases``); ``--finetune_only`` runs just these (the one-micro-batch reference).
+7. ``packed_startend``, ``packed_attention_mask`` (with ``--packed``): packed rows in PaddleNLP's two zero-padding
+   formats (``packed_phases``); with ``--finetune_only`` too.
 
 ``node`` records the rank facts (``local_process_index``, ``should_log``, ``should_save``) and, with
 ``--node_files``, what the short phase's Trainer writes through them: ``log_metrics`` (printed where
@@ -35,6 +37,7 @@ import paddle  # noqa: E402
 
 from common import TrainerWorkerArguments, exit_cleanly, parse_worker_arguments, write_json  # noqa: E402
 from paddletrainer import Trainer  # noqa: E402
+from packed_phases import packed_phases  # noqa: E402
 from trainer_worker import build_model, finetune_phases, mlp_data, token_data  # noqa: E402
 
 EVAL_SIZE = 13
@@ -51,7 +54,8 @@ class PhaseArguments(TrainerWorkerArguments):
     stream: bool = field(default=False, metadata={"help": "also run on paddle.io.IterableDataset streams"})
     direct_eval: bool = field(default=False, metadata={"help": "one process: eval loss computed sample by sample"})
     node_files: bool = field(default=False, metadata={"help": "log_metrics/save_state/save_metrics as given and flipped"})
-    finetune_only: bool = field(default=False, metadata={"help": "run only the --finetune phases"})
+    finetune_only: bool = field(default=False, metadata={"help": "run only the --finetune (and --packed) phases"})
+    packed: bool = field(default=False, metadata={"help": "also train on packed rows, both mask formats"})
 
 
 class Stream(paddle.io.IterableDataset):
@@ -134,6 +138,9 @@ def main():
     train, evaluation, unlabelled = datasets(work)
     base, short_steps = args.output_dir, args.max_steps
     out, trainer = finetune_phases(work, args, os.path.join(base, "finetune"), direct_eval=work.direct_eval)
+    if work.packed:
+        packed, trainer = packed_phases(work, args, os.path.join(base, "packed"))
+        out.update(packed)
     if work.finetune_only:
         out["rank"] = paddle.distributed.get_rank()
         write_json(os.path.join(work.result_dir, f"rank{out['rank']}.json"), out)

@@ -139,8 +139,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
     Symbol(_STAGE3 + ".GroupShardedStage3", ("_sync_params_and_buffers", "_param_storage", "_get_allreduce_fn",
                                              "_offload", "_task_flow", "_param2buffer", "_dp_group",
                                              "_global_root_rank", "_world_size_scaling", "_device2cpu", "_group",
-                                             "_rank"), OVERRIDE,
+                                             "_rank", "_param2buffer_size"), OVERRIDE,
            _P + "parallel/sharding.py", DIGEST, EVERY),
+    Symbol(_STAGE3, ("_create_params_grad",), PATCH, _P + "parallel/sharding.py", DIGEST, EVERY),
+    Symbol(_STAGE3 + ".ForwardPostHooks", ("backward",), READ, _P + "parallel/sharding.py", DIGEST, EVERY),
     Symbol(_FLEET + "meta_parallel.sharding.group_sharded_stage2.GroupShardedStage2",
            ("_layer", "_grad_reduced", "_trainable_params", "_clear_counters"), WRITE, _P + "parallel/sharding.py",
            DIGEST, EVERY),
@@ -238,6 +240,10 @@ STAGE3_SOURCES = (
     (_GS3, "_register_backward_hooks",
      "0e7bf60c05aec4095d3a0d4d03b0bc93151fbd3214ac96ae67f7fa66b37e621f",
      "that the backward hook of every sliced parameter is still built by self._get_allreduce_fn, once"),
+    ((_STAGE3, "ForwardPostHooks"), "backward",
+     "dada0d1280a28d07114acd8f209215657d009a5091ead647c8de2c4f4d5b756a",
+     "that it still creates the layer's gradient buffers through the module's _create_params_grad, looked up at "
+     "call time, after gathering the layer's parameters (what _create_params_grad_where_padded replaces)"),
     (_GS3_MODULE, "_create_params_grad",
      "549139a61f7eabf7f32bbf07f85e11b97c1d0f2b9248238aab739236d9e509e1",
      "that full_grad still holds the padded gradient buffer, fp32 when the parameter has main_grad"),
@@ -471,6 +477,7 @@ def digest_problems(table: Tuple) -> list:
             owner = getattr(owner, owner_name) if owner_name != module.rsplit(".", 1)[-1] else owner
             func = getattr(owner, name)
             func = func.fget if isinstance(func, property) else func
+            func = getattr(func, "__wrapped_paddle__", func)  # Paddle's own, where ours replaced it
             digest = hashlib.sha256(_normalised_source(_paddle_source(func)).encode()).hexdigest()
         except (AttributeError, ImportError, OSError, TypeError, tokenize.TokenError) as exc:
             problems.append(f"{label} cannot be read ({type(exc).__name__}: {exc}); re-check {recheck}")

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import time
+import weakref
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -109,7 +110,8 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     ):
         if args is None:
             args = TrainingArguments(output_dir="tmp_trainer")
-        self.args, self._startup = args, StartupTimer(_IMPORTS_DONE, lambda values: report_startup(values, self))
+        this = weakref.ref(self)  # a strong one would keep a dropped Trainer alive until the cycle collector runs
+        self.args, self._startup = args, StartupTimer(_IMPORTS_DONE, lambda values: report_startup(values, this()))
         self.effective_device = resolve_device(args.device)  # gpu on a CPU-only build: cpu (warned); args unchanged
         if args.use_cpu:  # Hugging Face's option: the CPU even when an accelerator is there (before the checks)
             paddle.set_device("cpu")

@@ -14,7 +14,7 @@ import re
 import socket
 import time
 from enum import Enum
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -501,6 +501,23 @@ _PADDLE_NAMES = {
     "LastBatchPaddingSampler": ("data.sampling", "LastBatchPaddingSampler"),
     "RemoveColumnsCollator": ("data.collate", "RemoveColumnsCollator"),
 }
+
+
+if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
+    from .data.collate import RemoveColumnsCollator
+    from .data.loader import IterableDatasetShard
+    from .data.sampling import LastBatchPaddingSampler
+    from .metrics.process_memory import TrainerMemoryTracker
+    from .optim.schedules import (get_constant_schedule, get_constant_schedule_with_warmup,
+                                  get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup,
+                                  get_polynomial_decay_schedule_with_warmup, get_scheduler)
+    from .runtime.seeding import _get_distributed_seeds, set_hyrbid_parallel_seed, set_seed
+    from .metrics.results import TrainerResults
+    from .trainer_checkpoints import TrainerCheckpoints
+    metrics_format = TrainerResults.metrics_format
+    log_metrics = TrainerResults.log_metrics
+    save_metrics = TrainerResults.save_metrics
+    save_state = TrainerCheckpoints.save_state
 
 
 def __getattr__(name):

@@ -53,6 +53,7 @@ LAYOUTS = {
     "pp2": (2, {"pp": 2}),
     "dp4": (4, {"dp": 4}),
     "tp2_pp2": (4, {"tp": 2, "pp": 2}),
+    "stage3x4": (4, {"sharding": 4, "stage": 3}),
 }
 # The long-context mode (bench_memory.py --long-context): one sequence split over sep (Ulysses) or cp (ring) ranks.
 LONG_CONTEXT_LAYOUTS = {

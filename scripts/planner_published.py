@@ -60,9 +60,11 @@ NOTES = """What the errors say, and what is not known:
   GPT formula (SwiGLU's three I-wide tensors, fp32 logits at micro-batch 4). The planner's GPU memory is a
   lower bound until a GPU bench_memory run calibrates it.
 - **torchtitan** uses selective activation checkpointing, which the planner does not model: the two rows
-  (none, full) bracket it (+45% / -25% memory, +13% / -13% throughput). Its stage-3 transient (25 GiB) is
-  *paddletrainer's* stage 3 as measured on CPU (the gathered parameters held through the step); FSDP2 frees
-  each layer's after use, so this term overstates torchtitan's.
+  (none, full) bracket it (+24% / -46% memory, +13% / -13% throughput). Its transient (8.2 GiB) holds
+  stage 3's gathered tensors as paddletrainer's stage 3 keeps them, one layer at a time (the largest matrix's
+  gradient and its reduction's copy, or a layer gathered, the next prefetched and its gradients:
+  `planner.stage3_gathered_bytes`), which is FSDP2's lifetime too; before 2026-11-29 the planner priced the
+  gathered parameters held through the step (25 GiB).
 - **Llama-2-7B**: the PaddleNLP figures with a full layout and memory that were found are FlagPerf's Llama-1-7B
   runs (the same shapes as Llama-2-7B: hidden 4096, 32 layers, intermediate 11008, vocab 32000) at sequence
   2048; no published PaddleNLP Llama-2-7B run at 4096 with its layout and memory was found.

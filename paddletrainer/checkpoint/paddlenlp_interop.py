@@ -92,9 +92,11 @@ def _rng_states(ckpt_dir: str, name: str, topology) -> dict:
             raise InvalidCheckpointFileError(path, field, f"not a {field} RNG state ({type(e).__name__}: "
                                              f"{str(e)[:120]})") from None
     tracker = states.get("hybrid_parallel_rng_state_tracker")
-    if tracker is not None and not (isinstance(tracker, dict) and all(
-            isinstance(k, str) and isinstance(v, core.GeneratorState) for k, v in tracker.items())):
-        raise InvalidCheckpointFileError(path, "hybrid_parallel_rng_state_tracker", "not a dict of generator states")
+    if tracker is not None and not (isinstance(tracker, dict) and all(  # name -> paddle.get_rng_state()'s list
+            isinstance(k, str) and isinstance(v, (list, tuple)) and all(isinstance(x, core.GeneratorState) for x in v)
+            for k, v in tracker.items())):
+        raise InvalidCheckpointFileError(path, "hybrid_parallel_rng_state_tracker", "not a dict of generator state "
+                                                                                  "lists")
     return states
 
 

@@ -50,7 +50,8 @@ def _check_positions(positions: np.ndarray, ends: np.ndarray, option: str) -> No
 def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) -> Dict[str, Any]:
     """A micro-batch made ready for the cut: a block-diagonal ``attention_mask`` becomes the document ends
     (:data:`DOCUMENT_ENDS`, ``[B, S]``) and ``position_ids`` are checked against the documents
-    (:func:`_check_positions`). A batch without these keys comes back unchanged (no host read). Refused by name:
+    (:func:`_check_positions`). A batch without these keys comes back unchanged (no host read); a packed one is read
+    on the host once per micro-batch (the mask or ends and the positions: a device copy on a GPU). Refused by name:
     a ``[batch, seq]`` padding mask, a mask that is not per-document causal, and packed rows under context
     parallel on a CUDA device (PaddleNLP's ``RingFlashAttention`` takes no mask)."""
     mask, ends, positions = (inputs.get(key) for key in ("attention_mask", DOCUMENT_ENDS, "position_ids"))

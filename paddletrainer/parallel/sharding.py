@@ -184,6 +184,33 @@ class _BalancedStage2Optimizer(GroupShardedOptimizerStage2):
             self._comm_task = None
 
 
+# Set on a sliced parameter of _ReduceScatterStage3 whose padded size is its own size: backward's gradient tensor is
+# reduced as it is, with no zero-filled buffer to accumulate it into (see install_gradient_buffers_where_padded).
+_GRADIENT_IN_PLACE = "_paddletrainer_stage3_gradient_in_place"
+
+
+def _create_params_grad_where_padded(trainable_params, param2buffer_size, task_flow):
+    """Paddle's ``_create_params_grad`` for the parameters that need its buffer, the others left to backward.
+
+    Paddle gives every sliced parameter, before its backward, a zero-filled gradient buffer of the padded size
+    (a multiple of the group's), and backward adds the computed gradient into it: at that moment both are alive,
+    two full-size gradients of the layer (the embedding's and the head's are the peak of the step). A parameter of
+    :class:`_ReduceScatterStage3` marked ``_GRADIENT_IN_PLACE`` needs no padding, so it gets no buffer: backward's
+    gradient becomes ``param.grad`` as it is, and the hook reduce-scatters that tensor (the same values: 0 + g).
+    """
+    padded = [p for p in trainable_params if not getattr(p, _GRADIENT_IN_PLACE, False)]
+    return _create_params_grad_where_padded.__wrapped_paddle__(padded, param2buffer_size, task_flow)
+
+
+def install_gradient_buffers_where_padded() -> None:
+    """Put :func:`_create_params_grad_where_padded` in ``group_sharded_stage3`` (its ``ForwardPostHooks.backward``
+    looks the function up there at call time); a parameter not marked gets Paddle's buffer as before. Idempotent;
+    the source check reads Paddle's function through ``__wrapped_paddle__``."""
+    if group_sharded_stage3._create_params_grad is not _create_params_grad_where_padded:
+        _create_params_grad_where_padded.__wrapped_paddle__ = group_sharded_stage3._create_params_grad
+        group_sharded_stage3._create_params_grad = _create_params_grad_where_padded
+
+
 class _ReduceScatterStage3(GroupShardedStage3):
     """``GroupShardedStage3`` whose backward hooks reduce-scatter each sliced gradient instead of all-reducing it.
 
@@ -205,6 +232,11 @@ class _ReduceScatterStage3(GroupShardedStage3):
     def __init__(self, *args, **kwargs):
         check_paddle_stage3_sources()  # before Paddle's constructor allocates or communicates anything
         super().__init__(*args, **kwargs)
+        install_gradient_buffers_where_padded()
+        if not (self._offload or self.use_main_grad):
+            for param in self._layer.parameters():  # a slice of the group's size each: no padding to add
+                if self._param2buffer_size.get(param.name) == param._numel():
+                    setattr(param, _GRADIENT_IN_PLACE, True)
 
     @paddle.autograd.no_grad()
     def _sync_params_and_buffers(self):
@@ -236,20 +268,27 @@ class _ReduceScatterStage3(GroupShardedStage3):
         release_full_param = super()._get_allreduce_fn(param)
 
         @paddle.autograd.no_grad()
-        def reduce_scatter_then_release(*args):
+        def release_then_reduce_scatter(*args):
+            # The gradient is complete, and with it every use of the gathered parameter in this backward (its
+            # grad node computed the input's gradient too): Paddle's hook, finding no gradient left to reduce,
+            # frees the gathered parameter first, so it is not alive beside the gradient's reduction buffers.
             full_grad = self._task_flow.full_grad.pop(param.name, None)
+            if full_grad is None and getattr(param, _GRADIENT_IN_PLACE, False) and param.grad is not None:
+                full_grad = param.grad.reshape([-1])  # the backward's own gradient tensor, flat (a view)
+            release_full_param(*args)
             if full_grad is not None:
                 self._reduce_scatter_into_slice(param, full_grad)
-            release_full_param(*args)
 
-        return reduce_scatter_then_release
+        return release_then_reduce_scatter
 
     def _reduce_scatter_into_slice(self, param, full_grad):
         start, end = self._param2buffer[param.name][self._rank]
         full_grad.scale_(scale=self._world_size_scaling)  # SUM of the 1/N-scaled gradients, as Paddle's mean
         grad_slice = paddle.empty([end - start], dtype=full_grad.dtype)
-        # looked up at call time: the CPU backend replaces dist.reduce_scatter (cpu.reduce_scatter)
-        dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
+        if cpu_backend.is_installed():  # gloo's reduce-scatter is an all-reduce: in place on this scratch buffer
+            cpu_backend.reduce_scatter.reduce_scatter_into(grad_slice, full_grad, group=self._group, scratch_input=True)
+        else:
+            dist.reduce_scatter(grad_slice, full_grad, op=dist.ReduceOp.SUM, group=self._group, sync_op=True)
         if self._dp_group is not None and self._dp_group.nranks > 1:
             grad_slice.scale_(scale=1.0 / self._dp_group.nranks)
             dist.all_reduce(grad_slice, group=self._dp_group)

@@ -46,9 +46,10 @@ class Calibration:
 
     ``activation_factor`` scales ``cost_model.memory``'s activation estimate (a bf16 GPT formula doubled for
     fp32); the transient of a step is ``transient_fixed + transient_grad × the gradient bytes the rank's
-    backward produces (before sharding) + transient_stage3 × the parameter bytes stage 3 gathers beyond its
-    own slice`` (what the allocator holds beyond the live tensors at the peak: freed blocks it keeps, the
-    gradients' temporaries, stage 3's gathered weights). The defaults (``CALIBRATION``) are the least-squares
+    backward produces (before sharding)`` (what the allocator holds beyond the live tensors at the peak: freed
+    blocks it keeps, the gradients' temporaries), plus under stage 3 what its gathered tensors hold at their
+    peak, which is arithmetic, not a fitted factor (:func:`stage3_gathered_bytes`). The defaults
+    (``CALIBRATION``) are the least-squares
     fit of the peak minus the baseline and the counted state on bench_memory's 2026-11-25 20:00 run (every
     layout but dp, whose gradient copy was removed afterwards; 45.6M and 168M Llamas; its table is in
     docs/benchmarks.md as of commit 4429ade), measured per process baseline subtracted; checked on the
@@ -60,11 +61,30 @@ class Calibration:
     activation_factor: float = 1.0
     transient_fixed: float = 0.0
     transient_grad: float = 0.0
-    transient_stage3: float = 0.0
 
 
-CALIBRATION = Calibration(activation_factor=0.93, transient_fixed=91 * 2**20, transient_grad=0.41,
-                          transient_stage3=1.46)
+CALIBRATION = Calibration(activation_factor=0.93, transient_fixed=91 * 2**20, transient_grad=0.41)
+
+
+def stage3_gathered_bytes(c: Config, lay: Layout, width: int) -> float:
+    """The bytes stage 3 holds beyond its slices at its peak, from the lifetime of what it gathers.
+
+    A layer's parameters are gathered for its forward (the next layer's prefetched) and released after it; in
+    backward they are gathered again, the next layer's prefetched, and each is released as soon as its gradient
+    is complete (``sharding._ReduceScatterStage3``), before that gradient, full-size until then, is reduce-scattered
+    into the rank's slice; the reduction needs one working copy of the gradient besides the slice it fills (on
+    CPU, the all-reduce underneath). So the peak is the larger of: the largest single matrix (the embedding or
+    the head, V·h/tp) at its reduction: its full gradient and the working copy, 2 matrices; and a decoder layer
+    in backward: its gathered weights, the next layer's prefetched and its full gradients, 3 layers. It does not
+    grow with the sharding degree: the state it sits on top of shrinks as 1/N.
+    """
+    if lay.stage != 3:
+        return 0.0
+    h, I = c.hidden, c.intermediate
+    kv = (c.kv_heads or c.heads) * (h // c.heads)
+    layer = (2 * h * h + 2 * h * kv + 3 * h * I) // lay.tp
+    matrix = max(c.vocab * h // lay.tp, h * I // lay.tp)
+    return width * max(2 * matrix, 3 * layer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,9 +198,8 @@ def predict_memory(c: Config, lay: Layout, profile: DeviceProfile, optimizer: st
                                   sharding=lay.sharding, stage=lay.stage, grads_in_comm_buffers=True)
     act = memory(c, lay, _act_dtype(profile))["activations"] * calibration.activation_factor
     width = DTYPE_BYTES[profile.dtype]
-    gathered = n * width * (lay.sharding - 1) / lay.sharding if lay.stage == 3 else 0.0
     transient = (calibration.transient_fixed + calibration.transient_grad * n * width
-                 + calibration.transient_stage3 * gathered)
+                 + stage3_gathered_bytes(c, lay, width))
     out = {"baseline": profile.baseline_bytes, **{k: v for k, v in states.as_dict().items() if k != "total"},
            "activations": act, "transient": transient}
     out["peak"] = sum(out.values())

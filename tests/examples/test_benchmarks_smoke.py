@@ -167,3 +167,13 @@ def test_bench_packing_tiny_prints_packed_and_padded_throughput_and_attention_me
     for row in ("padded (one document per sample)", "packed, attn_mask_startend_row_indices",
                 "packed, block-diagonal attention_mask", "CPU FlashMask attention", "math attention + S×S mask"):
         assert row in out, f"missing row {row!r}:\n{out[-2000:]}"
+
+
+def test_bench_startup_one_process_prints_the_phase_table_of_both_runners(tmp_path):
+    proc = run_script([SCRIPTS / "bench_startup.py", "--layouts", "1 process", "--reps", "1"], tmp_path, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = proc.stdout.split("| layout | phase |", 1)[1]
+    for phase in ("import", "topology", "model", "optimizer", "wrap", "first_batch", "first_step", "other", "**total**"):
+        assert f"| 1 process | {phase} |" in table, phase
+    total = next(line for line in table.splitlines() if "**total**" in line).split("|")
+    assert float(total[3].split()[0]) > 0 and float(total[4].split()[0]) > 0 and float(total[6].split()[0]) > 0

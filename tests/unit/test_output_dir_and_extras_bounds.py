@@ -121,10 +121,14 @@ def load(ckpt, **kw):
 
 
 def test_the_control_a_paddlenlp_checkpoint_s_extras_load(nlp_checkpoint):
+    tracker = {"model_parallel_rng": paddle.get_rng_state()}  # as PaddleNLP saves fleet's tracker
+    paddle.save({**RNG, "hybrid_parallel_rng_state_tracker": tracker}, os.path.join(nlp_checkpoint, "rng_state.pth"))
     loaded, scheduler = load(nlp_checkpoint)
-    assert loaded.trainer_state["global_step"] == 2 and scheduler.last_epoch == 2
+    assert loaded.trainer_state["global_step"] == 2 and scheduler.last_epoch == 2 and loaded.rng_restored
 
 
+RNG = {"python": random.getstate(), "numpy": np.random.get_state(),
+       "cpu": paddle.framework.core.default_cpu_generator().get_state()}
 BAD_EXTRAS = {  # case: (file, what it holds, the field the error names)
     "trainer_state_step_text": ("trainer_state.json", '{"global_step": "2"}', "global_step"),
     "trainer_state_a_list": ("trainer_state.json", "[2]", "trainer_state.json"),
@@ -133,6 +137,8 @@ BAD_EXTRAS = {  # case: (file, what it holds, the field the error names)
     "scheduler_a_list": ("scheduler.pdparams", [2], "not a state dict"),
     "rng_python_text": ("rng_state.pth", {"python": "x", "numpy": np.random.get_state(),
                                           "cpu": paddle.framework.core.default_cpu_generator().get_state()}, "python"),
+    "rng_tracker_a_number": ("rng_state.pth", {**RNG, "hybrid_parallel_rng_state_tracker": {"model_parallel_rng": 1}},
+                             "hybrid_parallel_rng_state_tracker"),
     "rng_no_numpy": ("rng_state.pth", {"python": random.getstate(),
                                        "cpu": paddle.framework.core.default_cpu_generator().get_state()}, "numpy"),
 }

@@ -34,6 +34,7 @@ def _with_an_extra_step(monkeypatch, changed_function):
 @pytest.mark.parametrize("owner, name", [(gs3.GroupShardedStage3, "_get_allreduce_fn"),
                                          (gs3.GroupShardedStage3, "_flatten_layer_params"),
                                          (gs3, "_create_params_grad"),
+                                         (gs3.ForwardPostHooks, "backward"),
                                          (gs3.GroupShardedStage3, "_sync_params_and_buffers"),
                                          (gs3.GroupShardedStage3, "_param_storage")])
 def test_a_step_added_to_a_reproduced_paddle_function_fails_the_check_naming_it(monkeypatch, owner, name):

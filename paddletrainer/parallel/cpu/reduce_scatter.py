@@ -51,7 +51,7 @@ _stream_module = importlib.import_module(STREAM_MODULE)
 
 
 @paddle.no_grad()
-def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None):
+def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None, scratch_input: bool = False):
     """Write into ``out_tensor`` this rank's chunk of ``in_tensor`` reduced over ``group``; exact (see module).
 
     ``in_tensor`` holds ``group.nranks × out_tensor.numel()`` elements, chunked in memory order as NCCL does
@@ -60,6 +60,9 @@ def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None)
     reduces a fused gradient buffer into its own slice): the input is copied before the all-reduce, so the
     other ranks' chunks of ``in_tensor`` keep this rank's unreduced values, as with a real reduce-scatter.
     A rank outside ``group`` takes no part: nothing is written (as Paddle's collectives skip such a rank).
+    ``scratch_input``: the caller drops ``in_tensor`` afterwards (stage 3's padded gradient), so it is reduced in
+    place instead of in a copy (the same sum; one gradient-sized buffer less at the peak). ``out_tensor`` must
+    then not alias it.
     """
     group = group_or_world(group)
     n, r = group.nranks, group.rank
@@ -69,7 +72,8 @@ def reduce_scatter_into(out_tensor, in_tensor, op=dist.ReduceOp.SUM, group=None)
     if int(in_tensor.numel()) != n * size:
         raise ValueError(f"reduce_scatter: input has {int(in_tensor.numel())} elements, expected "
                          f"{n} ranks × {size} (the output's)")
-    reduced = in_tensor.detach().flatten().clone()
+    reduced = in_tensor.detach().flatten()
+    reduced = reduced if scratch_input else reduced.clone()
     average = op == dist.ReduceOp.AVG
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM if average else op, group=group)
     chunk = reduced[r * size:(r + 1) * size].reshape(out_tensor.shape)

@@ -3,7 +3,8 @@
 The Trainer runs exactly as in ``trainer_worker.py`` (same arguments, same result file). Once the stage-3
 model is built, every full-size gradient buffer stage 3 creates for a sliced parameter in backward
 (``group_sharded_stage3._create_params_grad``) is tagged, and the public collectives Paddle's and
-paddletrainer's stage-3 code call (``dist.all_reduce``, ``dist.reduce_scatter``, ``dist.stream.reduce_scatter``)
+paddletrainer's stage-3 code call (``dist.all_reduce``, ``dist.reduce_scatter``, ``dist.stream.reduce_scatter``, the
+CPU fill's ``reduce_scatter_into``)
 count the calls that are handed such a buffer. The rank's result file gets ``stage3_gradient_collectives``:
 ``{"all_reduce": calls, "reduce_scatter": calls, "reduce_scatter_output_is_one_slice": bool,
 "sliced_params": n}``.
@@ -20,6 +21,7 @@ import paddle.distributed as dist  # noqa: E402
 from paddle.distributed.fleet.meta_parallel.sharding import group_sharded_stage3 as gs3  # noqa: E402
 
 import trainer_worker  # noqa: E402
+from paddletrainer.parallel.cpu import reduce_scatter as cpu_reduce_scatter  # noqa: E402
 
 TAG = "_stage3_full_gradient"
 COUNTS = {"all_reduce": 0, "reduce_scatter": 0, "reduce_scatter_output_is_one_slice": True, "sliced_params": 0}
@@ -33,6 +35,11 @@ def _tag_full_gradients(create):
         return out
 
     return tagged
+
+
+def _tagged(tensor):
+    setattr(tensor, TAG, True)
+    return tensor
 
 
 def _is_full_gradient(tensor) -> bool:
@@ -71,6 +78,12 @@ def _count_after_construction(init):
         dist.all_reduce = _count_all_reduce(dist.all_reduce)
         dist.reduce_scatter = _count_reduce_scatter(dist.reduce_scatter, self._group.nranks)
         dist.stream.reduce_scatter = _count_reduce_scatter(dist.stream.reduce_scatter, self._group.nranks)
+        # a gradient backward wrote as it is (no padded buffer) is tagged where stage 3 reduces it
+        reduce_into_slice = self._reduce_scatter_into_slice
+        self._reduce_scatter_into_slice = lambda param, grad: reduce_into_slice(param, _tagged(grad))
+        # on the CPU build stage 3 calls the fill's function itself (reducing its scratch gradient in place)
+        cpu_reduce_scatter.reduce_scatter_into = _count_reduce_scatter(cpu_reduce_scatter.reduce_scatter_into,
+                                                                      self._group.nranks)
 
     return constructed
 

@@ -8,6 +8,7 @@ can be imported on its own. Paddle is not a declared dependency (pick the CPU or
 """
 import importlib
 import logging
+from typing import TYPE_CHECKING
 
 from .runtime import paddle_requirement
 
@@ -51,6 +52,22 @@ _EXPORTS = {
     "set_seed": "runtime.seeding",
     "speed_metrics": "trainer_utils",
 }
+
+
+if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
+    from .argparser import PdArgumentParser, strtobool
+    from .auto_training_args import AutoTrainingArguments
+    from .data.collate import DataCollatorWithPadding, default_data_collator
+    from .data.sampling import GlobalBatchSampler
+    from .integrations import TensorBoardCallback, VisualDLCallback, WandbCallback
+    from .optim.schedules import get_scheduler
+    from .runtime.seeding import set_seed
+    from .trainer import Trainer
+    from .trainer_callback import (CallbackHandler, DefaultFlowCallback, EarlyStoppingCallback,
+                                   PrinterCallback, ProgressCallback, TrainerCallback, TrainerControl, TrainerState)
+    from .trainer_utils import (EvalPrediction, IntervalStrategy, OptimizerNames, PredictionOutput,
+                                SchedulerType, ShardingOption, TrainOutput, find_batch_size, get_last_checkpoint, speed_metrics)
+    from .training_args import TrainingArguments
 
 __all__ = sorted(_EXPORTS)
 

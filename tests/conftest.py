@@ -5,6 +5,9 @@
 * ``examples``: tests/examples; ``packaging``: tests/packaging; ``docs``: tests/docs;
 * ``dp``, ``sharding``, ``tp``, ``pp``, ``sp``: the axes a test is about, from its file (:data:`AXES_BY_FILE`) or,
   for a test parametrized by layout, from the layout's name in its id (``llama-dp2_s1x2_tp2_pp2``);
+* ``checkpoint``, ``moe``, ``ep``, ``sep``, ``cp``: a test's subject, from its file's name (:data:`SUBJECTS_BY_NAME`)
+  or its layout id (``ep2``, ``sep2``, ``cp2``);
+* ``smoke``: the three launches of :data:`SMOKE` (dp2, stage2×2, tp2·pp2), a layout check in minutes;
 * ``full_matrix``: set by test_trainer_matrix.py on the layouts only the full matrix runs.
 
 The markers are registered in pyproject.toml ([tool.pytest.ini_options]); ``--strict-markers`` works.
@@ -57,12 +60,32 @@ AXIS_TOKENS = [
     (re.compile(r"tp\d+"), "tp"),
     (re.compile(r"v?pp\d+"), "pp"),
     (re.compile(r"sp"), "sp"),
+    (re.compile(r"sep\d+"), "sep"),
+    (re.compile(r"cp\d+"), "cp"),
+    (re.compile(r"ep\d+"), "ep"),
 ]
+# a test file's name -> the subject markers it carries (checkpoint, moe/ep, sep, cp), wherever the file lives
+SUBJECTS_BY_NAME = [
+    (re.compile(r"checkpoint|ckpt|resume|reshard|rollback|unified|snapshot|lora"), ("checkpoint",)),
+    (re.compile(r"moe|expert"), ("moe", "ep")),
+    (re.compile(r"sep_|segment|long_context"), ("sep",)),
+    (re.compile(r"context_parallel|ring_attention|long_context"), ("cp",)),
+]
+# the smoke set: one launch each of dp2, sharding stage2×2 and tp2·pp2 (`-m smoke`, docs/testing.md)
+SMOKE = {
+    "tests/distributed/test_data_parallel_and_sharding.py::test_dp2_loss_and_grad_norm_match_single_process",
+    "tests/distributed/test_data_parallel_and_sharding.py::"
+    "test_sharding_stage2_x2_matches_single_process_and_halves_optimizer_state",
+    "tests/distributed/test_tensor_and_pipeline.py::test_tp2_pp2_loss_matches_single_process",
+}
 
 
 def axes_of(item) -> set:
-    """The parallel axes ``item`` is about: its file's, plus those its parametrization id names."""
-    axes = set(AXES_BY_FILE.get(Path(str(item.fspath)).name, ()))
+    """The parallel axes and subjects ``item`` is about: its file's (listed, or from its name), plus those its
+    parametrization id names."""
+    name = Path(str(item.fspath)).name
+    axes = set(AXES_BY_FILE.get(name, ()))
+    axes.update(m for pattern, markers in SUBJECTS_BY_NAME if pattern.search(name) for m in markers)
     callspec = getattr(item, "callspec", None)
     if callspec is not None and Path(str(item.fspath)).parent.name == "distributed":
         for token in re.split(r"[-_\[\]]", callspec.id):
@@ -77,6 +100,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(name)
         for axis in sorted(axes_of(item)):
             item.add_marker(axis)
+        if f"tests/{'/'.join(parts)}::{item.name}" in SMOKE:
+            item.add_marker("smoke")
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -22,7 +22,6 @@ sections (no pickles; bfloat16 as its bit pattern, as our own files).
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Dict, List, Optional, Tuple

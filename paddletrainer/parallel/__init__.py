@@ -19,6 +19,7 @@ paddle); the names below that need paddle are resolved on first use, so importin
 does before any of its modules) stays paddle-free. Every name is also importable from its own module.
 """
 import importlib
+from typing import TYPE_CHECKING
 
 from .config import ParallelConfig, resolve_layout
 from .layout import AXES, Axis, Layout, coordinates_of
@@ -49,6 +50,21 @@ _PADDLE_NAMES = {
 # modules reachable as attributes themselves (``parallel.pipeline``)
 _SUBMODULES = ("pipeline",)
 _EAGER = {"AXES", "Axis", "Layout", "ParallelConfig", "resolve_layout", "coordinates_of"}
+
+if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
+    from . import pipeline
+    from .apply import parallelize, wrap_captures_accumulation
+    from .clipping import (GradientClip, check_gradient_clip, clip_grad_norm, clip_gradients,
+                           take_gradient_clip)
+    from .collectives import (all_gather_object, all_gather_object_over_data_group, global_grad_norm,
+                              mean_over_data_group, sum_over_data_group)
+    from .data_parallel import GradientBuffers, apply_data_parallel, gradient_buffers, no_sync
+    from .expert import (ExpertGradients, NUM_EXPERTS_FIELDS, broadcast_initial_state, check_expert_model,
+                         expert_data_parallel_group, expert_parallel_group, expert_parameters, is_expert, keep_experts,
+                         shard_dense_parameters, token_group)
+    from .optimizer import ParallelOptimizer
+    from .topology import (Topology, build_strategy, check_cpu_options, expert_group_ranks, get_topology,
+                           hybrid_order, init_topology, needs_cpu_backend, reset_for_tests)
 
 __all__ = sorted(_EAGER | set(_SUBMODULES) | set(_PADDLE_NAMES))
 

@@ -16,7 +16,6 @@ from typing import Any, Optional, Tuple
 
 import paddle
 import paddle.distributed as dist
-from paddle.distributed import fleet
 from paddle.distributed.parallel import sync_params_buffers
 
 from .layout import launch_local_rank, launch_world_size

@@ -11,6 +11,7 @@ The names below resolve on first use (a literal table): ``import paddletrainer``
 paddle-importing modules eagerly.
 """
 import importlib
+from typing import TYPE_CHECKING
 
 _NAMES = {
     "RobustnessCallback": "callback",
@@ -18,6 +19,11 @@ _NAMES = {
     "CollectiveWatchdog": "watchdog",
     "WATCHDOG_EXIT_CODE": "watchdog",
 }
+
+if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
+    from .callback import RobustnessCallback
+    from .signals import GracefulStop
+    from .watchdog import CollectiveWatchdog, WATCHDOG_EXIT_CODE
 
 __all__ = sorted(_NAMES)
 

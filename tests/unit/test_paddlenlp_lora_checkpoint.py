@@ -9,7 +9,6 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint.paddlenlp_unified import unified_checkpoint_index
 from paddletrainer.trainer_utils import is_paddlenlp_checkpoint, is_paddlenlp_unified_checkpoint
 

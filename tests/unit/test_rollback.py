@@ -2,7 +2,6 @@
 checkpoint, the samples trained on since it are skipped, and training ends on the curve of a run that skipped
 the same window (built independently: a normal resume from that checkpoint with its data position moved on)."""
 import json
-import os
 import zlib
 
 import numpy as np

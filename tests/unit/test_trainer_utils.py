@@ -31,7 +31,12 @@ from paddletrainer.trainer_utils import (
 
 def _import_roots(module) -> set:
     roots = set()
-    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+    tree = ast.parse(Path(module.__file__).read_text())
+    mirrors = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+               and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    for node in ast.walk(tree):
+        if id(node) in mirrors:
+            continue  # the lazy table's mirror for type checkers: never executed
         if isinstance(node, ast.Import):
             roots.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom):

@@ -42,7 +42,8 @@ from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (pu
 from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
 from .metrics.process_memory import MemoryTracker
-from .metrics import PhaseTimers, ThroughputMeter, flops_per_token_of_model, peak_memory_bytes, reporting_callbacks
+from .metrics import (PhaseTimers, ThroughputMeter, flops_per_token_of_model, metrics_output_callbacks, peak_memory_bytes,
+                      reporting_callbacks)
 from .metrics.results import TrainerResults
 from .metrics.startup import StartupTimer, report_startup
 from .metrics.writers import check_report_to
@@ -158,8 +159,9 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
                                   is_world_process_zero=self.topology.rank == 0)
         self.control = TrainerControl()
         self._stop = GracefulStop()  # asked by the loop after each optimizer step; RobustnessCallback installs it
-        self.callback_handler = CallbackHandler(self._default_callbacks(criterion) + list(callbacks or []),
-                                                self.model, self.tokenizer, self.optimizer, self.lr_scheduler)
+        self.callback_handler = CallbackHandler(
+            self._default_callbacks(criterion) + list(callbacks or []), self.model, self.tokenizer, self.optimizer,
+            self.lr_scheduler, metrics_output_callbacks(args.metrics_output_path, self.topology.rank))
         self.add_callback(PrinterCallback if args.disable_tqdm else DEFAULT_PROGRESS_CALLBACK)
         self.timers = PhaseTimers(enabled=args.log_phase_timers)
         if args.should_save:
@@ -183,14 +185,13 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
             checks.check_optimizer_for_layout(optimizer, self.args.parallel_config)
 
     def _default_callbacks(self, criterion) -> list:
-        """PaddleNLP's default callbacks (flow control, then the robustness callback built for this run: signals,
-        the collective watchdog, the first batch's keys), then the reporting callbacks of ``report_to``."""
+        """PaddleNLP's defaults (flow control, the robustness callback built for this run), then ``report_to``'s."""
         args = self.args
         robustness = RobustnessCallback(self.topology, args.collective_timeout_seconds,
                                         popped_keys=self.label_names if criterion is not None else (),
                                         stopper=self._stop, remove_unused_columns=args.remove_unused_columns)
         defaults = [robustness if cb is RobustnessCallback else cb for cb in DEFAULT_CALLBACKS]
-        return defaults + reporting_callbacks(args.report_to, args.metrics_output_path, self.topology.rank)
+        return defaults + reporting_callbacks(args.report_to)
 
     # ----------------------------------------------------------------------------------- process identity
     def is_world_process_zero(self) -> bool:

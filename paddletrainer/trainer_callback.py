@@ -257,9 +257,12 @@ class CallbackHandler(TrainerCallback):
 
     ``model, tokenizer, optimizer, lr_scheduler, train_dataloader, eval_dataloader`` are public attributes the
     Trainer updates (e.g. once the optimizer exists); they are passed to every event as keyword arguments.
+    ``internal_callbacks`` run first and stay out of ``callbacks``: PaddleNLP writes ``metrics_output_path`` outside
+    its callback list, so code that counts or indexes ``callbacks`` sees PaddleNLP's list.
     """
 
-    def __init__(self, callbacks, model, tokenizer, optimizer, lr_scheduler):
+    def __init__(self, callbacks, model, tokenizer, optimizer, lr_scheduler, internal_callbacks=()):
+        self.internal_callbacks: List[TrainerCallback] = list(internal_callbacks)
         self.callbacks: List[TrainerCallback] = []
         for cb in callbacks:
             self.add_callback(cb)
@@ -361,7 +364,7 @@ class CallbackHandler(TrainerCallback):
 
     def call_event(self, event: str, args, state, control, **kwargs):
         """Call ``event`` on every callback in order; a non-None return value replaces ``control``."""
-        for callback in self.callbacks:
+        for callback in [*self.internal_callbacks, *self.callbacks]:
             result = getattr(callback, event)(
                 args,
                 state,

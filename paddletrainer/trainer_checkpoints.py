@@ -321,8 +321,11 @@ class TrainerCheckpoints:
             ckpt.rotate_checkpoints(output_dir or self.args.output_dir, self.args.save_total_limit,
                                     self.state.best_model_checkpoint)
 
-    def save_model(self, output_dir: Optional[str] = None) -> None:
+    def save_model(self, output_dir: Optional[str] = None, merge_tensor_parallel: Optional[bool] = False) -> None:
         """Write a ``from_pretrained``-loadable directory (merged weights, config, tokenizer) to ``output_dir``.
+
+        ``merge_tensor_parallel`` is PaddleNLP's parameter (its scripts pass it); the weights are merged over the
+        tensor-parallel ranks either way, so the directory loads in any layout.
 
         Works on every layout: each rank contributes its shards to a weights-only checkpoint, which the
         main process merges into full tensors. A ``paddlenlp.peft.LoRAModel`` gets what

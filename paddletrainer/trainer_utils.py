@@ -348,16 +348,19 @@ def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional
     if resume is True:
         path = get_last_checkpoint(output_dir) if output_dir else None
         if path is None:
-            raise ValueError(f"resume_from_checkpoint=True but output_dir={output_dir!r} holds no complete checkpoint; "
-                             f"use resume_from_checkpoint=auto to start fresh when there is none")
+            # PaddleNLP's sentence first: scripts and tests match on it
+            raise ValueError(f"No valid checkpoint found in output directory ({output_dir}): "
+                             f"resume_from_checkpoint=True but it holds no complete checkpoint; use "
+                             f"resume_from_checkpoint=auto to start fresh when there is none")
         if is_paddlenlp_checkpoint(path):  # its files are pickles: read only from a path the user names
             raise ValueError(f"resume_from_checkpoint=True: output_dir={output_dir!r} holds no complete checkpoint of "
                              f"paddletrainer, only PaddleNLP's {os.path.basename(path)}, whose files are pickles and "
                              f"are read only from a path you name: pass --resume_from_checkpoint {path}")
         return path
     if not os.path.isdir(resume):
-        raise ValueError(f"resume_from_checkpoint={resume!r} does not exist: give a checkpoint-N directory, true "
-                         f"(the newest in output_dir) or auto (the newest if any)")
+        raise ValueError(f"Can't find a valid checkpoint at {resume}: resume_from_checkpoint={resume!r} does not "
+                         f"exist; give a checkpoint-N directory, true (the newest in output_dir) or auto (the newest "
+                         f"if any)")
     if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
         raise ValueError(_not_a_checkpoint(value, resume))
     return resume

@@ -1,6 +1,6 @@
 """Metrics: writers (VisualDL, JSONL), the callback that feeds them, throughput/FLOPs/MFU, timers, memory."""
 from .callback import (MetricsCallback, TensorBoardCallback, VisualDLCallback, WandbCallback, default_logging_dir,
-                       reporting_callbacks, rewrite_logs)
+                       metrics_output_callbacks, reporting_callbacks, rewrite_logs)
 from .process_memory import MemoryTracker, current_rss_bytes, memory_logs, peak_memory_bytes
 from .throughput import (ThroughputMeter, TokenCounter, batch_counts, causal_lm_flops_per_token, flops_per_token_from_config,
                          flops_per_token_of_model, mfu, trained_tokens)
@@ -10,6 +10,7 @@ from .writers import JsonlWriter, MetricsWriter, TensorBoardWriter, VisualDLWrit
 __all__ = [
     "MetricsWriter", "VisualDLWriter", "JsonlWriter", "TensorBoardWriter", "WandbWriter", "build_writers",
     "MetricsCallback", "VisualDLCallback", "TensorBoardCallback", "WandbCallback", "reporting_callbacks",
+    "metrics_output_callbacks",
     "default_logging_dir", "rewrite_logs",
     "causal_lm_flops_per_token", "flops_per_token_from_config", "flops_per_token_of_model", "mfu", "batch_counts",
     "ThroughputMeter", "TokenCounter", "trained_tokens",

@@ -231,13 +231,9 @@ class WandbCallback(MetricsCallback):
 INTEGRATION_TO_CALLBACK = {cb.writer_class.name: cb for cb in (VisualDLCallback, TensorBoardCallback, WandbCallback)}
 
 
-def reporting_callbacks(report_to, metrics_output_path: Optional[str] = None, rank: int = 0) -> List[TrainerCallback]:
+def reporting_callbacks(report_to) -> List[TrainerCallback]:
     """One callback per writer named by ``report_to``, in its order (PaddleNLP's
-    ``get_reporting_integration_callbacks``); an unknown name raises ``ValueError`` listing the valid ones.
-
-    ``metrics_output_path`` (PaddleNLP's option) adds one more: every rank appends its logs as JSON lines to
-    ``<metrics_output_path>/metrics_rank<rank>.json``.
-    """
+    ``get_reporting_integration_callbacks``); an unknown name raises ``ValueError`` listing the valid ones."""
     callbacks: List[TrainerCallback] = []
     for name in writer_names(report_to):
         if name == VisualDLWriter.name:  # the default: one record file per run, evaluate() after train() included
@@ -245,7 +241,13 @@ def reporting_callbacks(report_to, metrics_output_path: Optional[str] = None, ra
             continue
         factory = INTEGRATION_TO_CALLBACK.get(name)
         callbacks.append(factory() if factory is not None else MetricsCallback(report_to=name))
-    if metrics_output_path:
-        path = os.path.join(metrics_output_path, f"metrics_rank{rank}.json")
-        callbacks.append(MetricsCallback(writers=[JsonlWriter(path)], every_rank=True))
     return callbacks
+
+
+def metrics_output_callbacks(metrics_output_path: Optional[str], rank: int) -> List[TrainerCallback]:
+    """``metrics_output_path`` (PaddleNLP's option): every rank appends its logs as JSON lines to
+    ``<metrics_output_path>/metrics_rank<rank>.json``; none without it."""
+    if not metrics_output_path:
+        return []
+    path = os.path.join(metrics_output_path, f"metrics_rank{rank}.json")
+    return [MetricsCallback(writers=[JsonlWriter(path)], every_rank=True)]

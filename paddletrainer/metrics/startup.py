@@ -140,6 +140,7 @@ def report_startup(values: Dict[str, float], trainer) -> None:
     when it writes logs (world rank 0; every rank for ``metrics_output_path``). Not through ``on_log``: the
     start is not a training log, so ``log_history`` and the progress bar stay as PaddleNLP has them."""
     logger.info(startup_line(values, trainer.topology.rank))
-    for callback in trainer.callback_handler.callbacks:
+    handler = trainer.callback_handler
+    for callback in [*handler.internal_callbacks, *handler.callbacks]:
         if isinstance(callback, MetricsCallback):
             callback.write_scalars(values, trainer.args, trainer.state, trainer.model)

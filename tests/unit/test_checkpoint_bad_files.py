@@ -17,7 +17,7 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, save_checkpoint
+from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, read_index, save_checkpoint
 from paddletrainer.checkpoint import io as ckpt_io
 from paddletrainer.checkpoint.export import merged_model_state
 from paddletrainer.parallel.layout import Layout
@@ -411,3 +411,11 @@ def test_a_full_disk_while_the_index_is_published_names_the_file_and_keeps_the_p
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["checkpoint-1"]  # nothing published, the unpublished tmp dir removed
     assert load_checkpoint(first, model=RegressionModel()).trainer_state == {"global_step": 1}
+
+
+def test_a_directly_saved_checkpoints_index_covers_every_file_written(tmp_path):
+    """``save_checkpoint`` called by a user: no file on disk that the index does not list (no silent partial save)."""
+    out = save_checkpoint(str(tmp_path / "checkpoint-1"), model=RegressionModel())
+    index = read_index(out)
+    on_disk = {n for n in os.listdir(out) if not n.startswith(".") and n != "checkpoint_index.json"}
+    assert on_disk == set(index["files"])

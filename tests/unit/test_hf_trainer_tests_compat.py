@@ -1,7 +1,8 @@
 """What PaddleNLP's HF-port ``tests/trainer/test_trainer.py`` expects and we did differently: early stopping's
 argument error is catchable as ``AssertionError``, the ``init`` memory stage is reported (``init_mem_*`` keys),
-rotation counts the empty ``checkpoint-N`` directories (never a non-empty one that is not ours), and building and
-training a Trainer leaves the arguments as the user gave them."""
+rotation counts the empty ``checkpoint-N`` directories (never a non-empty one that is not ours), building and
+training a Trainer leaves the arguments as the user gave them, and a resume with nothing to resume from begins its
+error with PaddleNLP's sentence."""
 import os
 
 import pytest
@@ -78,3 +79,14 @@ def test_building_and_training_a_trainer_leaves_the_arguments_as_given(tmp_path)
     fresh, used = TrainingArguments(**kwargs).to_dict(), trainer.args.to_dict()
     assert {k: v for k, v in used.items() if k != "logging_dir"} == {k: v for k, v in fresh.items() if k != "logging_dir"}
     assert trainer.args is args and trainer.effective_device == "cpu"
+
+
+def test_resume_errors_begin_with_paddlenlps_sentences(tmp_path):
+    missing = str(tmp_path / "checkpoint-15-bogus")
+    with pytest.raises(ValueError) as caught:
+        make_trainer(tmp_path).train(resume_from_checkpoint=missing)
+    assert str(caught.value).startswith(f"Can't find a valid checkpoint at {missing}: ")
+
+    with pytest.raises(ValueError) as caught:
+        make_trainer(tmp_path).train(resume_from_checkpoint=True)
+    assert str(caught.value).startswith(f"No valid checkpoint found in output directory ({tmp_path / 'out'}): ")

@@ -3,11 +3,9 @@ or a damaged disk leaves: a lock that is a directory, a FIFO, a dangling symlink
 another host's heartbeat from the future; an output_dir that is empty, a file, under a file or under /proc; a
 ``trainer_state.json``, ``scheduler.pdparams`` or ``rng_state.pth`` of the wrong shape, int8 weights for a float
 model. Each is one error naming the file (and field) or the option, at once, before anything is applied."""
-import contextlib
 import json
 import os
 import random
-import signal
 import socket
 import time
 
@@ -19,20 +17,7 @@ from paddletrainer.checkpoint import CheckpointError
 from paddletrainer.checkpoint.output_lock import LOCK_NAME, OutputDirLock
 from paddletrainer.checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from paddletrainer.training_args import TrainingArguments
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Raise TimeoutError in the block after ``seconds`` (a blocking open of a FIFO is interrupted by SIGALRM)."""
-    def expire(*_):
-        raise TimeoutError(f"still blocked after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+from deadline import within
 
 
 def lock_json(**fields):

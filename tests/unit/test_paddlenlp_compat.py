@@ -163,6 +163,22 @@ def test_metrics_output_path_writes_each_ranks_logs_as_json_lines(tmp_path):
     assert [r["train/global_step"] for r in rows if "train/loss" in r] == [1, 2]
 
 
+def test_metrics_output_path_writer_is_not_in_the_callback_list_as_in_paddlenlp(tmp_path):
+    # PaddleNLP writes metrics_output_path outside its callbacks: a user's callbacks[-2] and len(callbacks) agree
+    class Mine(TrainerCallback):
+        pass
+
+    out = tmp_path / "per_rank"
+    trainer = Trainer(RegressionModel(), args=make_args(tmp_path, max_steps=2, logging_steps=1,
+                                                         metrics_output_path=str(out)),
+                      train_dataset=regression_data(16), callbacks=[Mine])
+    assert [type(cb) for cb in trainer.callback_handler.callbacks] == [
+        DefaultFlowCallback, RobustnessCallback, Mine, PrinterCallback]
+    trainer.train()
+    rows = [json.loads(line) for line in (out / "metrics_rank0.json").read_text().splitlines()]
+    assert [r["train/global_step"] for r in rows if "train/loss" in r] == [1, 2]
+
+
 # ------------------------------------------------------------------------------------------------ hooks
 def test_subclass_train_sampler_decides_the_data_order(tmp_path):
     data = [{"x": np.array([float(i)], "float32"), "labels": np.float32(i)} for i in range(8)]

@@ -3,9 +3,7 @@ plain names inside the named directory, no symlink out, regular files, sizes bou
 safetensors header field checked, one error naming the file and field; a float tensor is never read from integer
 bytes. Small hand-made files: an index, a shard, a symlink."""
 import json
-import contextlib
 import os
-import signal
 import struct
 
 import numpy as np
@@ -17,23 +15,10 @@ from paddletrainer.checkpoint import CheckpointError
 from paddletrainer.checkpoint.members import MAX_WEIGHT_MAP_BYTES
 from paddletrainer.checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint, unified_checkpoint_index
 from paddletrainer.checkpoint.peft import read_base_weights
+from deadline import within
 
 SHARD = "model-00001-of-00001.safetensors"
 WEIGHTS = {"weight": np.arange(6, dtype="float32").reshape(2, 3), "bias": np.ones(3, dtype="float32")}
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Raise TimeoutError in the block after ``seconds`` (a blocking open of a FIFO is interrupted by SIGALRM)."""
-    def expire(*_):
-        raise TimeoutError(f"still blocked after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def write_unified(ckpt, weight_map=None, index_name="model.safetensors.index.json"):

@@ -2,10 +2,8 @@
 references and the conversion to tensors keeps it shared (one tensor, not one copy a reference); a graph of shared
 references is walked once per object, not as a tree; refusal messages quote a cut-short rendering; and whatever a
 crafted file makes the post-processing raise is one error naming the file (nothing outside its ``try``)."""
-import contextlib
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
@@ -16,22 +14,9 @@ import pytest
 from paddletrainer.checkpoint import CheckpointError
 from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
 from paddletrainer.checkpoint.restricted_pickle import load_pickle
+from deadline import within
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Raise TimeoutError in the block after ``seconds`` (a blocking open of a FIFO is interrupted by SIGALRM)."""
-    def expire(*_):
-        raise TimeoutError(f"still blocked after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def write(tmp_path, data: bytes, name="x.pdparams") -> str:

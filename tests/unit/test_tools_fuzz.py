@@ -4,10 +4,8 @@
 ``--config-from``) ends as one ``error:`` line with exit status 2 within seconds, never a traceback or a hang;
 ``lr_scheduler_kwargs`` is checked as its keys are as options of their own; a batch sampler that dies in the
 loader's thread ends the run with its error."""
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -20,6 +18,7 @@ from paddletrainer.checkpoint import save_checkpoint
 from paddletrainer.tools import merge_checkpoint as merge_tool
 from paddletrainer.tools import plan as plan_tool
 from paddletrainer.training_args import TrainingArguments
+from deadline import within
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIZES = ["--hidden-size", "1024", "--num-layers", "8", "--num-heads", "16", "--intermediate-size", "2816",
@@ -27,20 +26,6 @@ SIZES = ["--hidden-size", "1024", "--num-layers", "8", "--num-heads", "16", "--i
 RUN = ["--devices", "8", "--global-batch", "8"]
 GOOD_CONFIG = {"hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "vocab_size": 32000,
                "intermediate_size": 2816, "seq_length": 1024}
-
-
-@contextlib.contextmanager
-def within(seconds: int):
-    """Raise TimeoutError in the block after ``seconds`` (the search loops in Python: SIGALRM interrupts it)."""
-    def expire(*_):
-        raise TimeoutError(f"still running after {seconds} s")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def one_error_line(capsys, main, argv, seconds=20) -> str:

@@ -106,9 +106,17 @@ def _dpo_args(cls, tmp_path, batch, accumulation):
                logging_steps=1, save_steps=100, seed=7, disable_tqdm=True, report_to="none", max_grad_norm=1.0)
 
 
-def run_dpo(trainer_cls, args, dpo_config, rows):
+def lora_llama():
+    from paddlenlp.peft import LoRAConfig, LoRAModel
+
     model = tiny_llama()
-    ref_model = None if dpo_config.reference_free else tiny_llama()
+    paddle.seed(11)
+    return LoRAModel(model, LoRAConfig(target_modules=[".*q_proj.*", ".*v_proj.*"], r=4, lora_alpha=8))
+
+
+def run_dpo(trainer_cls, args, dpo_config, rows):
+    model = lora_llama() if dpo_config.lora else tiny_llama()
+    ref_model = None if dpo_config.reference_free or dpo_config.lora else tiny_llama()
     trainer = trainer_cls(model=model, ref_model=ref_model, dpo_config=dpo_config, args=args, train_dataset=rows,
                           data_collator=lambda b: preference_collate_fn(b, MAX_LEN), ignore_eos_token=True)
     trainer.train()
@@ -117,8 +125,9 @@ def run_dpo(trainer_cls, args, dpo_config, rows):
 
 
 @pytest.mark.parametrize("options", [dict(), dict(loss_type="ipo", beta=0.5), dict(label_smoothing=0.2, beta=0.3),
-                                     dict(loss_type="hinge", reference_free=True, sft_loss_ratio=0.5)],
-                         ids=["sigmoid", "ipo", "label_smoothing", "hinge_reference_free_sft"])
+                                     dict(loss_type="hinge", reference_free=True, sft_loss_ratio=0.5),
+                                     dict(lora=True, beta=0.5)],
+                         ids=["sigmoid", "ipo", "label_smoothing", "hinge_reference_free_sft", "lora_reference"])
 def test_dpo_trainer_logs_paddlenlps_losses_and_rewards(tmp_path, options):
     from paddlenlp.trainer import TrainingArguments as PaddleNLPArgs
 

@@ -1,0 +1,57 @@
+"""DPO (``paddletrainer.trl.DPOTrainer``) on parallel layouts against one process holding the whole global
+batch (8 rows of 1-2 packed pairs) in one micro-batch: every step's logged loss and DPO metrics (rewards,
+accuracies, margins, log-probs) and the eval metrics agree to 1e-5 — the loss is the mean over the global batch's
+pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs under tp).
+CI runs dp2 and tp2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding stage2×2."""
+import os
+
+import pytest
+
+from launcher import launch, read_results, run_single
+
+WORKER = "dpo_worker.py"
+FULL = os.environ.get("PT_FULL_MATRIX") == "1"
+FULL_ONLY = [pytest.mark.full_matrix] + ([] if FULL else [pytest.mark.skip(reason="full matrix only: PT_FULL_MATRIX=1")])
+COMMON = dict(max_steps=4, logging_steps=1, learning_rate=0.01, lr_scheduler_type="constant", seed=7,
+              save_strategy="no", report_to="none", disable_tqdm="true", device="cpu", per_device_eval_batch_size=4,
+              max_grad_norm=1.0)
+
+
+def worker_args(out, weights, **options):
+    args = ["--output_dir", out / "out", "--result_dir", out / "res", "--weights", weights]
+    for key, value in {**COMMON, **options}.items():
+        args += [f"--{key}", value]
+    return args
+
+
+@pytest.fixture(scope="module")
+def dpo_reference(tmp_path_factory, llama_weights):
+    out = tmp_path_factory.mktemp("dpo_one")
+    run_single(WORKER, worker_args(out, llama_weights, per_device_train_batch_size=8))
+    return read_results(out / "res", 1)[0]
+
+
+def close(actual: dict, expected: dict, at: str):
+    assert sorted(actual) == sorted(expected), at
+    for key in expected:
+        assert actual[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), f"{at} {key}"
+
+
+@pytest.mark.parametrize("name,nproc,options", [
+    pytest.param("dp2", 2, dict(per_device_train_batch_size=4), id="dp2"),
+    pytest.param("tp2", 2, dict(per_device_train_batch_size=8, tensor_parallel_degree=2), id="tp2"),
+    pytest.param("dp2_ga2", 2, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2), id="dp2_ga2",
+                 marks=FULL_ONLY),
+    pytest.param("s2x2", 2, dict(per_device_train_batch_size=4, sharding="stage2", sharding_parallel_degree=2),
+                 id="s2x2", marks=FULL_ONLY),
+])
+def test_dpo_losses_and_metrics_on_a_layout_equal_one_process(tmp_path, llama_weights, dpo_reference, name, nproc,
+                                                                options):
+    launch(WORKER, nproc, worker_args(tmp_path, llama_weights, **options), tmp_path, timeout=300)
+    assert len(dpo_reference["steps"]) == 4
+    for r in read_results(tmp_path / "res", nproc):
+        at = f"{name} rank {r['rank']}"
+        assert len(r["steps"]) == 4, at
+        for step, (mine, ref) in enumerate(zip(r["steps"], dpo_reference["steps"]), 1):
+            close(mine, ref, f"{at} step {step}")
+        close(r["eval"], dpo_reference["eval"], f"{at} eval")

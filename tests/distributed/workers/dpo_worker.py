@@ -1,0 +1,78 @@
+"""DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp)
+and its frozen reference, preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows
+hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()``. Writes rank<r>.json: every step's
+logged loss and DPO metrics, and the eval metrics."""
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common import exit_cleanly, parse_worker_arguments, write_json
+
+MAX_LEN, VOCAB = 48, 96
+
+
+@dataclass
+class DPOWorkerArguments:
+    result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
+    weights: str = field(default=None, metadata={"help": "the tiny Llama's from_pretrained directory"})
+
+
+class CharTokenizer:
+    """One id per character (3..95), eos 1: the interface ``preprocess_preference_data`` uses."""
+
+    chat_template, eos_token_id, pad_token_id = None, 1, 0
+
+    def encode(self, text, add_special_tokens=True):
+        return {"input_ids": [3 + ord(c) % (VOCAB - 3) for c in text]}
+
+
+class Lengths:
+    max_seq_len, max_prompt_len, flash_mask = MAX_LEN, 24, False
+
+
+def preference_rows(n, seed):
+    from paddlenlp.datasets import MapDataset, ZeroPaddingMapDataset
+
+    from paddletrainer.trl import preprocess_preference_data
+
+    rng = np.random.RandomState(seed)
+    words = lambda k: "".join(chr(97 + c) for c in rng.randint(0, 26, size=k))  # noqa: E731
+    rows = [preprocess_preference_data({"src": words(rng.randint(3, 16)), "tgt": [],
+                                        "response": [words(rng.randint(2, 12)), words(rng.randint(2, 12))],
+                                        "sort": [int(s) for s in rng.permutation(2)]},
+                                       CharTokenizer(), Lengths(), Lengths()) for _ in range(n)]
+    return ZeroPaddingMapDataset(MapDataset(rows), tokenizer=CharTokenizer(), max_length=MAX_LEN)
+
+
+def build_llama(weights, topology):
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig.from_pretrained(weights)
+    config.tensor_parallel_degree, config.tensor_parallel_rank = topology.tp_degree, topology.tp_rank
+    config.tensor_parallel_output = True
+    config.max_position_embeddings = config.seq_length = MAX_LEN  # rows are longer than pretraining's; rope has no weights
+    return LlamaForCausalLM.from_pretrained(weights, config=config, dtype="float32")
+
+
+def main():
+    worker_args, args = parse_worker_arguments(DPOWorkerArguments)
+    from paddletrainer.parallel import init_topology
+    from paddletrainer.trl import DPOConfig, DPOTrainer, preference_collate_fn
+
+    topology = init_topology(args.parallel_config)
+    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology),
+                         ref_model=build_llama(worker_args.weights, topology), dpo_config=DPOConfig(beta=0.5),
+                         args=args, train_dataset=preference_rows(70, 0), eval_dataset=preference_rows(20, 1),
+                         data_collator=lambda batch: preference_collate_fn(batch, MAX_LEN), ignore_eos_token=True)
+    trainer.train()
+    steps = [{k: v for k, v in h.items() if k == "loss" or "/" in k or k.endswith("_loss")}
+             for h in trainer.state.log_history if "loss" in h]
+    evaluation = {k: v for k, v in trainer.evaluate().items() if "/" in k or k.endswith("loss")}
+    write_json(os.path.join(worker_args.result_dir, f"rank{args.process_index}.json"),
+               {"rank": args.process_index, "steps": steps, "eval": evaluation})
+    exit_cleanly(topology)
+
+
+if __name__ == "__main__":
+    main()

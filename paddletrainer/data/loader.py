@@ -147,6 +147,38 @@ class _SamplerErrorCarrier:
             yield []
 
 
+class _DatasetErrorCarrier:
+    """A data set whose exception (a user's ``__getitem__`` failing on one bad sample, a stream's generator raising)
+    ends the run with that exception: Paddle's single-process reader thread reads samples outside any ``try``, so
+    the exception would end the thread without waking the training loop, which then waits forever (and a SIGTERM
+    to stop it gracefully waits too). Here the first exception goes to the :class:`CollateErrorCarrier`, the sample
+    becomes ``None``, and the collator turns the batch into the marker batch that :class:`DataLoader` re-raises."""
+
+    def __init__(self, dataset, carrier: CollateErrorCarrier):
+        self.dataset, self.carrier = dataset, carrier
+
+    def _keep(self, exc: Exception) -> None:
+        if self.carrier.error is None:
+            self.carrier.error = exc
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index):
+        try:
+            return self.dataset[index]
+        except Exception as exc:  # re-raised by DataLoader in the training loop's thread
+            self._keep(exc)
+            return None
+
+    def __iter__(self):
+        try:
+            yield from self.dataset
+        except Exception as exc:  # re-raised by DataLoader in the training loop's thread
+            self._keep(exc)
+            yield None
+
+
 def worker_error_printed_first(batches, timeout: float = 10.0):
     """Iterate Paddle's multi-process loader iterator ``batches``; when it fails, first wait for its reader thread.
 
@@ -171,7 +203,8 @@ def worker_error_printed_first(batches, timeout: float = 10.0):
 
 
 class DataLoader(paddle.io.DataLoader):
-    """``paddle.io.DataLoader`` that re-raises a :class:`CollateErrorCarrier`'s exception instead of hanging,
+    """``paddle.io.DataLoader`` that re-raises an exception of the sampler, the data set or the collator (carried by
+    :class:`CollateErrorCarrier`) in the training loop instead of hanging,
     and with worker processes shows a worker's exception before its own error (:func:`worker_error_printed_first`)."""
 
     def __init__(self, dataset, collate_fn=None, num_workers: int = 0, **kwargs):
@@ -181,12 +214,13 @@ class DataLoader(paddle.io.DataLoader):
     def __iter__(self):
         if self.carrier is None:
             batches = super().__iter__()
-        else:  # Paddle's iterator takes the batch sampler when it is made: it gets the guarded one
+        else:  # Paddle's iterator takes the batch sampler and the data set when it is made: it gets guarded ones
             sampler, self.batch_sampler = self.batch_sampler, _SamplerErrorCarrier(self.batch_sampler, self.carrier)
+            dataset, self.dataset = self.dataset, _DatasetErrorCarrier(self.dataset, self.carrier)
             try:
                 batches = super().__iter__()
             finally:
-                self.batch_sampler = sampler
+                self.batch_sampler, self.dataset = sampler, dataset
         if self.carrier is None:
             return _closing(worker_error_printed_first(batches), batches)
         return _closing(self._checked(batches), batches)

@@ -224,6 +224,43 @@ def test_a_batch_sampler_that_dies_in_the_loader_thread_ends_the_run_with_its_er
     assert proc.stdout.splitlines() == ["batch [2, 2]", "raised: laying out 10**11 samples"], proc.stderr[-2000:]
 
 
+BAD_SAMPLE_DATASETS = {
+    "map": """
+        class Samples(paddle.io.Dataset):
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                if i == 2:
+                    raise KeyError("sample 2 has no text")
+                return {"x": np.ones(2, "float32")}
+    """,
+    "stream": """
+        class Samples(paddle.io.IterableDataset):
+            def __iter__(self):
+                yield from [{"x": np.ones(2, "float32")}] * 2
+                raise KeyError("sample 2 has no text")
+    """,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_SAMPLE_DATASETS))
+def test_a_sample_that_raises_in_the_loader_thread_ends_the_run_with_its_error(kind):
+    """A data set raising on one sample (map-style ``__getitem__`` or a stream's generator) inside Paddle's
+    single-process reader thread: the loop gets the exception instead of waiting forever."""
+    code = "import numpy as np\nimport paddle\nfrom paddletrainer.data.loader import DataLoader\n" + textwrap.dedent(
+        BAD_SAMPLE_DATASETS[kind]) + textwrap.dedent("""
+        try:
+            for batch in DataLoader(Samples(), batch_size=2):
+                print("batch", list(batch["x"].shape))
+        except KeyError as e:
+            print("raised:", e)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    assert proc.stdout.splitlines() == ["batch [2, 2]", "raised: 'sample 2 has no text'"], proc.stderr[-2000:]
+
+
 CONFIG_STRINGS = ["sharding_parallel_config", "pipeline_parallel_config", "tensor_parallel_config",
                   "data_parallel_config", "sequence_parallel_config", "unified_checkpoint_config"]
 

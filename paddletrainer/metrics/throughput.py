@@ -131,19 +131,16 @@ def batch_counts(inputs: Any, key: str = "input_ids") -> Tuple[int, int]:
     return samples, tokens
 
 
-def trained_tokens(inputs: Any) -> Optional[int]:
-    """The tokens of a batch a loss is taken on (``labels`` not :data:`IGNORE_INDEX`), counted only where the
-    labels are on the host (a NumPy array, or a tensor in CPU memory: the collated batch before the step moves
-    it), so counting never reads a device; None when they are not, or the batch has no ``[batch, seq]`` labels.
-    With padded fine-tuning samples this is what the step learned from; packing rows raises it toward the
-    tokens counted by :func:`batch_counts`."""
+def trained_tokens(inputs: Any):
+    """The tokens of a batch a loss is taken on (``labels`` not :data:`IGNORE_INDEX`): an int for NumPy labels, a
+    0-D int64 tensor counted where tensor labels are (no device read: :class:`ThroughputMeter` reads the sum at its
+    report, a log step); None when the batch has no ``[batch, seq]`` labels. With padded fine-tuning samples this
+    is what the step learned from; packing rows raises it toward the tokens counted by :func:`batch_counts`."""
     labels = inputs.get("labels") if isinstance(inputs, dict) else None
     if labels is None or len(getattr(labels, "shape", ())) < 2:
         return None
     if isinstance(labels, paddle.Tensor):
-        if not labels.place.is_cpu_place():
-            return None
-        labels = labels.numpy()
+        return (labels != IGNORE_INDEX).astype("int64").sum()
     return int(np.count_nonzero(np.asarray(labels) != IGNORE_INDEX))
 
 
@@ -180,7 +177,9 @@ class ThroughputMeter:
             samples, tokens = batch_counts(batch)
             self.samples += samples * per_rank_to_global
             self.tokens += tokens * per_rank_to_global
-            self.trained_tokens += (trained_tokens(batch) or 0) * per_rank_to_global
+            counted = trained_tokens(batch)
+            if counted is not None:  # a tensor stays one on the device until the report reads it
+                self.trained_tokens = self.trained_tokens + counted * per_rank_to_global
         self.steps += 1
 
     def add(self, samples: int, tokens: int = 0, steps: int = 1) -> None:
@@ -212,8 +211,9 @@ class ThroughputMeter:
             if self.tokens > 0:
                 tps = self.tokens / elapsed
                 out["tokens_per_second"] = tps
-                if self.trained_tokens > 0:
-                    out["trained_tokens_per_second"] = self.trained_tokens / elapsed
+                trained = int(self.trained_tokens)  # the one read of a device count: at the log step
+                if trained > 0:
+                    out["trained_tokens_per_second"] = trained / elapsed
                 per_device = tps / num_devices
                 if num_devices > 1:
                     out["tokens_per_second_per_device"] = per_device

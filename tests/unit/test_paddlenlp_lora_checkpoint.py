@@ -11,8 +11,8 @@ import pytest
 
 from paddletrainer.checkpoint.paddlenlp_unified import unified_checkpoint_index
 from paddletrainer.trainer_utils import is_paddlenlp_checkpoint, is_paddlenlp_unified_checkpoint
+from paddlenlp_runs import SEQ, VOCAB, loss_log, sequential_sampler, token_data
 
-SEQ, VOCAB = 16, 96
 COMMON = dict(max_steps=6, logging_steps=1, learning_rate=1e-2, per_device_train_batch_size=2, seed=3,
               lr_scheduler_type="linear", warmup_steps=0, report_to="none", disable_tqdm=True)
 FORMATS = {"default": False, "unified": True}  # PaddleNLP's unified_checkpoint option
@@ -32,27 +32,11 @@ def lora_llama(adapter_seed):
     return LoRAModel(base, LoRAConfig(target_modules=[".*q_proj.*", ".*v_proj.*"], r=4, lora_alpha=8))
 
 
-def token_data(n=32):
-    tokens = np.random.RandomState(0).randint(0, VOCAB, size=(n, SEQ + 1)).astype("int64")
-    return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
-
-
-def loss_log(base, losses):
-    def on_log(self, args, state, control, logs=None, **kw):
-        if logs and "loss" in logs:
-            losses[state.global_step] = logs["loss"]
-    return type("LossLog", (base,), {"on_log": on_log})
-
-
-def _sequential(self):
-    return paddle.io.BatchSampler(self.train_dataset, batch_size=self.args.per_device_train_batch_size, shuffle=False)
-
-
 def run(trainer_module, output_dir, adapter_seed, resume=None, **options):
     """Either Trainer (``paddlenlp.trainer`` or ``paddletrainer``) on the same batches: ``{step: loss}``, trainer."""
     losses = {}
     with paddle.utils.unique_name.guard():  # as in a process of its own: optimizer states are keyed by these names
-        trainer = type("Sequential", (trainer_module.Trainer,), {"_get_train_sampler": _sequential})(
+        trainer = type("Sequential", (trainer_module.Trainer,), {"_get_train_sampler": sequential_sampler})(
             model=lora_llama(adapter_seed), train_dataset=token_data(),
             callbacks=[loss_log(trainer_module.TrainerCallback, losses)()],
             args=trainer_module.TrainingArguments(output_dir=str(output_dir), **COMMON, **options))

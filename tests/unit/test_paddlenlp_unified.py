@@ -14,8 +14,8 @@ from paddletrainer.checkpoint.paddlenlp_unified import unified_checkpoint_index
 from paddletrainer.checkpoint.paddlenlp_unified_export import export_paddlenlp_unified
 from paddletrainer.trainer_utils import (get_last_checkpoint, is_paddlenlp_unified_checkpoint,
                                          resolve_resume_checkpoint)
+from paddlenlp_runs import SEQ, VOCAB, loss_log, sequential_sampler, token_data
 
-SEQ, VOCAB = 16, 96
 COMMON = dict(max_steps=6, logging_steps=1, learning_rate=1e-2, per_device_train_batch_size=2, seed=3,
               lr_scheduler_type="linear", warmup_steps=0, report_to="none", disable_tqdm=True)
 
@@ -29,30 +29,13 @@ def tiny_llama(seed):
         use_flash_attention=False, use_fused_rms_norm=False, tie_word_embeddings=False, dtype="float32"))
 
 
-def token_data(n=32):
-    tokens = np.random.RandomState(0).randint(0, VOCAB, size=(n, SEQ + 1)).astype("int64")
-    return [{"input_ids": t[:-1], "labels": t[1:]} for t in tokens]
-
-
-def loss_log(base, losses):
-    """A callback class (of ``base``, either Trainer's) keeping ``{step: loss}``."""
-    def on_log(self, args, state, control, logs=None, **kw):
-        if logs and "loss" in logs:
-            losses[state.global_step] = logs["loss"]
-    return type("LossLog", (base,), {"on_log": on_log})
-
-
-def _sequential(self):
-    return paddle.io.BatchSampler(self.train_dataset, batch_size=self.args.per_device_train_batch_size, shuffle=False)
-
-
 def paddlenlp_run(output_dir, resume=None):
     """PaddleNLP's Trainer writing unified checkpoints at step 3 and 6; its per-step losses."""
     nlp = pytest.importorskip("paddlenlp.trainer")
     losses = {}
     log = loss_log(nlp.TrainerCallback, losses)
     with paddle.utils.unique_name.guard():  # as in its own process: optimizer states are keyed by generated names
-        trainer = type("NLPTrainer", (nlp.Trainer,), {"_get_train_sampler": _sequential})(
+        trainer = type("NLPTrainer", (nlp.Trainer,), {"_get_train_sampler": sequential_sampler})(
             model=tiny_llama(2024), train_dataset=token_data(), callbacks=[log()],
             args=nlp.TrainingArguments(output_dir=str(output_dir), save_steps=3, unified_checkpoint=True, **COMMON))
         trainer.train(resume_from_checkpoint=resume)
@@ -84,7 +67,7 @@ def our_run(output_dir, seed, resume=None, **options):
     losses = {}
     log = loss_log(TrainerCallback, losses)
     with paddle.utils.unique_name.guard():
-        ours = type("Ours", (Trainer,), {"_get_train_sampler": _sequential})(
+        ours = type("Ours", (Trainer,), {"_get_train_sampler": sequential_sampler})(
             tiny_llama(seed), train_dataset=token_data(), callbacks=[log()],
             args=TrainingArguments(output_dir=str(output_dir), **COMMON, **options))
         ours.train(resume_from_checkpoint=resume)

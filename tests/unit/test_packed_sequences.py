@@ -15,6 +15,7 @@ from paddletrainer.parallel import packed_attention, ring_attention as ra
 from paddletrainer.parallel.cpu.paddle_checks import broken_assumptions
 from paddletrainer.parallel.flashmask import flashmask_attention
 from paddletrainer.parallel.sequence_cut import documents_of_batch
+from virtual_ring import VirtualRing
 
 VOCAB = 64
 LENGTHS = [(5, 11, 7, 9), (16, 3, 13)]  # two rows of documents, 32 tokens each when packed
@@ -80,15 +81,6 @@ def test_flashmask_forms_paddle_has_but_this_build_lacks_are_refused_by_name(sha
         flashmask_attention(q, q, q, paddle.full(shape, 8, dtype="int32"))
 
 
-class _VirtualRing(ra._Ring):
-    def __init__(self, n, rank, blocks):
-        self.group, self.rotation, self.n, self.rank, self._blocks = None, "allgather", n, rank, blocks
-
-    def blocks(self, tensors):
-        for step in range(self.n):
-            yield step, list(self._blocks[self.owner(step)])
-
-
 @pytest.mark.parametrize("n", [2, 4])
 def test_ring_attention_with_documents_equals_masked_attention_and_skips_emptied_pairs(monkeypatch, n):
     seq, heads, dim = 32, 4, 8
@@ -103,7 +95,7 @@ def test_ring_attention_with_documents_equals_masked_attention_and_skips_emptied
     documents = ra._documents(paddle.to_tensor(ends), q[:, :seq // n], n, True)
     outs, dqs, dk, dv = [], [], [0.0] * n, [0.0] * n
     for r in range(n):
-        ring = _VirtualRing(n, r, blocks)
+        ring = VirtualRing(n, r, blocks)
         acc = ra.ring_forward(heads_major(q, r), *blocks[r], ring, 1 / math.sqrt(dim), True, documents)
         grads = ra._local_chunks(heads_major(paddle.to_tensor(out_grad), r), 2)
         dq, held = ra.ring_backward(heads_major(q, r), *blocks[r], [a[0] for a in acc], [a[1] for a in acc], grads,

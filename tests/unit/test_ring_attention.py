@@ -12,6 +12,7 @@ import pytest
 
 from paddletrainer.parallel import ring_attention as ra
 from toy_models import reference_attention
+from virtual_ring import VirtualRing
 
 B, S, H, D = 2, 16, 4, 8
 TOLERANCE = {"float32": 1e-6, "float64": 1e-12}
@@ -57,17 +58,6 @@ def test_one_rank_ring_attention_equals_plain_attention_forward_and_backward(dty
     assert max(errors) <= TOLERANCE[dtype], errors
 
 
-class _VirtualRing(ra._Ring):
-    """Rank ``rank`` of an ``n``-rank ring whose K/V blocks are the virtual ranks' (an all-gather's view)."""
-
-    def __init__(self, n, rank, blocks):
-        self.group, self.rotation, self.n, self.rank, self._blocks = None, "allgather", n, rank, blocks
-
-    def blocks(self, tensors):
-        for step in range(self.n):
-            yield step, list(self._blocks[self.owner(step)])
-
-
 @pytest.mark.parametrize("n", [2, 3, 4])
 @pytest.mark.parametrize("kv_heads,causal", [(H, True), (H // 2, True), (H, False)])
 def test_virtual_ring_of_n_ranks_equals_plain_attention_forward_and_backward(monkeypatch, n, kv_heads, causal):
@@ -87,7 +77,7 @@ def test_virtual_ring_of_n_ranks_equals_plain_attention_forward_and_backward(mon
     outs, dqs, dk, dv = [], [], [0.0] * n, [0.0] * n
     scale = 1 / math.sqrt(D)
     for r in range(n):
-        ring = _VirtualRing(n, r, blocks)
+        ring = VirtualRing(n, r, blocks)
         acc = ra.ring_forward(heads(arrays[0], r), *blocks[r], ring, scale, causal)
         o, lse = [a[0] for a in acc], [a[1] for a in acc]
         grads = ra._local_chunks(heads(out_grad, r), 2)

@@ -195,6 +195,14 @@ def test_lr_scheduler_kwargs_in_a_json_config_are_checked_too(capsys, tmp_path):
     assert "num_cycles=nan is invalid" in capsys.readouterr().err
 
 
+def loader_child_output(code: str):
+    """Run ``code`` (a loader loop that could hang in Paddle's reader thread) in a child with a deadline: its stdout
+    lines and the tail of its stderr."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": REPO})
+    return proc.stdout.splitlines(), proc.stderr[-2000:]
+
+
 def test_a_batch_sampler_that_dies_in_the_loader_thread_ends_the_run_with_its_error(tmp_path):
     code = textwrap.dedent("""
         import numpy as np
@@ -219,9 +227,8 @@ def test_a_batch_sampler_that_dies_in_the_loader_thread_ends_the_run_with_its_er
         except MemoryError as e:
             print("raised:", e)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": REPO})
-    assert proc.stdout.splitlines() == ["batch [2, 2]", "raised: laying out 10**11 samples"], proc.stderr[-2000:]
+    lines, stderr = loader_child_output(code)
+    assert lines == ["batch [2, 2]", "raised: laying out 10**11 samples"], stderr
 
 
 BAD_SAMPLE_DATASETS = {
@@ -256,9 +263,8 @@ def test_a_sample_that_raises_in_the_loader_thread_ends_the_run_with_its_error(k
         except KeyError as e:
             print("raised:", e)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONPATH": REPO})
-    assert proc.stdout.splitlines() == ["batch [2, 2]", "raised: 'sample 2 has no text'"], proc.stderr[-2000:]
+    lines, stderr = loader_child_output(code)
+    assert lines == ["batch [2, 2]", "raised: 'sample 2 has no text'"], stderr
 
 
 CONFIG_STRINGS = ["sharding_parallel_config", "pipeline_parallel_config", "tensor_parallel_config",

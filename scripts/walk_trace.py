@@ -13,10 +13,13 @@ under ``paddletrainer/`` (Paddle's and PaddleNLP's frames are not traced, and ne
   the option run than in the baseline run: the code the option adds or redirects. Modules imported only because
   of the option appear as their ``<module>`` function ("import by import").
 * **Files crossed**: the files holding a walk function.
-* **Entered**: order the walk functions by their first call; a file is *entered* each time that sequence moves
-  into it from another file. Repeated calls (the loop's later steps, one call per parameter) are not entries;
-  returning into a caller is not an entry unless the caller's file then starts another walk function. So a file
-  entered three times is a file the decision path left and came back to twice with new work.
+* **Entered**: a file is entered once for each of its walk functions whose first call came straight from a
+  function in another library file; split into entries before the first ``Trainer._train_step`` (parse, set-up,
+  checkpoint load) and entries in the steps. Repeated calls (the loop's later steps, one call per parameter) are
+  not entries, and neither is a call within the file (a helper, a comprehension). A walk function whose caller is
+  not library code (Paddle calling back into an override or a hook, or the driving script) is counted apart, as
+  *called from outside the library*. A file entered three times is one that other files called into for three
+  separate jobs.
 
 What the walk excludes, by construction: code that runs the same way with and without the option (the argument
 parser's generic field handling, the training loop shared by every layout, utilities called identically), code on
@@ -46,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = str(REPO / "paddletrainer") + os.sep
 LOCK = "/tmp/paddletrainer-mp.lock"
+STEP = ("trainer.py", "_train_step")  # the walk's functions first called after this one's first call are the steps'
 SIZE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
 SEQ = 16
 COMMON = ["--per_device_train_batch_size", "2", "--max_steps", "2", "--logging_steps", "1", "--learning_rate",
@@ -63,13 +67,17 @@ class Tracer:
 
     def __init__(self):
         self.order = {}  # code object -> index of its first call
+        self.callers = {}  # code object -> the library file that first called it ("" if none: the script)
         self.lines = set()  # (code object, line number)
 
     def on_call(self, frame, event, arg):
         code = frame.f_code
         if event != "call" or not code.co_filename.startswith(PACKAGE):
             return None
-        self.order.setdefault(code, len(self.order))
+        if code not in self.order:
+            self.order[code] = len(self.order)
+            caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
+            self.callers[code] = caller[len(PACKAGE):] if caller.startswith(PACKAGE) else ""
         return self.on_line
 
     def on_line(self, frame, event, arg):
@@ -78,14 +86,19 @@ class Tracer:
         return self.on_line
 
     def report(self) -> list:
-        """[(file relative to the package, first line, qualified name, sorted lines)] in first-call order."""
+        """[(file relative to the package, first line, qualified name, the file of its first caller ("" when not
+        a library frame: a callback from Paddle, or the script), in the steps, sorted lines)] in first-call order;
+        *in the steps* is a first call after the first ``Trainer._train_step``."""
         ran = {}
         for code, line in self.lines:
             ran.setdefault(code, set()).add(line)
         rows = []
+        first_step = min((i for c, i in self.order.items() if c.co_name == STEP[1] and c.co_filename.endswith(STEP[0])),
+                         default=len(self.order))
         for code in sorted(self.order, key=self.order.get):
             name = getattr(code, "co_qualname", code.co_name)
-            rows.append([code.co_filename[len(PACKAGE):], code.co_firstlineno, name, sorted(ran.get(code, ()))])
+            rows.append([code.co_filename[len(PACKAGE):], code.co_firstlineno, name, self.callers[code],
+                         self.order[code] > first_step, sorted(ran.get(code, ()))])
         return rows
 
 
@@ -131,34 +144,36 @@ def launch(cli: list, result: Path, log_dir: Path, world: int = 2) -> None:
         raise SystemExit(f"launch failed (exit {proc.returncode}): {' '.join(cmd)}\n{tails}{proc.stderr[-2000:]}")
 
 
+COMPREHENSIONS = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>", "<lambda>")
+
+
 def walk_of(option_rows: list, baseline_rows: list) -> list:
-    """The option run's functions, in first-call order, that the baseline did not call or ran other lines of."""
-    baseline = {(f, first, name): lines for f, first, name, lines in baseline_rows}
-    return [(f, first, name) for f, first, name, lines in option_rows if baseline.get((f, first, name)) != lines]
+    """The option run's rows, in first-call order, whose function the baseline did not call or ran other lines of."""
+    baseline = {tuple(row[:3]): row[5] for row in baseline_rows}
+    return [row for row in option_rows if baseline.get(tuple(row[:3])) != row[5]]
 
 
-def entries_of(walk: list) -> Counter:
-    """How many times the walk, in first-call order, moves into each file from another file."""
-    entries, previous = Counter(), None
-    for file, _first, _name in walk:
-        if file != previous:
-            entries[file] += 1
-        previous = file
-    return entries
+def entries_of(walk: list, in_steps: bool) -> Counter:
+    """Per file, its walk functions first called from another library file, before the first step or in the steps."""
+    return Counter(file for file, _first, _name, caller, steps, _lines in walk
+                   if caller and caller != file and steps == in_steps)
 
 
 def table(title: str, walk: list) -> str:
-    """Markdown: one row per file in the order the walk first reaches it, with its entries and walk functions."""
-    entries = entries_of(walk)
-    functions = {}
-    for file, _first, name in walk:
-        functions.setdefault(file, []).append(name)
-    lines = [f"{title}: {len(functions)} files, {len(walk)} functions, most entries "
-             f"{max(entries.values(), default=0)}", "", "| # | file | entered | functions on the walk |",
-             "|---|---|---|---|"]
+    """Markdown: one row per file in the order the walk first reaches it: entries, callbacks, its walk functions."""
+    before, steps = entries_of(walk, False), entries_of(walk, True)
+    callbacks, functions = Counter(), {}
+    for file, _first, name, caller, _steps, _lines in walk:
+        callbacks[file] += not caller
+        shown = functions.setdefault(file, [])
+        if name.rsplit(".", 1)[-1] not in COMPREHENSIONS:
+            shown.append(name if caller == file else f"{name} ← {caller or 'Paddle/script'}")
+    most = max((before[f] + steps[f] for f in functions), default=0)
+    lines = [f"{title}: {len(functions)} files; most entries into one file {most}", "",
+             "| # | file | entered before the first step | entered in the steps | called from outside the library "
+             "| functions on the walk (← the caller's file, when another) |", "|---|---|---|---|---|---|"]
     for n, (file, names) in enumerate(functions.items(), 1):
-        shown = ", ".join(f"`{name}`" for name in names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
-        lines.append(f"| {n} | `{file}` | {entries[file]} | {shown} |")
+        lines.append(f"| {n} | `{file}` | {before[file]} | {steps[file]} | {callbacks[file]} | {', '.join(names)} |")
     return "\n".join(lines)
 
 

@@ -14,7 +14,8 @@ under ``paddletrainer/`` (Paddle's and PaddleNLP's frames are not traced, and ne
   of the option appear as their ``<module>`` function ("import by import").
 * **Files crossed**: the files holding a walk function.
 * **Entered**: a file is entered once for each of its walk functions whose first call came straight from a
-  function in another library file; split into entries before the first ``Trainer._train_step`` (parse, set-up,
+  function in another library file (looking through the standard library's ``contextlib``/``functools`` frames);
+  split into entries before the first ``Trainer._train_step`` (parse, set-up,
   checkpoint load) and entries in the steps. Repeated calls (the loop's later steps, one call per parameter) are
   not entries, and neither is a call within the file (a helper, a comprehension). A walk function whose caller is
   not library code (Paddle calling back into an override or a hook, or the driving script) is counted apart, as
@@ -33,7 +34,8 @@ Scenarios (each launch under ``flock /tmp/paddletrainer-mp.lock``, world 2):
 * ``resume``: a dp2 run saves ``checkpoint-2``; the option run resumes it on tp2 with
   ``--resume_from_checkpoint auto`` (another layout); the baseline is the same tp2 run started fresh.
 
-Usage: ``python scripts/walk_trace.py stage2 resume [--work DIR] [--json FILE]``; prints one table per scenario.
+Usage: ``python scripts/walk_trace.py stage2 resume [--work DIR] [--json FILE] [--repo CHECKOUT]``; prints one
+table per scenario.
 """
 from __future__ import annotations
 
@@ -42,12 +44,15 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+# the checkout whose library is traced: this one, or another's (``--repo``, passed to the launched workers)
+REPO = Path(os.environ.get("WALK_TRACE_REPO") or Path(__file__).resolve().parents[1])
 PACKAGE = str(REPO / "paddletrainer") + os.sep
+STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 LOCK = "/tmp/paddletrainer-mp.lock"
 STEP = ("trainer.py", "_train_step")  # the walk's functions first called after this one's first call are the steps'
 SIZE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
@@ -76,8 +81,7 @@ class Tracer:
             return None
         if code not in self.order:
             self.order[code] = len(self.order)
-            caller = frame.f_back.f_code.co_filename if frame.f_back is not None else ""
-            self.callers[code] = caller[len(PACKAGE):] if caller.startswith(PACKAGE) else ""
+            self.callers[code] = library_caller(frame)
         return self.on_line
 
     def on_line(self, frame, event, arg):
@@ -100,6 +104,18 @@ class Tracer:
             rows.append([code.co_filename[len(PACKAGE):], code.co_firstlineno, name, self.callers[code],
                          self.order[code] > first_step, sorted(ran.get(code, ()))])
         return rows
+
+
+def library_caller(frame) -> str:
+    """The file (relative to the package) of the frame that called ``frame``, looking through the standard library
+    (``contextlib``'s ``__enter__``, ``functools``): "" when that caller is not library code (Paddle calling back,
+    or the script)."""
+    caller = frame.f_back
+    while caller is not None and caller.f_code.co_filename.startswith(STDLIB):
+        caller = caller.f_back
+    if caller is None or not caller.f_code.co_filename.startswith(PACKAGE):
+        return ""
+    return caller.f_code.co_filename[len(PACKAGE):]
 
 
 def token_samples(count: int = 32):
@@ -135,7 +151,8 @@ def run_traced(cli: list, result: Path) -> None:
 
 def launch(cli: list, result: Path, log_dir: Path, world: int = 2) -> None:
     """``run_traced`` under ``paddle.distributed.launch`` on ``world`` processes, holding the machine's launch lock."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, WALK_TRACE_REPO=str(REPO),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     cmd = ["flock", LOCK, "timeout", "900", sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node",
            str(world), "--log_dir", str(log_dir), str(Path(__file__).resolve()), "--run", str(result), "--", *cli]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -197,11 +214,16 @@ def main(argv=None) -> int:
     parser.add_argument("scenarios", nargs="*", choices=sorted(SCENARIOS), default=sorted(SCENARIOS))
     parser.add_argument("--work", type=Path, help="directory for the runs' outputs (default: a new temporary one)")
     parser.add_argument("--json", type=Path, help="also write the walks here as JSON")
+    parser.add_argument("--repo", type=Path, help="trace this checkout's paddletrainer/ (default: this one)")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--run"]:  # a launched worker: ``--run RESULT -- CLI...``
         run_traced(argv[3:], Path(argv[1]))
         return 0
     a = parser.parse_args(argv)
+    if a.repo:
+        os.environ["WALK_TRACE_REPO"] = str(a.repo.resolve())
+        global REPO, PACKAGE
+        REPO, PACKAGE = a.repo.resolve(), str(a.repo.resolve() / "paddletrainer") + os.sep
     work = a.work or Path(tempfile.mkdtemp(prefix="walk_trace_"))
     walks = {name: measure(name, work) for name in a.scenarios}
     for name, walk in walks.items():

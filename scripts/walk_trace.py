@@ -13,14 +13,13 @@ under ``paddletrainer/`` (Paddle's and PaddleNLP's frames are not traced, and ne
   the option run than in the baseline run: the code the option adds or redirects. Modules imported only because
   of the option appear as their ``<module>`` function ("import by import").
 * **Files crossed**: the files holding a walk function.
-* **Entered**: a file is entered once for each of its walk functions whose first call came straight from a
-  function in another library file (looking through the standard library's ``contextlib``/``functools`` frames);
-  split into entries before the first ``Trainer._train_step`` (parse, set-up,
-  checkpoint load) and entries in the steps. Repeated calls (the loop's later steps, one call per parameter) are
-  not entries, and neither is a call within the file (a helper, a comprehension). A walk function whose caller is
-  not library code (Paddle calling back into an override or a hook, or the driving script) is counted apart, as
-  *called from outside the library*. A file entered three times is one that other files called into for three
-  separate jobs.
+* **Entered**: a file is entered once for each function of another library file that first called one of its walk
+  functions (the caller looked up through the standard library's ``contextlib``/``functools`` frames); one caller
+  calling several of the file's functions for its job is one entry, so a module of helpers used by one function is
+  not inflated. Counted before the first ``Trainer._train_step`` (parse, set-up, checkpoint load) and in the steps.
+  Repeated calls (the loop's later steps, one call per parameter) add nothing, and neither do calls within the file
+  (a helper, a comprehension). A walk function whose caller is not library code (Paddle calling back into an
+  override or a hook, or the driving script) is counted apart, as *called from outside the library*.
 
 What the walk excludes, by construction: code that runs the same way with and without the option (the argument
 parser's generic field handling, the training loop shared by every layout, utilities called identically), code on
@@ -31,8 +30,10 @@ seen in these scenarios; rerun and compare if in doubt — the walk is determini
 Scenarios (each launch under ``flock /tmp/paddletrainer-mp.lock``, world 2):
 
 * ``stage2``: ``--sharding stage2`` against plain data parallel (dp2).
-* ``resume``: a dp2 run saves ``checkpoint-2``; the option run resumes it on tp2 with
-  ``--resume_from_checkpoint auto`` (another layout); the baseline is the same tp2 run started fresh.
+* ``resume``: a dp2 run saves ``checkpoint-2`` (skipped when ``--work`` holds it already); the option run resumes
+  it on tp2 with ``--resume_from_checkpoint auto`` (another layout, the same global batch of 4: 4 samples per device
+  instead of 2); the baseline is the same tp2 run started fresh. A different global batch would add the path that
+  keeps the saved one (gradient accumulation), not the resume's.
 
 Usage: ``python scripts/walk_trace.py stage2 resume [--work DIR] [--json FILE] [--repo CHECKOUT]``; prints one
 table per scenario.
@@ -59,10 +60,12 @@ SIZE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_atten
 SEQ = 16
 COMMON = ["--per_device_train_batch_size", "2", "--max_steps", "2", "--logging_steps", "1", "--learning_rate",
           "1e-3", "--report_to", "none", "--disable_tqdm", "true", "--seed", "1", "--save_strategy", "no"]
+TP2_SAME_BATCH = ["--tensor_parallel_degree", "2", "--per_device_train_batch_size", "4"]
 SCENARIOS = {
     "stage2": {"option": ["--sharding", "stage2"], "baseline": [], "saved": None},
-    "resume": {"option": ["--tensor_parallel_degree", "2", "--max_steps", "4", "--resume_from_checkpoint", "auto"],
-               "baseline": ["--tensor_parallel_degree", "2", "--max_steps", "4"],
+    # tp2 at 4 samples per device keeps dp2's global batch of 4: the walk is the resume's, not the kept-batch path's
+    "resume": {"option": [*TP2_SAME_BATCH, "--max_steps", "4", "--resume_from_checkpoint", "auto"],
+               "baseline": [*TP2_SAME_BATCH, "--max_steps", "4"],
                "saved": ["--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2"]},
 }
 
@@ -107,7 +110,7 @@ class Tracer:
 
 
 def library_caller(frame) -> str:
-    """The file (relative to the package) of the frame that called ``frame``, looking through the standard library
+    """``file::function`` (file relative to the package) of the frame that called ``frame``, looking through the standard library
     (``contextlib``'s ``__enter__``, ``functools``): "" when that caller is not library code (Paddle calling back,
     or the script)."""
     caller = frame.f_back
@@ -115,7 +118,7 @@ def library_caller(frame) -> str:
         caller = caller.f_back
     if caller is None or not caller.f_code.co_filename.startswith(PACKAGE):
         return ""
-    return caller.f_code.co_filename[len(PACKAGE):]
+    return f"{caller.f_code.co_filename[len(PACKAGE):]}::{getattr(caller.f_code, 'co_qualname', caller.f_code.co_name)}"
 
 
 def token_samples(count: int = 32):
@@ -170,10 +173,16 @@ def walk_of(option_rows: list, baseline_rows: list) -> list:
     return [row for row in option_rows if baseline.get(tuple(row[:3])) != row[5]]
 
 
+def caller_file(caller: str) -> str:
+    return caller.split("::", 1)[0]
+
+
 def entries_of(walk: list, in_steps: bool) -> Counter:
-    """Per file, its walk functions first called from another library file, before the first step or in the steps."""
-    return Counter(file for file, _first, _name, caller, steps, _lines in walk
-                   if caller and caller != file and steps == in_steps)
+    """Per file, the functions of other library files that first called one of its walk functions (several of its
+    functions called by one such function are one entry), before the first step or in the steps."""
+    pairs = {(file, caller) for file, _first, _name, caller, steps, _lines in walk
+             if caller and caller_file(caller) != file and steps == in_steps}
+    return Counter(file for file, _caller in pairs)
 
 
 def table(title: str, walk: list) -> str:
@@ -184,7 +193,7 @@ def table(title: str, walk: list) -> str:
         callbacks[file] += not caller
         shown = functions.setdefault(file, [])
         if name.rsplit(".", 1)[-1] not in COMPREHENSIONS:
-            shown.append(name if caller == file else f"{name} ← {caller or 'Paddle/script'}")
+            shown.append(name if caller_file(caller) == file else f"{name} ← {caller_file(caller) or 'Paddle/script'}")
     most = max((before[f] + steps[f] for f in functions), default=0)
     lines = [f"{title}: {len(functions)} files; most entries into one file {most}", "",
              "| # | file | entered before the first step | entered in the steps | called from outside the library "
@@ -199,7 +208,7 @@ def measure(name: str, work: Path) -> list:
     spec = SCENARIOS[name]
     out = work / name / "out"
     traces = {}
-    if spec["saved"] is not None:
+    if spec["saved"] is not None and not (out / "checkpoint-2").is_dir():  # kept from an earlier measure
         launch([*COMMON, "--output_dir", str(out), *spec["saved"]], work / name / "saved.json", work / name / "log_saved")
     for run in ("option", "baseline"):
         output_dir = out if run == "option" else work / name / "fresh"

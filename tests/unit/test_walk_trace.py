@@ -21,14 +21,16 @@ def test_the_walk_is_what_the_option_adds_or_runs_differently_not_what_it_runs_a
     assert [r[2] for r in walk_trace.walk_of(option, baseline)] == ["branch", "new"]
 
 
-def test_a_file_is_entered_once_per_walk_function_called_from_another_library_file_split_by_phase():
+def test_a_file_is_entered_once_per_calling_function_of_another_file_split_by_phase():
     walk = [row("a.py", "f", "", [1]),  # from the script: counted apart, not an entry
-            row("b.py", "g", "a.py", [1]), row("b.py", "g.<locals>.<listcomp>", "b.py", [1]),
-            row("b.py", "helper", "b.py", [1]),  # within the file: a stay, not an entry
-            row("b.py", "h", "a.py", [1]),
-            row("b.py", "step", "c.py", [1], in_steps=True), row("b.py", "hook", "", [1], in_steps=True)]
+            row("b.py", "g", "a.py::f", [1]), row("b.py", "g.<locals>.<listcomp>", "b.py::g", [1]),
+            row("b.py", "helper", "b.py::g", [1]),  # within the file: not an entry
+            row("b.py", "h", "a.py::f", [1]),  # a.py's f again: the same entry
+            row("b.py", "k", "a.py::other", [1]),  # another function of a.py: a second entry
+            row("b.py", "step", "c.py::loop", [1], in_steps=True), row("b.py", "hook", "", [1], in_steps=True)]
     assert walk_trace.entries_of(walk, in_steps=False) == {"b.py": 2}
     assert walk_trace.entries_of(walk, in_steps=True) == {"b.py": 1}
     table = walk_trace.table("t", walk)
     assert "t: 2 files; most entries into one file 3" in table
-    assert "| 2 | `b.py` | 2 | 1 | 1 | g ← a.py, helper, h ← a.py, step ← c.py, hook ← Paddle/script |" in table
+    assert ("| 2 | `b.py` | 2 | 1 | 1 | g ← a.py, helper, h ← a.py, k ← a.py, step ← c.py, hook ← Paddle/script |"
+            in table)

@@ -20,6 +20,8 @@ under ``paddletrainer/`` (Paddle's and PaddleNLP's frames are not traced, and ne
   Repeated calls (the loop's later steps, one call per parameter) add nothing, and neither do calls within the file
   (a helper, a comprehension). A walk function whose caller is not library code (Paddle calling back into an
   override or a hook, or the driving script) is counted apart, as *called from outside the library*.
+* **From files**: how many other library files those entries come from (a module many files call into, against
+  one file asking it several questions).
 
 What the walk excludes, by construction: code that runs the same way with and without the option (the argument
 parser's generic field handling, the training loop shared by every layout, utilities called identically), code on
@@ -188,6 +190,8 @@ def entries_of(walk: list, in_steps: bool) -> Counter:
 def table(title: str, walk: list) -> str:
     """Markdown: one row per file in the order the walk first reaches it: entries, callbacks, its walk functions."""
     before, steps = entries_of(walk, False), entries_of(walk, True)
+    fan_in = {file: len({caller_file(c) for f, _first, _name, c, _steps, _lines in walk
+                         if f == file and c and caller_file(c) != file}) for file, *_ in walk}
     callbacks, functions = Counter(), {}
     for file, _first, name, caller, _steps, _lines in walk:
         callbacks[file] += not caller
@@ -196,10 +200,11 @@ def table(title: str, walk: list) -> str:
             shown.append(name if caller_file(caller) == file else f"{name} ← {caller_file(caller) or 'Paddle/script'}")
     most = max((before[f] + steps[f] for f in functions), default=0)
     lines = [f"{title}: {len(functions)} files; most entries into one file {most}", "",
-             "| # | file | entered before the first step | entered in the steps | called from outside the library "
-             "| functions on the walk (← the caller's file, when another) |", "|---|---|---|---|---|---|"]
+             "| # | file | entered before the first step | entered in the steps | from files | called from outside the "
+             "library | functions on the walk (← the caller's file, when another) |", "|---|---|---|---|---|---|---|"]
     for n, (file, names) in enumerate(functions.items(), 1):
-        lines.append(f"| {n} | `{file}` | {before[file]} | {steps[file]} | {callbacks[file]} | {', '.join(names)} |")
+        lines.append(f"| {n} | `{file}` | {before[file]} | {steps[file]} | {fan_in[file]} | {callbacks[file]} | "
+                     f"{', '.join(names)} |")
     return "\n".join(lines)
 
 

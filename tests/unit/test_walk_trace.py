@@ -32,5 +32,5 @@ def test_a_file_is_entered_once_per_calling_function_of_another_file_split_by_ph
     assert walk_trace.entries_of(walk, in_steps=True) == {"b.py": 1}
     table = walk_trace.table("t", walk)
     assert "t: 2 files; most entries into one file 3" in table
-    assert ("| 2 | `b.py` | 2 | 1 | 1 | g ← a.py, helper, h ← a.py, k ← a.py, step ← c.py, hook ← Paddle/script |"
+    assert ("| 2 | `b.py` | 2 | 1 | 2 | 1 | g ← a.py, helper, h ← a.py, k ← a.py, step ← c.py, hook ← Paddle/script |"
             in table)

@@ -7,6 +7,7 @@ pairs, so ``count_loss_items`` counts pairs: with ``loss_average="global_batch"`
 the mean over every pair of its global batch, whatever the micro-batching and data ranks. The metrics
 (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, the loss
 terms) are means over the pairs seen since the last log, summed over the data ranks when they are logged.
+Under sep each rank holds a segment of every row; the criterion sums each pair's log-probs over the sep group.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import paddle
 import paddle.nn.functional as F
 
 from ..parallel.collectives import sum_over_data_group
+from ..parallel.packed_attention import install_packed_attention
+from ..parallel.segment import has_sep_path
 from ..trainer import Trainer
 from .dpo_criterion import DPO_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES, DPOCriterion, odds_ratio
 
@@ -53,10 +56,10 @@ def check_dpo_setup(dpo_config, ref_model, args) -> None:
     elif not dpo_config.lora:
         raise ValueError("DPOTrainer needs ref_model, or DPOConfig.reference_free=True, or DPOConfig.lora=True")
     if args is not None:
-        for option in ("pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree"):
+        for option in ("pipeline_parallel_degree", "context_parallel_degree"):
             if getattr(args, option, 1) > 1:
-                raise ValueError(f"DPOTrainer does not run with {option} > 1 yet; use data, tensor or sharding "
-                                 "parallel")
+                raise ValueError(f"DPOTrainer does not run with {option} > 1 yet; use data, tensor, sharding or "
+                                 "sep (sep_parallel_degree) parallel")
 
 
 def set_lora_enabled(model, enabled: bool) -> None:
@@ -86,6 +89,9 @@ class DPOTrainer(Trainer):
                  disable_dropout: bool = True, padding_value: int = 0, model_with_dpo_criterion: bool = False,
                  ignore_eos_token: bool = False, **kwargs):
         check_dpo_setup(dpo_config, ref_model, kwargs.get("args"))
+        if model_with_dpo_criterion and getattr(kwargs.get("args"), "sep_parallel_degree", 1) > 1:
+            raise ValueError("model_with_dpo_criterion=True does not run with sep_parallel_degree > 1 (the model's "
+                             "criterion would sum log-probs of one segment only); leave it False")
         if dpo_criterion is not None and not isinstance(dpo_criterion, DPOCriterion):
             raise ValueError(f"dpo_criterion must be None or a DPOCriterion, got {type(dpo_criterion).__name__}")
         if kwargs.get("compute_metrics") is not None:
@@ -95,8 +101,11 @@ class DPOTrainer(Trainer):
         self.model_with_dpo_criterion = model_with_dpo_criterion
         self.dpo_criterion = None if model_with_dpo_criterion else (
             dpo_criterion or DPOCriterion(self.model.config, dpo_config=dpo_config, ignore_eos_token=ignore_eos_token))
+        if self.dpo_criterion is not None and self.topology.sep_degree > 1:
+            self.dpo_criterion.sequence_group = self.topology.sep_group
         self.ref_model = None if dpo_config.reference_free else ref_model
         if self.ref_model is not None:
+            self._prepare_reference_for_sep()
             self.ref_model.eval()
             for param in self.ref_model.parameters():
                 param.stop_gradient = True
@@ -111,7 +120,25 @@ class DPOTrainer(Trainer):
         self._pair_counts = defaultdict(int)
         self._ref_synced_at = 0
 
+    def _prepare_reference_for_sep(self) -> None:
+        """Under sep the reference reads the same segments as the policy: it must carry the axis, and it attends
+        with the whole rows' mask and positions as the policy does (``parallelize`` installs that on the policy)."""
+        if self.topology.sep_degree == 1:
+            return
+        if not has_sep_path(self.ref_model):
+            raise ValueError("sep_parallel_degree > 1: ref_model has no sep attention; build it with its config's "
+                             "sep_parallel_degree set, as the policy")
+        install_packed_attention(self.ref_model)
+
     # ------------------------------------------------------------------ override points
+    def _sequence_segment(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        """This sep rank's segment of every row; ``response_indexs`` (one line per pair, not per position) stays
+        whole, and the criterion sums each pair's log-probs over the sep group."""
+        if self.topology.sep_degree == 1 or "response_indexs" not in inputs:
+            return super()._sequence_segment(inputs)
+        rest = {k: v for k, v in inputs.items() if k != "response_indexs"}
+        return {**super()._sequence_segment(rest), "response_indexs": inputs["response_indexs"]}
+
     def count_loss_items(self, inputs: Dict[str, Any]):
         """The pairs of ``inputs``: the DPO loss is a mean over pairs."""
         return int(inputs["response_indexs"].shape[0])
@@ -124,7 +151,7 @@ class DPOTrainer(Trainer):
 
     def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
         """``(loss, None, None)``: the DPO loss of the batch (its metrics recorded under ``eval_``)."""
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._sequence_segment(self._prepare_inputs(inputs))
         with paddle.no_grad(), self.autocast_smart_context_manager():
             loss = self.get_batch_metrics(self.ref_model, model, inputs, train_eval="eval")
         return loss.detach(), None, None

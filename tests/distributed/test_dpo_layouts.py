@@ -2,7 +2,8 @@
 batch (8 rows of 1-2 packed pairs) in one micro-batch: every step's logged loss and DPO metrics (rewards,
 accuracies, margins, log-probs) and the eval metrics agree to 1e-5 — the loss is the mean over the global batch's
 pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs under tp).
-CI runs dp2 and tp2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding stage2×2."""
+Under sep2 each rank holds half of every row (the preference mask and the positions whole), the pairs' log-prob
+sums cross the halves. CI runs dp2, tp2 and sep2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding stage2×2."""
 import os
 
 import pytest
@@ -40,6 +41,7 @@ def close(actual: dict, expected: dict, at: str):
 @pytest.mark.parametrize("name,nproc,options", [
     pytest.param("dp2", 2, dict(per_device_train_batch_size=4), id="dp2"),
     pytest.param("tp2", 2, dict(per_device_train_batch_size=8, tensor_parallel_degree=2), id="tp2"),
+    pytest.param("sep2", 2, dict(per_device_train_batch_size=8, sep_parallel_degree=2), id="sep2"),
     pytest.param("dp2_ga2", 2, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2), id="dp2_ga2",
                  marks=FULL_ONLY),
     pytest.param("s2x2", 2, dict(per_device_train_batch_size=4, sharding="stage2", sharding_parallel_degree=2),

@@ -53,6 +53,7 @@ def build_llama(weights, topology, dpo_config):
     config.dpo_config = dpo_config
     config.tensor_parallel_degree, config.tensor_parallel_rank = topology.tp_degree, topology.tp_rank
     config.tensor_parallel_output = True
+    config.sep_parallel_degree = topology.sep_degree
     config.max_position_embeddings = config.seq_length = MAX_LEN  # rows are longer than pretraining's; rope has no weights
     cls = LlamaForCausalLMPipe if topology.pp_degree > 1 else LlamaForCausalLM
     return cls.from_pretrained(weights, config=config, dtype="float32")

@@ -3,8 +3,9 @@ batch (8 rows of 1-2 packed pairs) in one micro-batch: every step's logged loss 
 accuracies, margins, log-probs), the eval metrics and predict's loss agree to 1e-5 — the loss is the mean over the
 global batch's pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs
 under tp; through the pipeline under pp, whose last stage computes the DPO loss, micro-batches of unequal pair
-counts weighted by their pairs). CI runs dp2, tp2 and pp2·GA2; ``PT_FULL_MATRIX=1`` adds dp2·GA2, sharding
-stage2×2 and reference-free pp2·GA2."""
+counts weighted by their pairs; under sep2 each rank holds half of every row, the preference mask and the
+positions whole, and the pairs' log-prob sums cross the halves). CI runs dp2, tp2, pp2·GA2 and sep2;
+``PT_FULL_MATRIX=1`` adds dp2·GA2, sharding stage2×2 and reference-free pp2·GA2."""
 import os
 
 import pytest
@@ -53,6 +54,7 @@ def close(actual: dict, expected: dict, at: str):
     pytest.param("tp2", 2, dict(per_device_train_batch_size=8, tensor_parallel_degree=2), id="tp2"),
     pytest.param("pp2_ga2", 2, dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
                                     pipeline_parallel_degree=2), id="pp2_ga2"),
+    pytest.param("sep2", 2, dict(per_device_train_batch_size=8, sep_parallel_degree=2), id="sep2"),
     pytest.param("dp2_ga2", 2, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2), id="dp2_ga2",
                  marks=FULL_ONLY),
     pytest.param("s2x2", 2, dict(per_device_train_batch_size=4, sharding="stage2", sharding_parallel_degree=2),

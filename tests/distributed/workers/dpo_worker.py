@@ -1,7 +1,7 @@
 """DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp; its
 ``...Pipe`` form under pp, the DPO config on its model config as PaddleNLP's run_dpo.py sets it) and its frozen
-reference (or none: ``--reference_free``), preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows
-hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
+reference (or none: ``--reference_free``), preference pairs packed several to a row (PaddleNLP's zero-padding
+stream, so rows hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
 Writes rank<r>.json: every step's logged loss and DPO metrics, the eval metrics and the predict loss."""
 import os
 from dataclasses import dataclass, field
@@ -54,6 +54,7 @@ def build_llama(weights, topology, dpo_config):
     config.dpo_config = dpo_config
     config.tensor_parallel_degree, config.tensor_parallel_rank = topology.tp_degree, topology.tp_rank
     config.tensor_parallel_output = True
+    config.sep_parallel_degree = topology.sep_degree
     config.max_position_embeddings = config.seq_length = MAX_LEN  # rows are longer than pretraining's; rope has no weights
     cls = LlamaForCausalLMPipe if topology.pp_degree > 1 else LlamaForCausalLM
     return cls.from_pretrained(weights, config=config, dtype="float32")

@@ -9,8 +9,10 @@ the same size class is carved from a heap whose holes (between the slices that l
 On the 168M Llama on 2 CPU ranks that slack was ~330 MiB of the peak (docs/benchmarks.md, "Sharding stage 3").
 
 :func:`hold_mmap_threshold` sets the threshold explicitly (``mallopt(M_MMAP_THRESHOLD)``), which also turns
-the dynamic raise off, and :func:`return_free_heap` hands the heap's free pages back (``malloc_trim``): a
-tensor of 128 KiB or more is then resident only while it is alive. The cost is a fresh mapping (and its page
+the dynamic raise off: a tensor of 128 KiB or more is then resident only while it is alive. It must come before
+the model is built: glibc maps only what its heap cannot serve, so a heap grown by the unsliced model would go
+on serving the gathered tensors from its holes (``init_topology`` holds it when the layout has stage 3).
+:func:`return_free_heap` hands the heap's free pages back (``malloc_trim``), for a model built before that. The cost is a fresh mapping (and its page
 faults) per such tensor. Neither changes a value computed. Other C libraries have neither call: there
 :func:`hold_mmap_threshold` returns False and the memory behaves as that library decides.
 """

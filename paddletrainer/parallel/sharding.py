@@ -93,15 +93,12 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
             model = GroupShardedStage2(model, optimizer, group=group, sync_buffers=True, dp_group=dp_group,
                                        device=device)
         else:
-            host_memory = needs_cpu_backend()  # tensors live in host memory: freed ones must leave it
-            if host_memory:
-                host_allocator.hold_mmap_threshold()
             model = _ReduceScatterStage3(model, optimizer=optimizer, group=group, sync_buffers=True,
                                          segment_size=config.stage3_segment_size, offload=offload,
                                          dp_group=dp_group, device=device,
                                          exclude_layer=list(lazy_init.STAGE3_EXCLUDED_LAYERS))
-            if host_memory:  # the unsliced parameters just freed: their heap pages back to the system
-                host_allocator.return_free_heap()
+            if needs_cpu_backend():  # the unsliced parameters just freed (built before init_topology held the
+                host_allocator.return_free_heap()  # mmap threshold, they may sit in the heap): pages back
     return model, optimizer
 
 

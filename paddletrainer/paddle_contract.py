@@ -130,6 +130,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
     # per model, off a CUDA device: each Llama/Qwen2 attention layer's attn_func wrapped for packed rows' masks
     Symbol("paddlenlp.transformers.llama.modeling.LlamaAttention, qwen2.modeling.Qwen2Attention (instances)",
            ("attn_func",), PATCH, _P + "parallel/packed_attention.py", PREDICATE, CPU),
+    # ... and, under sep, their forward hooked to note whole position_ids; the rope table and function read
+    Symbol("paddlenlp.transformers.llama.modeling.LlamaAttention (instances), llama.modeling.rotate_half",
+           ("reshard_layer", "rotary_emb", "config", "rotate_half"), READ, _P + "parallel/packed_attention.py",
+           PREDICATE, CPU),
     Symbol("paddle.amp.grad_scaler", ("_dygraph_tracer",), PATCH, _P + "optim/amp.py", TESTS, CPU),
     Symbol("paddle.amp.GradScaler", ("_cache_found_inf",), WRITE, _P + "optim/overflow.py", TESTS, EVERY),
     # stage 2/3: subclasses overriding Paddle's private methods, on every device, guarded by the source digests
@@ -189,6 +193,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
     Symbol(_FLEET + "fleet.Fleet", ("_hcg",), READ, _P + "parallel/broadcast.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "fleet.Fleet", ("_hcg",), READ, _P + "runtime/seeding.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "meta_parallel.PipelineLayer", ("_num_stages",), READ, _P + "checks.py", ACCESSOR, EVERY),
+    Symbol(_FLEET + "meta_parallel.PipelineLayer", ("_loss_fn", "_prepare_pipeline_inputs_func"), WRITE,
+           _P + "trl/dpo_pipeline.py", TESTS, EVERY),
     Symbol("paddle.base.framework.EagerParamBase (auto parallel's mark)", ("_need_shard_auto",), READ,
            _P + "optim/adamw.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "meta_parallel.PipelineParallel", ("_delay_scale_loss",), READ, _P + "optim/overflow.py",

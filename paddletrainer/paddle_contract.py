@@ -174,6 +174,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
                                                 "_register_backward_hook"), READ,
            _P + "parallel/data_parallel.py", TESTS, EVERY),
     Symbol("paddle.Tensor", ("_register_backward_hook",), READ, _P + "parallel/sequence.py", TESTS, EVERY),
+    Symbol("paddle.Tensor", ("_slice",), READ, _P + "parallel/cpu/reduce_scatter.py", TESTS, CPU),
     Symbol("paddle.distributed.collective", ("_get_default_group",), READ, _P + "parallel/collectives.py", TESTS,
            EVERY),
     Symbol("paddle.distributed.collective", ("_get_default_group",), READ, _P + "parallel/topology.py", TESTS,

@@ -110,3 +110,20 @@ def test_the_rope_turn_gives_rope_at_the_true_positions():
         np.testing.assert_allclose(mine.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(AssertionError):  # the index alone is not the true positions' rope
         np.testing.assert_allclose(at_index[0].numpy(), expected[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_flashmask_form_of_a_preference_row_is_the_dense_masks_key_ends():
+    raw = {"src": "hello", "tgt": [], "response": ["yes", "no way"], "sort": [1, 0]}
+    dense = preprocess_preference_data(dict(raw), _Tokenizer(), _Lengths(), _Lengths())
+
+    class _Flash(_Lengths):
+        flash_mask = True
+
+    flash = preprocess_preference_data(dict(raw), _Tokenizer(), _Flash(), _Flash())
+    flash["response_indexs"] = [flash["response_indexs"]]
+    ends = preference_collate_fn([flash], LENGTH)["attn_mask_startend_row_indices"].reshape([1, LENGTH])
+    real = len(dense["input_ids"])
+    np.testing.assert_array_equal(_visible_brute_force(ends)[0, :real, :real], dense["attention_mask"])
+    batch = {"input_ids": paddle.zeros([1, LENGTH], "int64"), "attn_mask_startend_row_indices": paddle.to_tensor(ends),
+             "position_ids": paddle.to_tensor(np.array([flash["position_ids"] + [0] * (LENGTH - real)]))}
+    np.testing.assert_array_equal(shard_sequence(batch, 2, 0)["position_ids"].numpy(), batch["position_ids"].numpy())

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Callable, Container, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -34,7 +34,7 @@ from ..parallel.layout import AXES
 from ..parallel.topology import Topology
 from ..parallel.wrappers import unwrap_model, unwrap_optimizer
 from .placement import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
-                     tp_placement)
+                        stored_key, tp_placement)
 
 MASTER_WEIGHT = "master_weight"
 POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
@@ -346,3 +346,64 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -
         add(pname, MASTER_WEIGHT, t)
     return out
 
+
+
+# ------------------------------------------------------------------------------------- a load's targets
+@dataclasses.dataclass
+class RankTensors:
+    """Everything a checkpoint load fills on this rank, gathered in one pass (:func:`rank_tensors`): a load asks
+    this module once for its targets, and once more, while reading, for their memory (:func:`direct_views`,
+    :meth:`LocalTensor.assign`)."""
+
+    topo: Topology
+    layout: Dict[str, int]  # :func:`layout_dict` of ``topo``
+    models: Dict[str, LocalTensor]
+    masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # :func:`offload_master_weights`
+    optims: Dict[str, LocalTensor]  # states and stored offload masters; empty without an optimizer to restore
+    stepped: set  # :func:`stepped_parameter_names`; empty without an optimizer to restore
+    model_specs: Dict[str, Tuple[tuple, str]]  # key -> (global shape, dtype name), to compare with an index
+    optim_specs: Dict[str, Tuple[tuple, str]]
+
+
+def rank_tensors(model, optimizer, topology, stored: Container[str],
+                 select: Callable[[object, Dict[str, LocalTensor]], Dict[str, LocalTensor]]) -> RankTensors:
+    """This rank's load targets: the model's tensors as ``select(model, tensors)`` keeps them (a PEFT model:
+    its adapters), the offload master weights, and, when ``optimizer`` is given, its states with their
+    accumulators created first and the offload masters the checkpoint holds (``stored``: its keys)."""
+    topo = topology_info(topology)
+    models, by_param = model_tensors(model, topo)
+    models = select(model, models)
+    masters = offload_master_weights(model, by_param)
+    optims: Dict[str, LocalTensor] = {}
+    stepped: set = set()
+    if optimizer is not None:
+        ensure_accumulators(optimizer)
+        optims = optimizer_tensors(optimizer, by_param)
+        optims.update({k: m for k, (m, _) in masters.items() if k in stored})
+        stepped = stepped_parameter_names(optimizer, by_param, models)
+
+    def specs(tensors):
+        return {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in tensors.items()}
+
+    return RankTensors(topo, layout_dict(topo), models, masters, optims, stepped, specs(models), specs(optims))
+
+
+
+def direct_views(index: dict, targets: Dict[str, LocalTensor]) -> Tuple[Dict[str, Dict[str, np.ndarray]], dict]:
+    """``{file: {in-file key: the tensor's own memory}}`` for every target that one stored piece of ``index``
+    fills exactly (same box, same dtype, a dense host tensor without padding): a load reads those bytes straight
+    into the tensor. Also returns the tensors by key, to keep them alive while their memory is written."""
+    direct: Dict[str, Dict[str, np.ndarray]] = {}
+    alive = {}
+    for key, lt in targets.items():
+        info, target = index["tensors"][key], lt.placement
+        if target.flat is not None or info["dtype"] != dtype_name(lt.tensor) or lt.storage_numel != target.local_numel:
+            continue
+        whole = [p for p in info["pieces"] if not p.get("flat") and tuple(p["offsets"]) == tuple(target.offsets)
+                 and tuple(p["shape"]) == tuple(target.shape)]
+        view = writable_host_view(lt.tensor) if whole else None
+        if view is None:
+            continue
+        direct.setdefault(whole[0]["file"], {})[stored_key(whole[0], key)] = view
+        alive[key] = lt.tensor
+    return direct, alive

@@ -55,8 +55,8 @@ def load_checkpoint(
     """
     index = read_index(ckpt_dir)
     warnings: List[str] = []
-    rank, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topology, warnings)
-    _read_tensors(ckpt_dir, index, {**rank.models, **rank.optims}, rank.masters)
+    rank, plan, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topology, warnings)
+    _read_tensors(ckpt_dir, index, plan, {**rank.models, **rank.optims}, rank.masters)
     trainer_state, data_state = _restore_small_state(ckpt_dir, index, lr_scheduler, scaler, warnings)
     rng_restored = _restore_rng(ckpt_dir, index, rank, warnings) if load_rng else False
     for w in warnings:
@@ -67,7 +67,8 @@ def load_checkpoint(
 def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topology, warnings: List[str]):
     """Plan: this rank's tensors to fill (model, then optimizer states when the checkpoint holds them), gathered
     by :func:`~.local_state.rank_tensors` and checked against the index; raises
-    :class:`~.placement.CheckpointMismatchError` listing every misfit. Returns ``(RankTensors, optimizer_restored)``.
+    :class:`~.placement.CheckpointMismatchError` listing every misfit. Returns ``(RankTensors, the
+    placement.LoadPlan of what to read, optimizer_restored)``.
     Optimizer states the checkpoint holds for parameters this optimizer updates but which have no local tensor
     to go to are listed in a warning."""
     peft.check_index_for_model(ckpt_dir, index, model)
@@ -77,21 +78,19 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topology, warnin
     # a PEFT model: its adapters only, its base is the user's
     rank = rank_tensors(model, optimizer if restore_optimizer else None, topology, index["tensors"],
                         peft.checkpoint_tensors)
-    problems = L.compare_to_index(index, rank.model_specs, complete_model=rank.topo.pp_degree == 1,
-                                  elsewhere=other_ranks_expert(rank.models, rank.topo.layout.ep))
-    if restore_optimizer:
-        problems += L.compare_to_index(index, rank.optim_specs, complete_model=False, prefix=L.OPTIM_PREFIX)
-        unplaced = L.unplaced_optimizer_states(index, rank.stepped, {**rank.models, **rank.optims})
-        if unplaced:
-            warnings.append(
-                f"{len(unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
-                f"although its optimizer updates their parameters, and are not restored: "
-                f"{', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''} (a different optimizer or "
-                "precision than the checkpoint's, or states this optimizer has not created)"
-            )
-    if problems:
-        raise L.CheckpointMismatchError(problems)
-    return rank, restore_optimizer
+    plan = L.plan_load(index, rank.model_targets, rank.optim_targets, complete_model=rank.topo.pp_degree == 1,
+                       elsewhere=other_ranks_expert(rank.models, rank.topo.layout.ep),
+                       stepped=rank.stepped if restore_optimizer else None)
+    if plan.unplaced:
+        warnings.append(
+            f"{len(plan.unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
+            f"although its optimizer updates their parameters, and are not restored: "
+            f"{', '.join(plan.unplaced[:8])}{' ...' if len(plan.unplaced) > 8 else ''} (a different optimizer "
+            "or precision than the checkpoint's, or states this optimizer has not created)"
+        )
+    if plan.problems:
+        raise L.CheckpointMismatchError(plan.problems)
+    return rank, plan, restore_optimizer
 
 
 _EXPERT_KEY = re.compile(r"^(.*\.experts\.)(\d+)(\..*)$")
@@ -122,18 +121,14 @@ def other_ranks_expert(models: Dict[str, LocalTensor], ep: int):
     return elsewhere
 
 
-def _read_tensors(ckpt_dir: str, index: dict, targets: Dict[str, LocalTensor], masters: dict) -> None:
-    """Read: the stored pieces overlapping each target, from files whose size and crc32 are verified; bytes go
-    straight into the tensors a stored piece fills exactly, the rest is assembled or converted from the buffers.
-    Offload master weights the checkpoint lacks start from their loaded weight, as Paddle's offload starts from
-    the model."""
-    wanted = {k: lt.placement for k, lt in targets.items()}
-    direct, keep_alive = direct_views(index, targets)
-    needed: Dict[str, set] = {}
-    for key, target in wanted.items():
-        for piece in L.pieces_for(index, key, target) if key in index["tensors"] else ():
-            needed.setdefault(piece["file"], set()).add(L.stored_key(piece, key))
-    files = read_verified(ckpt_dir, index, sorted(needed), direct, needed)
+def _read_tensors(ckpt_dir: str, index: dict, plan: L.LoadPlan, targets: Dict[str, LocalTensor],
+                  masters: dict) -> None:
+    """Read: the stored pieces overlapping each target (``plan.needed``), from files whose size and crc32 are
+    verified; bytes go straight into the tensors a stored piece fills exactly (``plan.whole``), the rest is
+    assembled or converted from the buffers. Offload master weights the checkpoint lacks start from their loaded
+    weight, as Paddle's offload starts from the model."""
+    direct, keep_alive = direct_views(plan.whole, targets)
+    files = read_verified(ckpt_dir, index, sorted(plan.needed), direct, plan.needed)
     for key, lt in targets.items():
         if key not in keep_alive:  # the rest: slices of the verified file buffers, assembled or converted
             lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])

@@ -33,8 +33,8 @@ from ..paddle_contract import creates_accumulators, optimizer_accumulators, opti
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
 from ..parallel.wrappers import unwrap_model, unwrap_optimizer
-from .placement import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
-                        stored_key, tp_placement)
+from .placement import (MODEL_PREFIX, CheckpointError, LoadTarget, Placement, flat_placement, model_key, optim_key,
+                        replicated, tp_placement)
 
 MASTER_WEIGHT = "master_weight"
 POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
@@ -361,8 +361,8 @@ class RankTensors:
     masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # :func:`offload_master_weights`
     optims: Dict[str, LocalTensor]  # states and stored offload masters; empty without an optimizer to restore
     stepped: set  # :func:`stepped_parameter_names`; empty without an optimizer to restore
-    model_specs: Dict[str, Tuple[tuple, str]]  # key -> (global shape, dtype name), to compare with an index
-    optim_specs: Dict[str, Tuple[tuple, str]]
+    model_targets: Dict[str, LoadTarget]  # key -> (placement, dtype name, storage numel): what a load plans for
+    optim_targets: Dict[str, LoadTarget]
 
 
 def rank_tensors(model, optimizer, topology, stored: Container[str],
@@ -382,28 +382,24 @@ def rank_tensors(model, optimizer, topology, stored: Container[str],
         optims.update({k: m for k, (m, _) in masters.items() if k in stored})
         stepped = stepped_parameter_names(optimizer, by_param, models)
 
-    def specs(tensors):
-        return {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in tensors.items()}
+    def planned(tensors):
+        return {k: (lt.placement, dtype_name(lt.tensor), lt.storage_numel) for k, lt in tensors.items()}
 
-    return RankTensors(topo, layout_dict(topo), models, masters, optims, stepped, specs(models), specs(optims))
+    return RankTensors(topo, layout_dict(topo), models, masters, optims, stepped, planned(models), planned(optims))
 
 
 
-def direct_views(index: dict, targets: Dict[str, LocalTensor]) -> Tuple[Dict[str, Dict[str, np.ndarray]], dict]:
-    """``{file: {in-file key: the tensor's own memory}}`` for every target that one stored piece of ``index``
-    fills exactly (same box, same dtype, a dense host tensor without padding): a load reads those bytes straight
-    into the tensor. Also returns the tensors by key, to keep them alive while their memory is written."""
+def direct_views(whole: Dict[str, Tuple[str, str]], targets: Dict[str, LocalTensor]):
+    """``{file: {in-file key: the tensor's own memory}}`` for every target one stored piece fills exactly
+    (``whole``: key -> (file, in-file key), :attr:`~.placement.LoadPlan.whole`) that is a dense host tensor: a
+    load reads those bytes straight into the tensor. Also returns the tensors by key, to keep them alive while
+    their memory is written."""
     direct: Dict[str, Dict[str, np.ndarray]] = {}
     alive = {}
-    for key, lt in targets.items():
-        info, target = index["tensors"][key], lt.placement
-        if target.flat is not None or info["dtype"] != dtype_name(lt.tensor) or lt.storage_numel != target.local_numel:
-            continue
-        whole = [p for p in info["pieces"] if not p.get("flat") and tuple(p["offsets"]) == tuple(target.offsets)
-                 and tuple(p["shape"]) == tuple(target.shape)]
-        view = writable_host_view(lt.tensor) if whole else None
+    for key, (file, in_file) in whole.items():
+        view = writable_host_view(targets[key].tensor)
         if view is None:
             continue
-        direct.setdefault(whole[0]["file"], {})[stored_key(whole[0], key)] = view
-        alive[key] = lt.tensor
+        direct.setdefault(file, {})[in_file] = view
+        alive[key] = targets[key].tensor
     return direct, alive

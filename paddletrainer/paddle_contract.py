@@ -188,6 +188,8 @@ SYMBOLS: Tuple[Symbol, ...] = (
     Symbol(_FLEET + "fleet.Fleet", ("_hcg",), READ, _P + "parallel/broadcast.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "fleet.Fleet", ("_hcg",), READ, _P + "runtime/seeding.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "meta_parallel.PipelineLayer", ("_num_stages",), READ, _P + "checks.py", ACCESSOR, EVERY),
+    Symbol(_FLEET + "meta_parallel.PipelineLayer", ("_loss_fn", "_prepare_pipeline_inputs_func"), WRITE,
+           _P + "trl/dpo_pipeline.py", TESTS, EVERY),
     Symbol("paddle.base.framework.EagerParamBase (auto parallel's mark)", ("_need_shard_auto",), READ,
            _P + "optim/adamw.py", ACCESSOR, EVERY),
     Symbol(_FLEET + "meta_parallel.PipelineParallel", ("_delay_scale_loss",), READ, _P + "optim/overflow.py",

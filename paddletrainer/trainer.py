@@ -9,9 +9,9 @@ pipeline schedule (1F1B inside ``parallel.pipeline.train_batch``) under pipeline
 forward/backward per micro-batch with gradient sync deferred to the last one. Everything after the
 backward — clip, NaN policy, optimizer, schedule, callbacks, logging, saving — is the same for every layout.
 
-Override points (PaddleNLP/HF names, all methods of ``Trainer``): create_optimizer, create_scheduler,
-create_optimizer_and_scheduler, compute_loss, training_step, log here; the data loaders and samplers in
-``trainer_data``; evaluate, predict, evaluation_loop, prediction_step in ``trainer_evaluation``; checkpoints,
+Override points (PaddleNLP/HF names, all methods of ``Trainer``): compute_loss, training_step, log here;
+create_optimizer, create_scheduler, create_optimizer_and_scheduler, set_optimizer_grouped_parameters in
+``trainer_optimizer``; the data loaders and samplers in ``trainer_data``; evaluate, predict, evaluation_loop, prediction_step in ``trainer_evaluation``; checkpoints,
 save_model, save_state, export_model in ``trainer_checkpoints``; log_metrics, save_metrics, metrics_format,
 log_trained_tokens in ``metrics.results``.
 """
@@ -41,14 +41,13 @@ from .data.sampling import GlobalBatchSampler
 from .errors import NonFiniteLossError, ReplicaDivergenceError  # noqa: F401 (public here as paddletrainer.trainer.*)
 from .trainer_evaluation import TrainerEvaluation
 from .trainer_data import TrainerData
+from .trainer_optimizer import TrainerOptimizer
 from .metrics.process_memory import MemoryTracker
 from .metrics import (PhaseTimers, ThroughputMeter, flops_per_token_of_model, metrics_output_callbacks, peak_memory_bytes,
                       reporting_callbacks)
 from .metrics.results import TrainerResults
 from .metrics.startup import StartupTimer, report_startup
 from .metrics.writers import check_report_to
-from .optim.optimization import create_optimizer
-from .optim.schedules import get_scheduler
 from .optim.loss import batch_loss, scale_micro_batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
 from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
@@ -73,7 +72,7 @@ DEFAULT_CALLBACKS = [DefaultFlowCallback, RobustnessCallback]
 DEFAULT_PROGRESS_CALLBACK = ProgressCallback
 
 
-class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults):
+class Trainer(TrainerData, TrainerOptimizer, TrainerEvaluation, TrainerCheckpoints, TrainerResults):
     """Train, evaluate and predict with a Paddle model (PaddleNLP's ``Trainer`` API).
 
     Args:
@@ -148,6 +147,7 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.optimizer, self.lr_scheduler = optimizers
         self._optimizer_built_here = False  # create_optimizer sets it: then max_grad_norm is the clip
+        self.optimizer_grouped_parameters = None  # set_optimizer_grouped_parameters: what create_optimizer trains
         self.gradient_clip, self.scaler = None, None  # a GradientClip, taken off the optimizer when it is wrapped
         self.label_names = list(args.label_names) if args.label_names else ["labels"]
         self._is_pipeline = self.topology.pp_degree > 1
@@ -214,32 +214,6 @@ class Trainer(TrainerData, TrainerEvaluation, TrainerCheckpoints, TrainerResults
     def remove_callback(self, callback):
         """Remove a callback (class or instance)."""
         self.callback_handler.remove_callback(callback)
-
-    # ----------------------------------------------------------------------------------- optimizer
-    def create_optimizer(self, lr_scheduler=None):
-        """AdamW (or ``args.optim``) with weight decay skipped for biases and norm weights."""
-        if self.optimizer is None:
-            args = self.args
-            self._optimizer_built_here = True
-            self.optimizer = create_optimizer(
-                self.model, lr_scheduler if lr_scheduler is not None else args.learning_rate, optim=args.optim,
-                weight_decay=args.weight_decay, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2,
-                adam_epsilon=args.adam_epsilon, multi_precision=self.amp.enabled and self.amp.level == "O2")
-        return self.optimizer
-
-    def create_scheduler(self, num_training_steps: int):
-        """The ``lr_scheduler_type`` schedule over ``num_training_steps`` with warmup."""
-        if self.lr_scheduler is None:
-            args = self.args
-            decay_steps = args.schedule_decay_steps(num_training_steps)
-            self.lr_scheduler = get_scheduler(  # + num_cycles, lr_end, power, min_learning_rate, lr_scheduler_kwargs
-                args.lr_scheduler_type, learning_rate=args.learning_rate, num_training_steps=decay_steps,
-                num_warmup_steps=args.get_warmup_steps(num_training_steps), **args.scheduler_arguments())
-        return self.lr_scheduler
-
-    def create_optimizer_and_scheduler(self, num_training_steps: int):
-        self.create_scheduler(num_training_steps)
-        self.create_optimizer(self.lr_scheduler)
 
     def _wrap_model_and_optimizer(self):
         """AMP decoration first (it casts weights the parallel wrappers then shard), then the parallel axes."""

@@ -74,13 +74,19 @@ def create_optimizer(
     multi_precision: bool = False,
     parameters: Optional[Iterable] = None,
     grad_clip=None,
+    parameter_groups: Optional[List] = None,
 ) -> paddle.optimizer.Optimizer:
     """Build the optimizer named by ``optim`` over ``model``'s trainable parameters.
 
     Weight decay is decoupled (AdamW-style) for ``adamw`` and applied to every parameter except biases and
     norm weights; for the other optimizers it is L2 regularisation on the same set. Gradient clipping is
     not attached here: the Trainer clips once, across all parallel groups, before ``step()``.
+    ``parameter_groups`` (PaddleNLP's ``set_optimizer_grouped_parameters``): the parameters, or Paddle's
+    parameter-group dicts, trained as given, weight decay on every one of them.
     """
+    if parameter_groups is not None:
+        return _optimizer_over_groups(optim, list(parameter_groups), lr_scheduler, weight_decay, adam_beta1,
+                                      adam_beta2, adam_epsilon, multi_precision, grad_clip)
     name, cls = _optimizer_class(optim)
     params: List = [p for p in (parameters if parameters is not None else model.parameters()) if not p.stop_gradient]
     skip = no_decay_parameter_names(model)
@@ -106,4 +112,24 @@ def create_optimizer(
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
         ]
+    return cls(**kwargs)
+
+
+def _optimizer_over_groups(optim, groups, lr_scheduler, weight_decay, beta1, beta2, epsilon, multi_precision,
+                           grad_clip):
+    """``optim`` over ``groups`` as given, every parameter decayed (PaddleNLP builds it with no
+    ``apply_decay_param_fun`` when the parameters were set)."""
+    if not groups:
+        raise ValueError("set_optimizer_grouped_parameters: the parameter list is empty; pass the parameters "
+                         "to train (or None for the model's trainable parameters)")
+    name, cls = _optimizer_class(optim)
+    kwargs = dict(learning_rate=lr_scheduler, parameters=groups, grad_clip=grad_clip)
+    if name in ("adamw", "adam", "lamb"):
+        kwargs.update(beta1=beta1, beta2=beta2, epsilon=epsilon)
+    if name in ("adamw", "adam", "momentum", "lamb", "sgd"):
+        kwargs["multi_precision"] = multi_precision
+    if name == "lamb":
+        kwargs["lamb_weight_decay"] = weight_decay
+    elif name == "adamw" or weight_decay > 0:
+        kwargs["weight_decay"] = weight_decay
     return cls(**kwargs)

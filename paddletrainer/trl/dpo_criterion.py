@@ -5,6 +5,9 @@ A row holds ``prompt · chosen · rejected`` (``preference_data``); ``response_i
 ``[row, chosen_start, rejected_start, end]``. ``chosen_labels``/``rejected_labels`` carry the next token at each
 response position and 0 elsewhere. Called with reference log-probs of ``None`` it returns the reference
 log-probs; otherwise ``(policy_chosen_logps, policy_rejected_logps, sft_loss, dpo_loss, loss)``.
+With ``use_infohub=True`` (the loss function of a Pipe model's last stage, which must return one loss) it keeps
+those results in its ``records`` instead (PaddleNLP keeps them in its global ``infohub``) and returns the loss, or
+zeros on a reference pass; ``trl.dpo_pipeline`` reads them.
 The preference loss is a mean over the micro-batch's pairs (``DPOTrainer.count_loss_items`` counts pairs).
 """
 from __future__ import annotations
@@ -74,9 +77,6 @@ class DPOCriterion(nn.Layer):
 
     def __init__(self, config, dpo_config=None, use_infohub=False, ignore_eos_token=False):
         super().__init__()
-        if use_infohub:
-            raise ValueError("DPOCriterion(use_infohub=True) is PaddleNLP's pipeline channel; paddletrainer "
-                             "returns the log-probs instead: leave use_infohub=False")
         if dpo_config is None and getattr(config, "dpo_config", None) is None:
             raise ValueError("DPOCriterion needs dpo_config (or a model config with dpo_config)")
         self.config = config
@@ -90,7 +90,8 @@ class DPOCriterion(nn.Layer):
             self.logprobs = ParallelCrossEntropy()
         else:
             self.logprobs = nn.CrossEntropyLoss(reduction="none")
-        self.use_infohub = False
+        self.use_infohub = use_infohub
+        self.records = []  # with use_infohub: one tuple per call, in call order (micro-batch order)
         self.ignore_eos_token = ignore_eos_token
 
     def dpo_loss(self, policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps):
@@ -127,6 +128,12 @@ class DPOCriterion(nn.Layer):
         average = self.dpo_config.loss_type in AVERAGED_LOSS_TYPES
         chosen, rejected, sft_loss = self.dpo_logps(logits, chosen_labels, rejected_labels, response_indexs, average)
         if ref_chosen is None or ref_rejected is None:
+            if self.use_infohub:
+                self.records.append((chosen.detach(), rejected.detach()))
+                return paddle.zeros([1])
             return chosen, rejected
         dpo_loss = self.dpo_loss(chosen, rejected, ref_chosen, ref_rejected)
+        if self.use_infohub:
+            self.records.append((chosen.detach(), rejected.detach(), sft_loss.detach(), dpo_loss.detach()))
+            return dpo_loss + sft_loss
         return chosen, rejected, sft_loss, dpo_loss, dpo_loss + sft_loss

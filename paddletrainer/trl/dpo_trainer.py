@@ -7,6 +7,11 @@ pairs, so ``count_loss_items`` counts pairs: with ``loss_average="global_batch"`
 the mean over every pair of its global batch, whatever the micro-batching and data ranks. The metrics
 (rewards/chosen, rewards/rejected, rewards/accuracies, rewards/margins, logps/chosen, logps/rejected, the loss
 terms) are means over the pairs seen since the last log, summed over the data ranks when they are logged.
+
+Under pipeline parallel (``trl.dpo_pipeline``) the Pipe model's last stage computes the loss: an optimizer step
+runs the reference's forward through the pipeline over the step's micro-batches, then the policy's 1F1B with
+those log-probs as labels; the Trainer's per-micro-batch pair weights apply to the last stage's losses as to any
+pipeline loss. The last stage holds the metrics' sums; at a log they are summed over the pipeline group too.
 """
 from __future__ import annotations
 
@@ -16,8 +21,10 @@ from typing import Any, Dict
 import paddle
 import paddle.nn.functional as F
 
+from ..parallel import pipeline
 from ..parallel.collectives import sum_over_data_group
 from ..trainer import Trainer
+from . import dpo_pipeline
 from .dpo_criterion import DPO_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES, DPOCriterion, odds_ratio
 
 __all__ = ["DPOTrainer", "disable_dropout_in_model"]
@@ -53,10 +60,10 @@ def check_dpo_setup(dpo_config, ref_model, args) -> None:
     elif not dpo_config.lora:
         raise ValueError("DPOTrainer needs ref_model, or DPOConfig.reference_free=True, or DPOConfig.lora=True")
     if args is not None:
-        for option in ("pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree"):
+        for option in ("sep_parallel_degree", "context_parallel_degree"):
             if getattr(args, option, 1) > 1:
-                raise ValueError(f"DPOTrainer does not run with {option} > 1 yet; use data, tensor or sharding "
-                                 "parallel")
+                raise ValueError(f"DPOTrainer does not run with {option} > 1 yet; use data, tensor, pipeline or "
+                                 "sharding parallel")
 
 
 def set_lora_enabled(model, enabled: bool) -> None:
@@ -77,7 +84,8 @@ class DPOTrainer(Trainer):
         dpo_config: a :class:`~paddletrainer.trl.DPOConfig`.
         disable_dropout: zero every dropout of policy and reference.
         padding_value: the pad id of the batches (kept for PaddleNLP's signature).
-        model_with_dpo_criterion: the model computes the criterion itself from the label keys.
+        model_with_dpo_criterion: the model computes the criterion itself from the label keys (under pipeline
+            parallel the last stage always does: its loss function is set to the criterion).
         ignore_eos_token: leave the first rejected position out of its log-prob.
         **kwargs: the Trainer's (``args``, ``train_dataset``, ``eval_dataset``, ``tokenizer``, ...).
     """
@@ -93,9 +101,15 @@ class DPOTrainer(Trainer):
         super().__init__(model, data_collator=data_collator, **kwargs)
         self.dpo_config = dpo_config
         self.model_with_dpo_criterion = model_with_dpo_criterion
-        self.dpo_criterion = None if model_with_dpo_criterion else (
-            dpo_criterion or DPOCriterion(self.model.config, dpo_config=dpo_config, ignore_eos_token=ignore_eos_token))
+        self.dpo_criterion = None if model_with_dpo_criterion and not self._is_pipeline else (
+            dpo_criterion or DPOCriterion(self.model.config, dpo_config=dpo_config, ignore_eos_token=ignore_eos_token,
+                                          use_infohub=self._is_pipeline))
         self.ref_model = None if dpo_config.reference_free else ref_model
+        self._reference_pipeline = None  # the ref model wrapped for the pipeline, at its first use
+        if self._is_pipeline:
+            dpo_pipeline.install_dpo_criterion(self.model, self.dpo_criterion)
+            if self.ref_model is not None:
+                dpo_pipeline.install_dpo_criterion(self.ref_model, self.dpo_criterion)
         if self.ref_model is not None:
             self.ref_model.eval()
             for param in self.ref_model.parameters():
@@ -128,6 +142,27 @@ class DPOTrainer(Trainer):
         with paddle.no_grad(), self.autocast_smart_context_manager():
             loss = self.get_batch_metrics(self.ref_model, model, inputs, train_eval="eval")
         return loss.detach(), None, None
+
+    def _pipeline_forward_backward(self, micro_batches):
+        """The reference's log-probs through the pipeline, then the policy's 1F1B with them as labels."""
+        self.model_wrapped.train()
+        self._maybe_update_reference()
+        batches = [self._prepare_inputs(b) for b in micro_batches]
+        references = self._pipeline_reference(batches)
+        loss = super()._pipeline_forward_backward([dpo_pipeline.with_reference(b, r)
+                                                   for b, r in zip(batches, references)])
+        self._record_pipeline(batches, references, "train")
+        return loss
+
+    def _pipeline_prediction_step(self, inputs, prediction_loss_only):
+        """``(loss, None, None)`` under pipeline parallel: the DPO loss of the batch, the same on every pp rank
+        (its metrics recorded under ``eval_``)."""
+        batch = self._prepare_inputs(inputs)
+        with paddle.no_grad(), self.autocast_smart_context_manager():
+            references = self._pipeline_reference([batch])
+            loss, _ = pipeline.eval_batch(self.model_wrapped, [dpo_pipeline.with_reference(batch, references[0])])
+        self._record_pipeline([batch], references, "eval")
+        return loss, None, None
 
     def log(self, logs: Dict[str, float], **kwargs) -> None:
         """Add the recorded DPO metrics (means over the pairs since the last log) to ``logs``."""
@@ -174,6 +209,37 @@ class DPOTrainer(Trainer):
                         model.train()
         return chosen.detach(), rejected.detach()
 
+    def _pipeline_reference(self, batches):
+        """Per micro-batch ``(chosen, rejected)`` reference log-probs (on the last stage; zeros elsewhere)."""
+        if self.dpo_config.reference_free:
+            return dpo_pipeline.zero_reference(batches)
+        last = self.topology.is_last_stage
+        with paddle.no_grad(), self.autocast_smart_context_manager():
+            if self.ref_model is not None:
+                if self._reference_pipeline is None:
+                    from paddle.distributed import fleet
+
+                    self._reference_pipeline = fleet.distributed_model(self.ref_model)
+                return dpo_pipeline.reference_logps(self._reference_pipeline, batches, self.dpo_criterion, last)
+            was_training = self.model.training  # the policy without its LoRA is the reference
+            set_lora_enabled(self.model, False)
+            self.model.eval()
+            try:
+                return dpo_pipeline.reference_logps(self.model_wrapped, batches, self.dpo_criterion, last)
+            finally:
+                set_lora_enabled(self.model, True)
+                if was_training:
+                    self.model.train()
+
+    def _record_pipeline(self, batches, references, train_eval) -> None:
+        """The metrics of a pipeline pass: the last stage records its criterion's results, every stage the pairs."""
+        records = dpo_pipeline.take_records(self.dpo_criterion)
+        if not records:
+            self._pair_counts[train_eval] += sum(dpo_pipeline.pair_count(b) for b in batches)
+            return
+        for (chosen, rejected, sft_loss, dpo_loss), (ref_chosen, ref_rejected) in zip(records, references):
+            self._record(chosen, rejected, ref_chosen, ref_rejected, dpo_loss, sft_loss, train_eval)
+
     def _maybe_update_reference(self) -> None:
         """Copy the policy into the reference every ``ref_model_update_steps`` optimizer steps."""
         every, step = self.dpo_config.ref_model_update_steps, self.state.global_step
@@ -204,13 +270,23 @@ class DPOTrainer(Trainer):
             store[key] = value if key not in store else store[key] + value
         self._pair_counts[train_eval] += pairs
 
+    def _metric_names(self):
+        names = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/rejected",
+                 "logps/chosen", f"{self.dpo_config.loss_type}_loss", "sft_loss"]
+        return names + (["log_odds_ratio", "log_odds_chosen"] if self.dpo_config.loss_type == "or" else [])
+
     def _read_metrics(self, train_eval: str) -> Dict[str, float]:
         """The recorded means over the pairs of every data rank, then forgotten (one all-reduce)."""
         store, pairs = self._pair_sums.pop(train_eval, {}), self._pair_counts.pop(train_eval, 0)
-        if not store:
+        if not pairs:  # the same on every pp rank: they all count the pairs
             return {}
-        keys = sorted(store)
-        totals = sum_over_data_group(paddle.stack([store[k] for k in keys] + [paddle.to_tensor(float(pairs))]),
-                                     self.topology).numpy()
+        keys = sorted(self._metric_names())
+        if not store:  # a pipeline stage before the last: the last one's sums arrive with the pp sum below
+            pairs, store = 0, {key: paddle.zeros([]) for key in keys}
+        totals = paddle.stack([store[k] for k in keys] + [paddle.to_tensor(float(pairs))])
+        if self._is_pipeline:
+            totals = totals.clone()
+            paddle.distributed.all_reduce(totals, group=self.topology.pp_group)
+        totals = sum_over_data_group(totals, self.topology).numpy()
         prefix = "eval_" if train_eval == "eval" else ""
         return {f"{prefix}{key}": float(totals[i] / max(totals[-1], 1.0)) for i, key in enumerate(keys)}

@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 import paddle
 
+from ..config.llm_meta import llmmetaclass
 from ..optim.loss import IGNORE_INDEX
 from ..trainer import Trainer
 from ..training_args import TrainingArguments
@@ -27,9 +28,11 @@ def _help(text: str) -> dict:
 
 
 @dataclass
+@llmmetaclass
 class SFTConfig(TrainingArguments):
     """``TrainingArguments`` of a fine-tuning run (PaddleNLP's ``SFTConfig``: learning rate 2e-5,
-    ``max_seq_length`` 2048, ``dataset_text_field`` "text", the benchmark switches)."""
+    ``max_seq_length`` 2048, ``dataset_text_field`` "text", the benchmark switches), with the model options
+    ``llmmetaclass`` adds (``use_flash_attention``, ``virtual_pp_degree``, ``recompute_granularity`` ...)."""
 
     benchmark: bool = field(default=False, metadata=_help("Benchmark run: train only, no save, no evaluation."))
     autotuner_benchmark: bool = field(default=False, metadata=_help("Benchmark run for the autotuner (5 steps)."))

@@ -1,8 +1,10 @@
 """DPO (``paddletrainer.trl.DPOTrainer``) on parallel layouts against one process holding the whole global
 batch (8 rows of 1-2 packed pairs) in one micro-batch: every step's logged loss and DPO metrics (rewards,
-accuracies, margins, log-probs) and the eval metrics agree to 1e-5 — the loss is the mean over the global batch's
-pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs under tp).
-CI runs dp2 and tp2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding stage2×2."""
+accuracies, margins, log-probs), the eval metrics and predict's loss agree to 1e-5 — the loss is the mean over the
+global batch's pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs
+under tp; through the pipeline under pp, whose last stage computes the DPO loss, micro-batches of unequal pair
+counts weighted by their pairs). CI runs dp2, tp2 and pp2·GA2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding
+stage2×2."""
 import os
 
 import pytest
@@ -40,6 +42,8 @@ def close(actual: dict, expected: dict, at: str):
 @pytest.mark.parametrize("name,nproc,options", [
     pytest.param("dp2", 2, dict(per_device_train_batch_size=4), id="dp2"),
     pytest.param("tp2", 2, dict(per_device_train_batch_size=8, tensor_parallel_degree=2), id="tp2"),
+    pytest.param("pp2_ga2", 2, dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                    pipeline_parallel_degree=2), id="pp2_ga2"),
     pytest.param("dp2_ga2", 2, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2), id="dp2_ga2",
                  marks=FULL_ONLY),
     pytest.param("s2x2", 2, dict(per_device_train_batch_size=4, sharding="stage2", sharding_parallel_degree=2),
@@ -55,3 +59,4 @@ def test_dpo_losses_and_metrics_on_a_layout_equal_one_process(tmp_path, llama_we
         for step, (mine, ref) in enumerate(zip(r["steps"], dpo_reference["steps"]), 1):
             close(mine, ref, f"{at} step {step}")
         close(r["eval"], dpo_reference["eval"], f"{at} eval")
+        assert r["test_loss"] == pytest.approx(dpo_reference["eval"]["eval_loss"], rel=1e-5), f"{at} predict"

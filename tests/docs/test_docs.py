@@ -32,7 +32,8 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 HEADING_ID = re.compile(r"\{#[^}]*\}\s*$")
 # Modules PaddleNLP scripts import by path; with no __all__, the public names are listed here (the test below
 # checks the module defines no other public class or function).
-PUBLIC_MODULES = ("trainer", "training_args", "trainer_callback", "trainer_utils", "argparser", "integrations")
+PUBLIC_MODULES = ("trainer", "training_args", "trainer_callback", "trainer_utils", "argparser", "integrations",
+                  "trl")
 PUBLIC_WITHOUT_ALL = {"trainer": ("Trainer", "DEFAULT_CALLBACKS")}
 
 

@@ -23,7 +23,7 @@ def test_a_dpo_setup_paddlenlp_refuses_is_refused_with_the_option_named(config, 
         check_dpo_setup(config, ref_model, ONE_PROCESS)
 
 
-@pytest.mark.parametrize("option", ["pipeline_parallel_degree", "sep_parallel_degree", "context_parallel_degree"])
+@pytest.mark.parametrize("option", ["sep_parallel_degree", "context_parallel_degree"])
 def test_dpo_on_an_unsupported_axis_is_refused_naming_it(option):
     args = SimpleNamespace(**{**vars(ONE_PROCESS), option: 2})
     with pytest.raises(ValueError, match=f"DPOTrainer does not run with {option} > 1"):

@@ -1,7 +1,8 @@
-"""DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp)
-and its frozen reference, preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows
-hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()``. Writes rank<r>.json: every step's
-logged loss and DPO metrics, and the eval metrics."""
+"""DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp; its
+``...Pipe`` form under pp, the DPO config on its model config as PaddleNLP's run_dpo.py sets it) and its frozen
+reference, preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows
+hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
+Writes rank<r>.json: every step's logged loss and DPO metrics, the eval metrics and the predict loss."""
 import os
 from dataclasses import dataclass, field
 
@@ -45,14 +46,16 @@ def preference_rows(n, seed):
     return ZeroPaddingMapDataset(MapDataset(rows), tokenizer=CharTokenizer(), max_length=MAX_LEN)
 
 
-def build_llama(weights, topology):
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+def build_llama(weights, topology, dpo_config):
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
 
     config = LlamaConfig.from_pretrained(weights)
+    config.dpo_config = dpo_config
     config.tensor_parallel_degree, config.tensor_parallel_rank = topology.tp_degree, topology.tp_rank
     config.tensor_parallel_output = True
     config.max_position_embeddings = config.seq_length = MAX_LEN  # rows are longer than pretraining's; rope has no weights
-    return LlamaForCausalLM.from_pretrained(weights, config=config, dtype="float32")
+    cls = LlamaForCausalLMPipe if topology.pp_degree > 1 else LlamaForCausalLM
+    return cls.from_pretrained(weights, config=config, dtype="float32")
 
 
 def main():
@@ -61,16 +64,18 @@ def main():
     from paddletrainer.trl import DPOConfig, DPOTrainer, preference_collate_fn
 
     topology = init_topology(args.parallel_config)
-    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology),
-                         ref_model=build_llama(worker_args.weights, topology), dpo_config=DPOConfig(beta=0.5),
+    dpo_config = DPOConfig(beta=0.5)
+    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology, dpo_config),
+                         ref_model=build_llama(worker_args.weights, topology, dpo_config), dpo_config=dpo_config,
                          args=args, train_dataset=preference_rows(70, 0), eval_dataset=preference_rows(20, 1),
                          data_collator=lambda batch: preference_collate_fn(batch, MAX_LEN), ignore_eos_token=True)
     trainer.train()
     steps = [{k: v for k, v in h.items() if k == "loss" or "/" in k or k.endswith("_loss")}
              for h in trainer.state.log_history if "loss" in h]
     evaluation = {k: v for k, v in trainer.evaluate().items() if "/" in k or k.endswith("loss")}
+    predicted = trainer.predict(preference_rows(20, 1)).metrics["test_loss"]
     write_json(os.path.join(worker_args.result_dir, f"rank{args.process_index}.json"),
-               {"rank": args.process_index, "steps": steps, "eval": evaluation})
+               {"rank": args.process_index, "steps": steps, "eval": evaluation, "test_loss": predicted})
     exit_cleanly(topology)
 
 

@@ -93,3 +93,13 @@ def test_dpo_example_on_a_layout_logs_the_one_process_losses(tmp_path, one_proce
         assert eval_loss(out / "m", rank) == pytest.approx(eval_loss(reference_dir), rel=1e-5), at
     # the saved (merged) model scores the test reviews as the one-process model does
     assert accuracy_line(rank0_log) == reference_accuracy
+
+
+def test_dpo_example_refuses_a_start_directory_without_a_model(tmp_path):
+    (tmp_path / "empty").mkdir()
+    proc = subprocess.run([PYTHON, str(DPO / "run_dpo.py"), str(DPO / "quickstart.json"), "--model_name_or_path",
+                           str(tmp_path / "empty"), "--output_dir", str(tmp_path / "out")],
+                          cwd=str(tmp_path), env=script_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: --model_name_or_path {tmp_path / 'empty'}: expected a saved model (config.json and weights)")

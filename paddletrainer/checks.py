@@ -18,7 +18,9 @@ from .data.collate import forward_parameters
 from .paddle_contract import optimizer_param_groups, pipeline_stages
 from .parallel.context import has_cp_path
 from .parallel.segment import has_sep_path
-from .trainer_utils import foreign_checkpoint_entries, has_length, parse_checkpoint_step, requested_resume
+from .checkpoint.discovery import foreign_checkpoint_entries, requested_resume
+from .checkpoint.placement import parse_checkpoint_step
+from .trainer_utils import has_length
 
 __all__ = [
     "check_batch_keys",
@@ -209,7 +211,7 @@ def check_output_dir(args, resume_from_checkpoint=None) -> None:
     ``args.resume_from_checkpoint``) and ``output_dir`` has
 
     * ``checkpoint-N`` entries paddletrainer did not write (a PaddleNLP checkpoint, a user's directory or file:
-      :func:`~paddletrainer.trainer_utils.foreign_checkpoint_entries`) — this run's saves would collide with
+      :func:`~paddletrainer.checkpoint.discovery.foreign_checkpoint_entries`) — this run's saves would collide with
       them, and they are never deleted or renamed; checked for every ``train()``;
     * with ``args.do_train`` (as PaddleNLP's scripts check), checkpoints of ours — the new run's checkpoints would
       be interleaved with (and rotated against) the old ones.

@@ -130,6 +130,10 @@ SYMBOLS: Tuple[Symbol, ...] = (
     # per model, off a CUDA device: each Llama/Qwen2 attention layer's attn_func wrapped for packed rows' masks
     Symbol("paddlenlp.transformers.llama.modeling.LlamaAttention, qwen2.modeling.Qwen2Attention (instances)",
            ("attn_func",), PATCH, _P + "parallel/packed_attention.py", PREDICATE, CPU),
+    # ... and, under sep, their forward hooked to note whole position_ids; the rope table and function read
+    Symbol("paddlenlp.transformers.llama.modeling.LlamaAttention (instances), llama.modeling.rotate_half",
+           ("reshard_layer", "rotary_emb", "config", "rotate_half"), READ, _P + "parallel/packed_attention.py",
+           PREDICATE, CPU),
     Symbol("paddle.amp.grad_scaler", ("_dygraph_tracer",), PATCH, _P + "optim/amp.py", TESTS, CPU),
     Symbol("paddle.amp.GradScaler", ("_cache_found_inf",), WRITE, _P + "optim/overflow.py", TESTS, EVERY),
     # stage 2/3: subclasses overriding Paddle's private methods, on every device, guarded by the source digests
@@ -170,6 +174,7 @@ SYMBOLS: Tuple[Symbol, ...] = (
                                                 "_register_backward_hook"), READ,
            _P + "parallel/data_parallel.py", TESTS, EVERY),
     Symbol("paddle.Tensor", ("_register_backward_hook",), READ, _P + "parallel/sequence.py", TESTS, EVERY),
+    Symbol("paddle.Tensor", ("_slice",), READ, _P + "parallel/cpu/reduce_scatter.py", TESTS, CPU),
     Symbol("paddle.distributed.collective", ("_get_default_group",), READ, _P + "parallel/collectives.py", TESTS,
            EVERY),
     Symbol("paddle.distributed.collective", ("_get_default_group",), READ, _P + "parallel/topology.py", TESTS,

@@ -153,7 +153,7 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerEvaluation, TrainerCheckpoin
         self._is_pipeline = self.topology.pp_degree > 1
         self._wrapped = False
         self._wrapped_accumulation: Optional[int] = None  # the GA the wrapped model counts in, when it counts
-        self._checkpointer = ckpt.Checkpointer()  # the save in flight (async saves); see _save_checkpoint
+        self._checkpointer = ckpt.Checkpointer(lambda: this()._checkpoint_states())  # what it saves: read at each save
         self._loop: Optional[LoopState] = None  # the running state of a train() call, fresh for each call
         self.state = TrainerState(is_local_process_zero=self.topology.local_rank == 0,
                                   is_world_process_zero=self.topology.rank == 0)

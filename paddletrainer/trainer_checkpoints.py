@@ -20,8 +20,12 @@ import paddle
 from . import checkpoint as ckpt
 from .trainer_callback import TrainerState
 from .checkpoint import peft
-from .checkpoint.files import newest_sound_checkpoint, read_index, read_json, set_aside_damaged
-from .checkpoint.layout import DATA_STATE_NAME, SCALER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME, TRAINING_ARGS_NAME
+from .checkpoint.discovery import (ResumeChoice, is_paddlenlp_checkpoint, is_paddlenlp_unified_checkpoint,
+                                   newest_sound_checkpoint, remove_stale_tmp_dirs, resolve_resume, set_aside_damaged)
+from .checkpoint.placement import (DATA_STATE_NAME, PREFIX_CHECKPOINT_DIR, SCALER_NAME, SCHEDULER_NAME,
+                                   TRAINER_STATE_NAME, TRAINING_ARGS_NAME, checkpoint_dir_name, parse_checkpoint_step)
+from .checkpoint.read import read_index, read_json
+from .checkpoint.save import CheckpointStates
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
 from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
@@ -29,9 +33,6 @@ from .data.collate import forward_argument_names
 from .data.sampling import resume_position
 from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
 from .parallel.collectives import all_gather_object
-from .trainer_utils import (PREFIX_CHECKPOINT_DIR, RESUME_AUTO, checkpoint_dir_name, is_paddlenlp_checkpoint,
-                            is_paddlenlp_unified_checkpoint, parse_checkpoint_step, requested_resume,
-                            resolve_resume_checkpoint)
 
 __all__ = ["TrainerCheckpoints"]
 
@@ -47,9 +48,10 @@ class TrainerCheckpoints:
         return self._named_checkpoint is not None and os.path.realpath(path) == os.path.realpath(self._named_checkpoint)
 
     def _resolve_resume(self, resume_from_checkpoint) -> Optional[str]:
-        """The checkpoint to resume from (see ``resolve_resume_checkpoint``: a path, true or auto), or None.
+        """The checkpoint to resume from (:func:`~.checkpoint.discovery.resolve_resume`: a path, true or auto), or
+        None; resolved once here, when train() starts.
 
-        ``auto`` passes over a newest checkpoint that is damaged (``checkpoint.files.checkpoint_problem``: its
+        ``auto`` passes over a newest checkpoint that is damaged (``checkpoint.discovery.checkpoint_problem``: its
         index unreadable, a file missing or of another size), with a warning naming it, so that an automatic
         restart is not stuck on it; when every checkpoint there is damaged it is an error, not a fresh start.
         Half-written ``checkpoint-N.tmp-*`` dirs of a crashed attempt are never resumed; rank 0 deletes those of
@@ -58,23 +60,15 @@ class TrainerCheckpoints:
         moved aside to ``checkpoint-N.damaged-<time>`` by rank 0 (:meth:`_set_aside_damaged`).
         """
         value = resume_from_checkpoint if resume_from_checkpoint is not None else self.args.resume_from_checkpoint
-        path = resolve_resume_checkpoint(value, self.args.output_dir)
-        requested = requested_resume(value)
-        if requested == RESUME_AUTO and path is not None:
-            path, skipped = newest_sound_checkpoint(self.args.output_dir)
-            if path is None:
-                raise ckpt.CheckpointError(
-                    f"resume_from_checkpoint=auto: every checkpoint in output_dir={self.args.output_dir!r} is damaged ("
-                    + "; ".join(f"{os.path.basename(bad)}: {problem}" for bad, problem in skipped)
-                    + "): repair or move them, or resume from a path you name")
-            for bad, problem in skipped:
-                self._set_aside_damaged(bad, problem, path)
+        choice: ResumeChoice = resolve_resume(value, self.args.output_dir)
+        for bad, problem in choice.skipped:
+            self._set_aside_damaged(bad, problem, choice.path)
         # the one checkpoint whose pickles may be read (a PaddleNLP one): the exact path the user gave
-        self._named_checkpoint = path if isinstance(requested, str) and requested != RESUME_AUTO else None
-        self._auto_resume = requested == RESUME_AUTO
+        self._named_checkpoint = choice.named
+        self._auto_resume = choice.auto
         if self.state.is_world_process_zero and os.path.isdir(self.args.output_dir):
-            ckpt.remove_stale_tmp_dirs(self.args.output_dir)
-        return path
+            remove_stale_tmp_dirs(self.args.output_dir)
+        return choice.path
 
     def _set_aside_damaged(self, bad: str, problem: str, resuming_from: str) -> None:
         """Warn that ``auto`` passed over ``bad``; rank 0 renames it ``checkpoint-N.damaged-<time>``: under its name
@@ -176,13 +170,18 @@ class TrainerCheckpoints:
         """Write ``output_dir/checkpoint-<step>``: every rank its own shards, published atomically, then rotate."""
         checkpoint_dir = os.path.join(self.args.output_dir, checkpoint_dir_name(self.state.global_step))
         self._update_best(metrics, checkpoint_dir)
+        async_save = self.args.checkpoint_async_save and not self._stop.stopping  # the stop save is the last
+        return self._checkpointer.save(checkpoint_dir, async_save=async_save)  # async: see _optimizer_step
+
+    def _checkpoint_states(self) -> CheckpointStates:
+        """What the run's :class:`~.checkpoint.Checkpointer` saves (bound to it in ``__init__``, read at each save:
+        the model and optimizer are replaced while the Trainer wraps them, the step and data position advance)."""
         resume_state = {} if self.args.ignore_save_lr_and_optim else dict(
             optimizer=self.optimizer, lr_scheduler=self.lr_scheduler, scaler=self.scaler)
-        return self._checkpointer.save(  # async: copied while the next step runs, see _optimizer_step
-            checkpoint_dir, model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state),
-            args=self.args, data_state=self._data_state(), topology=self.topology,
-            async_save=self.args.checkpoint_async_save and not self._stop.stopping,  # the stop save is the last
-            save_total_limit=self.args.save_total_limit, best_checkpoint=self.state.best_model_checkpoint)
+        return CheckpointStates(
+            model=self.model, **resume_state, trainer_state=dataclasses.asdict(self.state), args=self.args,
+            data_state=self._data_state(), topology=self.topology, save_total_limit=self.args.save_total_limit,
+            best_checkpoint=self.state.best_model_checkpoint)
 
     def _data_state(self) -> Dict[str, int]:
         """The layout-free data position, and the global batch it is counted in (a resume keeps it)."""
@@ -334,8 +333,8 @@ class TrainerCheckpoints:
         """
         output_dir = output_dir or self.args.output_dir
         staging = os.path.join(output_dir, f".{PREFIX_CHECKPOINT_DIR}-export")
-        # the Trainer's checkpointer: an async save in flight is published first (this save clears tmp dirs)
-        self._checkpointer.save(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
+        self._checkpointer.finish()  # an async save in flight is published first (this save clears tmp dirs)
+        ckpt.save_checkpoint(staging, model=self.model, topology=self.topology, save_rng=False, args=self.args)
         if self.args.should_save:
             if peft.peft_type(self.model) is not None:
                 peft.export_adapters(staging, output_dir)

@@ -1,8 +1,9 @@
 """Small types and helpers shared by the trainer, its arguments and its callbacks.
 
 The names mirror ``paddlenlp.trainer.trainer_utils`` so that code written against PaddleNLP keeps working.
-This module imports only the standard library and numpy (never paddle: ``TrainingArguments`` imports it, and
-importing the arguments must stay cheap); everything else in the package may import it. ``set_seed`` and
+This module imports only the standard library, numpy and the paddle-free checkpoint naming and discovery
+(``checkpoint.discovery``, whose PaddleNLP names it re-exports) — never paddle: ``TrainingArguments`` imports it, and
+importing the arguments must stay cheap; everything else in the package may import it. ``set_seed`` and
 ``_get_distributed_seeds`` are defined in :mod:`paddletrainer.runtime.seeding` and resolved here on first use.
 """
 
@@ -10,13 +11,20 @@ import datetime
 import importlib
 import logging
 import os
-import re
 import socket
 import time
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
+
+# checkpoint naming and discovery live in checkpoint.discovery (paddle-free); PaddleNLP's scripts import them here
+from .checkpoint.discovery import (PADDLENLP_UNIFIED_INDEXES, RESUME_AUTO, foreign_checkpoint_entries,  # noqa: F401
+                                   get_last_checkpoint, is_empty_dir, is_our_checkpoint, is_paddlenlp_checkpoint,
+                                   is_paddlenlp_unified_checkpoint, requested_resume, resolve_resume_checkpoint,
+                                   sorted_checkpoints)
+from .checkpoint.placement import (CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME,  # noqa: F401
+                                   PREFIX_CHECKPOINT_DIR, checkpoint_dir_name, parse_checkpoint_step)
 
 __all__ = [
     "ExplicitEnum",
@@ -68,28 +76,6 @@ __all__ = [
     "LastBatchPaddingSampler",
     "RemoveColumnsCollator",
 ]
-
-PREFIX_CHECKPOINT_DIR = "checkpoint"
-# A checkpoint directory is published atomically: the writer creates this empty file last, so a directory
-# without it is a save that crashed or is still being written, and must never be resumed from.
-CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
-# The index our writer puts beside the marker; ``checkpoint.layout.INDEX_NAME`` is this name.
-CHECKPOINT_INDEX_NAME = "checkpoint_index.json"
-
-_CHECKPOINT_DIR_RE = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
-
-
-def checkpoint_dir_name(step: int) -> str:
-    """``checkpoint-<step>``: the one spelling of a checkpoint directory's name (``checkpoint.layout`` re-exports
-    it and :func:`parse_checkpoint_step`)."""
-    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
-
-
-def parse_checkpoint_step(dir_name: str) -> Optional[int]:
-    """Step of a published ``checkpoint-N`` directory name; None for anything else (tmp dirs too)."""
-    match = _CHECKPOINT_DIR_RE.match(dir_name)
-    return int(match.group(1)) if match else None
-
 
 class ExplicitEnum(str, Enum):
     """A string enum whose error for an unknown value lists the valid values.
@@ -186,184 +172,6 @@ class TrainOutput(NamedTuple):
     global_step: int
     training_loss: float
     metrics: Dict[str, float]
-
-
-def sorted_checkpoints(folder: str) -> List[str]:
-    """The completed ``checkpoint-N`` directories in ``folder``, oldest (lowest N) first.
-
-    Directories without the :data:`CHECKPOINT_COMPLETE_MARKER` file are skipped: they are interrupted or
-    in-flight saves, and resuming from one would load partial state. Temporary ``checkpoint-N.tmp-*``
-    directories never match the name pattern.
-    """
-    if not os.path.isdir(folder):
-        return []
-    found = []
-    for name in os.listdir(folder):
-        step = parse_checkpoint_step(name)
-        path = os.path.join(folder, name)
-        if step is not None and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER)):
-            found.append((step, path))
-    return [path for _, path in sorted(found)]
-
-
-_TMP_INFIX = ".tmp-"  # checkpoint.layout.TMP_INFIX: a save in progress (this module imports no checkpoint code)
-# checkpoint.layout's shard names (model_state.tp00_pp00.safetensors, optimizer.tp00_pp00_shard00.safetensors)
-_OUR_SHARD = re.compile(r"^(model_state|optimizer)\.tp\d+_pp\d+.*\.safetensors$")
-# the index files of PaddleNLP's unified checkpoint (``--unified_checkpoint true``): safetensors, no pickles
-PADDLENLP_UNIFIED_INDEXES = ("model.safetensors.index.json", "peft_model.safetensors.index.json",
-                             "optimizer.safetensors.index.json", "master_weights.safetensors.index.json")
-# the weights of PaddleNLP's non-unified checkpoint: a model's, or a LoRAModel's adapters (``lora_model_state``)
-_PADDLENLP_WEIGHTS = re.compile(r"^(lora_)?model_state(\..+)?\.pdparams$")
-
-
-def _foreign_names(path: str) -> Optional[list]:
-    """The file names of ``path`` when it is a directory carrying neither our index nor our marker, else None."""
-    if not os.path.isdir(path):
-        return None
-    names = os.listdir(path)
-    return None if "checkpoint_index.json" in names or CHECKPOINT_COMPLETE_MARKER in names else names
-
-
-def is_paddlenlp_unified_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote with ``unified_checkpoint``: its
-    ``optimizer.safetensors.index.json`` or ``model.safetensors.index.json`` and its ``trainer_state.json``
-    (written last), and neither our ``checkpoint_index.json`` nor our completion marker (ours write a
-    ``model.safetensors.index.json`` too, for ``from_pretrained``)."""
-    names = _foreign_names(path)
-    return names is not None and "trainer_state.json" in names and any(n in names for n in PADDLENLP_UNIFIED_INDEXES)
-
-
-def is_paddlenlp_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a checkpoint PaddleNLP's Trainer wrote, in its non-unified format (a
-    ``model_state*.pdparams``, or a LoRAModel's ``lora_model_state*.pdparams``) or its unified one (:func:`is_paddlenlp_unified_checkpoint`), with its
-    ``trainer_state.json`` (written after the weights), and neither our ``checkpoint_index.json`` nor our
-    completion marker. A directory carrying our marker is always read as ours (whose loader refuses pickles), so
-    planting ``.pdparams`` files in one of our checkpoints never routes it to the pickle-reading interop loader."""
-    names = _foreign_names(path)
-    return names is not None and "trainer_state.json" in names and (
-        any(_PADDLENLP_WEIGHTS.match(n) for n in names) or any(n in names for n in PADDLENLP_UNIFIED_INDEXES))
-
-
-def _not_a_checkpoint(value: str, resume: str) -> str:
-    """Why the directory ``resume`` named by ``resume_from_checkpoint`` cannot be resumed (it has no marker)."""
-    names = sorted(os.listdir(resume))
-    paddlenlp = [n for n in names if n in PADDLENLP_UNIFIED_INDEXES or _PADDLENLP_WEIGHTS.match(n)]
-    if paddlenlp:  # PaddleNLP writes trainer_state.json after the weights and optimizer
-        return (f"resume_from_checkpoint={value!r} is a PaddleNLP checkpoint whose save did not finish (it has "
-                f"{paddlenlp[0]} but no trainer_state.json, which PaddleNLP writes last)")
-    ours = [n for n in names if n == "checkpoint_index.json" or _OUR_SHARD.match(n)]
-    if ours or not names or _TMP_INFIX in os.path.basename(os.path.normpath(resume)):  # empty: a save just begun
-        found = sorted_checkpoints(os.path.dirname(os.path.abspath(resume)))
-        return (f"resume_from_checkpoint={value!r} is incomplete (no completion marker: its save did not finish); "
-                f"complete checkpoints beside it: {[os.path.basename(c) for c in found] or 'none'}")
-    shown = names[:8] + (["..."] if len(names) > 8 else [])
-    return (f"resume_from_checkpoint={value!r} is not a paddletrainer checkpoint (found: {shown}); "
-            f"valid: a checkpoint-N directory paddletrainer wrote (with {CHECKPOINT_COMPLETE_MARKER}), or one "
-            f"PaddleNLP's Trainer wrote ([lora_]model_state*.pdparams or unified *.safetensors.index.json, with "
-            f"trainer_state.json)")
-
-
-def is_our_checkpoint(path: str) -> bool:
-    """Whether ``path`` is a checkpoint paddletrainer published: a real directory (not a symlink) holding both our
-    completion marker and our ``checkpoint_index.json``. Only these are ever replaced or rotated away; anything
-    else named ``checkpoint-*`` (a PaddleNLP checkpoint, a user's directory or file) is never deleted or renamed."""
-    return (os.path.isdir(path) and not os.path.islink(path)
-            and os.path.isfile(os.path.join(path, CHECKPOINT_COMPLETE_MARKER))
-            and os.path.isfile(os.path.join(path, CHECKPOINT_INDEX_NAME)))
-
-
-def is_empty_dir(path: str) -> bool:
-    """A real (not symlinked) directory with nothing in it."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        return False
-    with os.scandir(path) as entries:
-        return next(entries, None) is None
-
-
-def foreign_checkpoint_entries(folder: str) -> List[Tuple[int, str]]:
-    """``(step, name)`` of the entries of ``folder`` named ``checkpoint-<step>`` that are not checkpoints of ours
-    (:func:`is_our_checkpoint`) and hold something (an empty directory holds nothing to lose: a save of its step
-    takes its place): a save of that step would collide with them. Sorted by step."""
-    if not folder or not os.path.isdir(folder):
-        return []
-    found = [(parse_checkpoint_step(name), os.path.join(folder, name)) for name in os.listdir(folder)]
-    return sorted((step, os.path.basename(path)) for step, path in found
-                  if step is not None and not is_our_checkpoint(path) and not is_empty_dir(path))
-
-
-def get_last_checkpoint(folder: str) -> Optional[str]:
-    """The newest checkpoint in ``folder``, or None: the ``checkpoint-N`` of ours with the highest N that is
-    complete (has its completion marker); only when ``folder`` holds none of ours, the newest PaddleNLP-written one
-    (:func:`is_paddlenlp_checkpoint`), as PaddleNLP's own ``get_last_checkpoint`` would find it.
-
-    Ours always win so that a PaddleNLP directory (whose loading unpickles files) is never preferred to a
-    checkpoint of ours, whatever its step number. A script passing a PaddleNLP path found here as
-    ``resume_from_checkpoint`` names it (it is read, with the allowlist unpickler); ``true`` does not resume one."""
-    ours = sorted_checkpoints(folder)
-    if ours:
-        return ours[-1]
-    names = os.listdir(folder) if os.path.isdir(folder) else []
-    theirs = [(step, os.path.join(folder, name)) for name in names
-              for step in [parse_checkpoint_step(name)] if step is not None]
-    theirs = [(step, path) for step, path in theirs if is_paddlenlp_checkpoint(path)]
-    return max(theirs)[1] if theirs else None
-
-
-def requested_resume(value: Any) -> Union[None, bool, str]:
-    """Normalise a ``resume_from_checkpoint`` value: None (no resume), True (the newest checkpoint) or a path.
-
-    Config files and command lines carry booleans as strings, so "True"/"true" and "False"/"false"/"" count too.
-    """
-    if value in (None, False, "", "False", "false"):
-        return None
-    if value is True or value in ("True", "true"):
-        return True
-    return str(value)
-
-
-RESUME_AUTO = "auto"
-
-
-def resolve_resume_checkpoint(value: Any, output_dir: Optional[str]) -> Optional[str]:
-    """The checkpoint directory a ``resume_from_checkpoint`` value asks for, or None (start fresh).
-
-    * None / False / "false" / "": no resume;
-    * True / "true": the newest checkpoint of ours in ``output_dir`` (``get_last_checkpoint``); none is an error,
-      and so is a PaddleNLP checkpoint found there (reading one unpickles its files: only a path the user names
-      is read);
-    * ``"auto"``: the newest complete checkpoint *of ours* in ``output_dir`` if there is one, else start fresh —
-      what a job restarted by ``python -m paddletrainer.launch --max_restart`` needs to pick up where its previous
-      attempt stopped (half-written ``checkpoint-N.tmp-*`` dirs never count). A PaddleNLP checkpoint is never
-      picked here. (The Trainer goes further back past a damaged one: ``TrainerCheckpoints._resolve_resume``);
-    * a path: must exist and be a complete checkpoint (its save finished), or a PaddleNLP checkpoint.
-
-    Raises ``ValueError`` naming ``resume_from_checkpoint``, so a bad value is a usage error before training.
-    """
-    resume = requested_resume(value)
-    if resume is None:
-        return None
-    if resume == RESUME_AUTO:
-        ours = sorted_checkpoints(output_dir) if output_dir else []
-        return ours[-1] if ours else None
-    if resume is True:
-        path = get_last_checkpoint(output_dir) if output_dir else None
-        if path is None:
-            # PaddleNLP's sentence first: scripts and tests match on it
-            raise ValueError(f"No valid checkpoint found in output directory ({output_dir}): "
-                             f"resume_from_checkpoint=True but it holds no complete checkpoint; use "
-                             f"resume_from_checkpoint=auto to start fresh when there is none")
-        if is_paddlenlp_checkpoint(path):  # its files are pickles: read only from a path the user names
-            raise ValueError(f"resume_from_checkpoint=True: output_dir={output_dir!r} holds no complete checkpoint of "
-                             f"paddletrainer, only PaddleNLP's {os.path.basename(path)}, whose files are pickles and "
-                             f"are read only from a path you name: pass --resume_from_checkpoint {path}")
-        return path
-    if not os.path.isdir(resume):
-        raise ValueError(f"Can't find a valid checkpoint at {resume}: resume_from_checkpoint={resume!r} does not "
-                         f"exist; give a checkpoint-N directory, true (the newest in output_dir) or auto (the newest "
-                         f"if any)")
-    if not os.path.isfile(os.path.join(resume, CHECKPOINT_COMPLETE_MARKER)) and not is_paddlenlp_checkpoint(resume):
-        raise ValueError(_not_a_checkpoint(value, resume))
-    return resume
 
 
 def speed_metrics(

@@ -35,8 +35,9 @@ from .config.hf_options import HFOptions
 from .config.arguments_base import ArgumentsRanksAndSerialization, view as _view
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import DEFAULT_TOPO_ORDER, Layout, launch_local_rank, launch_world_size, option_axes
-from .trainer_utils import (RESUME_AUTO, IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
-                            ShardingOption, default_logdir, normalize_report_to, resolve_resume_checkpoint)
+from .checkpoint.discovery import check_resume_value
+from .trainer_utils import (IntervalStrategy, OptimizerNames, SchedulerType,  # noqa: F401
+                            ShardingOption, default_logdir, normalize_report_to)
 
 # The resolved layout type and its arithmetic, under the names this module has always exported.
 ParallelDegrees = Layout
@@ -389,7 +390,7 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         paddlenlp_options.apply_options_without_behaviour(self)
         self._normalize_checkpoint_and_misc()
         # checkable before training: a bad resume path is a usage error, not a failure after model building
-        resolve_resume_checkpoint(self.resume_from_checkpoint, self.output_dir)
+        check_resume_value(self.resume_from_checkpoint, self.output_dir)
 
     def _normalize_paths(self) -> None:
         local = launch_local_rank()

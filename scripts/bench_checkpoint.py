@@ -150,7 +150,7 @@ def raw_read_parallel(paths: list) -> float:
 
 def shard_file_sizes(ckpt: str, tp_rank: int) -> list:
     """Sizes of the shard files this (tensor-parallel) rank wrote in the checkpoint ``ckpt``."""
-    from paddletrainer.checkpoint import layout as L
+    from paddletrainer.checkpoint import placement as L
 
     files = json.loads(Path(ckpt, L.INDEX_NAME).read_text())["files"]
     names = [L.model_file_name(tp_rank, 0), L.optimizer_file_name(tp_rank, 0, 0)]
@@ -206,7 +206,7 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
 
     net, opt, local_bytes = make_state(size_bytes, rank, degree, tiny)
     topo = topo_ns(rank, degree)
-    saver = Checkpointer()
+    saver = Checkpointer(model=net, optimizer=opt, topology=topo, save_rng=False)
     x = paddle.randn([batch, net.ws[0].shape[0]])
     forward_backward(net, x)  # warm up (gradient buffers allocated once)
     buf = np.random.default_rng(rank).integers(0, 255, size=CHUNK, dtype=np.uint8)
@@ -215,7 +215,7 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
     cold = True
     # a first save tells the sizes of this rank's shard files: the raw baseline writes the same files
     probe = os.path.join(work, "ckpts", "checkpoint-probe")
-    saver.save(probe, model=net, optimizer=opt, topology=topo, save_rng=False)
+    saver.save(probe)
     sizes = shard_file_sizes(probe, rank)
     barrier()
     if rank == 0:
@@ -244,7 +244,7 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
         def sync_save():
             prime_disk()
             t0 = time.perf_counter()
-            saver.save(ckpt, model=net, optimizer=opt, topology=topo, save_rng=False)
+            saver.save(ckpt)
             out["save"].append(time.perf_counter() - t0)
 
         def raw_read():
@@ -285,7 +285,7 @@ def bench_rank(work: str, size_bytes: int, reps: int, rank: int, degree: int, ti
         ackpt = os.path.join(work, "ckpts", f"checkpoint-async{rep}")
         barrier()
         t0 = time.perf_counter()
-        saver.save(ackpt, model=net, optimizer=opt, topology=topo, save_rng=False, async_save=True)
+        saver.save(ackpt, async_save=True)
         t1 = time.perf_counter()
         forward_backward(net, x)
         t2 = time.perf_counter()

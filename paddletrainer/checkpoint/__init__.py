@@ -21,7 +21,7 @@ its metadata is not meant to be read by other tools. Our own format is small and
 * **written once** — the lowest rank holding a piece writes it, decided by a pure function over the
   all-gathered candidate lists, so dp/tp replicas and tied weights cost nothing extra.
 * **resharding without collectives** — a loading rank computes which stored pieces overlap its slice
-  (pure functions in :mod:`.layout`) and reads only those slices from the shared filesystem. Works in
+  (pure functions in :mod:`.placement`) and reads only those slices from the shared filesystem. Works in
   one process, on CPU, for TP/PP/sharding/DP changes, for optimizer state as well as weights.
 * **atomic publish** — write into ``checkpoint-N.tmp-<id>/``, index, marker ``.checkpoint_complete``
   LAST, rename. Readers only accept marked ``checkpoint-N`` dirs; stale tmp dirs are removed by the
@@ -32,63 +32,77 @@ its metadata is not meant to be read by other tools. Our own format is small and
   only into the same layout (else skipped with a warning); the data position (``data_state``) is
   layout-free and always restored.
 * **no code on load** — safetensors and JSON only (RNG states too); no loader unpickles, and a pickle in
-  place of a file is refused (:class:`.files.UnsafeCheckpointFileError`) even when the index matches it.
+  place of a file is refused (:class:`.read.UnsafeCheckpointFileError`) even when the index matches it.
 
-Modules: :mod:`.layout` (names, placements, overlaps, writers, index, rotation — pure), :mod:`.local_state`
-(what this rank holds: Paddle wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.io`
-(``Checkpointer``: save + atomic publish), :mod:`.snapshot` (the async host copy), :mod:`.async_writer`,
-:mod:`.load`, :mod:`.verified_read` (files read once, checksummed as read), :mod:`.reshard` (slices),
-:mod:`.files` (small files, discovery, rotation), :mod:`.rng`, :mod:`.export`, :mod:`.members` (every file is
-opened there: plain names inside the directory, regular files, sizes checked before reading), :mod:`.validate`
-(one schema per kind of JSON file and the safetensors header, checked on load) and :mod:`.peft` (LoRA:
-adapters-only checkpoints, ``save_model``'s PEFT directory, merging into the base).
+Modules, one job each: :mod:`.placement` (names on disk, placements, overlaps, writer choice, the index, rotation
+rules — pure), :mod:`.discovery` (which checkpoints exist, are complete, ours, sound, the newest; the resume
+resolution, ``auto`` included; rotation, stale tmp dirs — paddle-free), :mod:`.read` (every file opened by one rule:
+plain names inside the directory, regular files, sizes checked before reading; files read once, checksummed as read;
+the small JSON files), :mod:`.write` (safetensors and small files with their crc32, fsync), :mod:`.save`
+(``Checkpointer``: the states bound once, save + atomic publish), :mod:`.local_state` (what this rank holds: Paddle
+wrappers, TP split axes, stage-3 slices, optimizer accumulators), :mod:`.snapshot` (the async host copy),
+:mod:`.async_writer`, :mod:`.load`, :mod:`.reshard` (slices), :mod:`.rng`, :mod:`.export`, :mod:`.validate` (one
+schema per kind of JSON file and the safetensors header, checked on load) and :mod:`.peft` (LoRA: adapters-only
+checkpoints, ``save_model``'s PEFT directory, merging into the base).
 The checkpoint directory must be on a filesystem every rank sees (all ranks write into one tmp dir).
 
-Public API: :class:`Checkpointer` (``save``/``wait_for_snapshot``/``finish``), :func:`save_checkpoint` (one
-synchronous save), :func:`load_checkpoint`,
+Public API: :class:`Checkpointer` (bound to its :class:`CheckpointStates`; ``save``/``wait_for_snapshot``/
+``finish``), :func:`save_checkpoint` (one synchronous save), :func:`load_checkpoint`,
 :func:`rotate_checkpoints`, :func:`list_complete_checkpoints`, :func:`get_last_complete_checkpoint`,
 :func:`export_for_from_pretrained` (CLI: ``paddletrainer-merge-checkpoint``, ``paddletrainer.tools.merge_checkpoint``).
+The names are resolved on first use (PEP 562): importing a paddle-free submodule (:mod:`.discovery`,
+:mod:`.placement`, :mod:`.read`) does not import paddle.
 """
 
-from .export import export_for_from_pretrained, merged_model_state
-from .files import (
-    get_last_complete_checkpoint,
-    is_complete_checkpoint,
-    list_complete_checkpoints,
-    read_index,
-    remove_stale_tmp_dirs,
-    rotate_checkpoints,
-)
-from .io import Checkpointer, save_checkpoint
-from .load import LoadedCheckpoint, load_checkpoint
-from .members import CheckpointPathError
-from .validate import InvalidCheckpointFileError
-from .layout import (
-    CHECKPOINT_COMPLETE_MARKER,
-    CheckpointCorruptError,
-    CheckpointError,
-    CheckpointMismatchError,
-    Placement,
-)
+import importlib
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CHECKPOINT_COMPLETE_MARKER",
-    "CheckpointCorruptError",
-    "Checkpointer",
-    "CheckpointError",
-    "CheckpointMismatchError",
-    "CheckpointPathError",
-    "InvalidCheckpointFileError",
-    "LoadedCheckpoint",
-    "Placement",
-    "export_for_from_pretrained",
-    "get_last_complete_checkpoint",
-    "is_complete_checkpoint",
-    "list_complete_checkpoints",
-    "load_checkpoint",
-    "merged_model_state",
-    "read_index",
-    "remove_stale_tmp_dirs",
-    "rotate_checkpoints",
-    "save_checkpoint",
-]
+# public name -> submodule that defines it
+_EXPORTS = {
+    "CHECKPOINT_COMPLETE_MARKER": "placement",
+    "CheckpointCorruptError": "placement",
+    "CheckpointError": "placement",
+    "CheckpointMismatchError": "placement",
+    "Placement": "placement",
+    "get_last_complete_checkpoint": "discovery",
+    "is_complete_checkpoint": "discovery",
+    "list_complete_checkpoints": "discovery",
+    "remove_stale_tmp_dirs": "discovery",
+    "rotate_checkpoints": "discovery",
+    "CheckpointPathError": "read",
+    "read_index": "read",
+    "CheckpointStates": "save",
+    "Checkpointer": "save",
+    "save_checkpoint": "save",
+    "LoadedCheckpoint": "load",
+    "load_checkpoint": "load",
+    "export_for_from_pretrained": "export",
+    "merged_model_state": "export",
+    "InvalidCheckpointFileError": "validate",
+}
+
+if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
+    from .discovery import (get_last_complete_checkpoint, is_complete_checkpoint, list_complete_checkpoints,
+                            remove_stale_tmp_dirs, rotate_checkpoints)
+    from .export import export_for_from_pretrained, merged_model_state
+    from .load import LoadedCheckpoint, load_checkpoint
+    from .placement import (CHECKPOINT_COMPLETE_MARKER, CheckpointCorruptError, CheckpointError,
+                            CheckpointMismatchError, Placement)
+    from .read import CheckpointPathError, read_index
+    from .save import Checkpointer, CheckpointStates, save_checkpoint
+    from .validate import InvalidCheckpointFileError
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # cache: the next lookup is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

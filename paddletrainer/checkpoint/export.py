@@ -4,7 +4,7 @@ Output: ``model.safetensors`` (float weights) or ``model_state.pdparams`` (chose
 weight is bfloat16, which numpy-safetensors cannot label), plus ``config.json`` — the model config stored
 in the checkpoint with tensor-parallel settings reset, or copied from ``config_from``. The optimizer is
 not exported. The model's shard files are read once each, checksummed as they are read
-(:mod:`.verified_read`), and held in memory while the merged tensors are assembled: peak memory is about the
+(:mod:`.read`), and held in memory while the merged tensors are assembled: peak memory is about the
 weights' size, plus one more copy of the tensors whose pieces are split over several files (tensor parallel,
 stage-3 slices); a tensor stored whole is a view of its file's bytes.
 A checkpoint whose weights are whole needs no export: it carries ``model.safetensors.index.json`` itself
@@ -20,10 +20,9 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from . import layout as L
-from .files import read_index
+from . import placement as L
 from .reshard import PieceReader, read_placement
-from .verified_read import read_verified
+from .read import read_index, read_verified
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 PADDLE_WEIGHTS_NAME = "model_state.pdparams"

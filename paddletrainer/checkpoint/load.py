@@ -10,16 +10,15 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import layout as L
+from . import placement as L
 from . import peft
 from . import rng as rng_mod
 from . import validate as V
-from .files import from_json, read_index, read_json, read_small
+from .read import from_json, read_index, read_json, read_small, read_verified
 from .local_state import (LocalTensor, dtype_name, ensure_accumulators, layout_dict, model_tensors,
                           offload_master_weights, optimizer_tensors, stepped_parameter_names, topology_info,
                           writable_host_view)
 from .reshard import read_placement
-from .verified_read import read_verified
 
 
 @dataclasses.dataclass
@@ -48,8 +47,8 @@ def load_checkpoint(
     Needs no collectives: every rank reads the overlapping slices of the files it needs, after checking
     their size and crc32. Only safetensors and JSON are parsed; nothing is ever unpickled (an older
     checkpoint's pickled RNG state is skipped with a warning, a pickle in place of any other file is an
-    error). Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that does not fit, and
-    :class:`~.layout.CheckpointCorruptError` naming bad files.
+    error). Raises :class:`~.placement.CheckpointMismatchError` listing every name/shape that does not fit, and
+    :class:`~.placement.CheckpointCorruptError` naming bad files.
 
     A corrupt checkpoint is detected while it is read, not before: bytes are read straight into the model's
     and optimizer's tensors and each file's crc32 is compared at its end, so after a
@@ -74,7 +73,7 @@ def load_checkpoint(
 
 def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: List[str]):
     """Plan: this rank's tensors to fill (model, then optimizer states when the checkpoint holds them) checked
-    against the index; raises :class:`~.layout.CheckpointMismatchError` listing every misfit. Returns
+    against the index; raises :class:`~.placement.CheckpointMismatchError` listing every misfit. Returns
     ``(targets by key, offload master weights, optimizer_restored)``."""
     peft.check_index_for_model(ckpt_dir, index, model)
     models, by_param = model_tensors(model, topo)

@@ -11,7 +11,7 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
   parameter, each declaring the flat range of it that it covers as ``ckpt_flat_range`` (set by
   ``parallel.sharding.SplitParamSharding``); their states are saved/loaded as that range.
 * anything else can declare itself with a ``ckpt_placement`` attribute
-  holding a :class:`~paddletrainer.checkpoint.layout.Placement`.
+  holding a :class:`~paddletrainer.checkpoint.placement.Placement`.
 * optimizer: :func:`~paddletrainer.parallel.wrappers.unwrap_optimizer` gives the Paddle optimizer, whose
   ``_accumulators`` hold exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
 * sharding offload: the fp32 master weights live on the parameters (``param.master_weight``), not in the
@@ -32,8 +32,8 @@ from paddle.base.framework import EagerParamBase
 from ..paddle_contract import creates_accumulators, optimizer_accumulators, optimizer_master_weights
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
-from ..parallel.wrappers import unwrap_model, unwrap_optimizer  # noqa: F401 (checkpoint.files: unwrap_model)
-from .layout import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
+from ..parallel.wrappers import unwrap_model, unwrap_optimizer
+from .placement import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
                      tp_placement)
 
 MASTER_WEIGHT = "master_weight"

@@ -29,7 +29,7 @@ per directory covers ``save_on_each_node`` too).
 * **Released** at the end of ``train()`` (also when it raises, SIGTERM's ``TrainingInterrupted`` included) and
   at interpreter exit; only by the process that took it, and only while the file still names it.
 
-Stdlib only (no paddle): :mod:`paddletrainer.checkpoint.files` asks :func:`live_holder` before removing stale tmp
+Stdlib only (no paddle): :mod:`paddletrainer.checkpoint.discovery` asks :func:`live_holder` before removing stale tmp
 dirs, and tools may read a lock without the training stack.
 """
 from __future__ import annotations

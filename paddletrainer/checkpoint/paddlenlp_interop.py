@@ -36,9 +36,9 @@ import paddle
 from paddle.distributed import fleet
 
 from ..parallel.wrappers import unwrap_model
-from .layout import CheckpointError, CheckpointMismatchError
+from .placement import CheckpointError, CheckpointMismatchError
 from .load import LoadedCheckpoint
-from .members import MAX_SMALL_FILE_BYTES, read_member
+from .read import MAX_SMALL_FILE_BYTES, read_member
 from .peft import peft_type
 from .restricted_pickle import load_pickle
 from .validate import InvalidCheckpointFileError, validate_scheduler_state, validate_trainer_state

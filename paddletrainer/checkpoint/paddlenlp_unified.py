@@ -28,11 +28,11 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from . import layout as L
+from . import placement as L
 from .load import LoadedCheckpoint
 from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_tensors, optimizer_tensors,
                           stepped_parameter_names, topology_info)
-from .members import open_safetensors, read_weight_map
+from .read import open_safetensors, read_weight_map
 from .paddlenlp_interop import load_paddlenlp_extras
 from .peft import BASE_PREFIX, checkpoint_tensors
 from .reshard import read_placement
@@ -164,7 +164,7 @@ def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, l
     ``lr_scheduler``, ``scaler``, trainer state, RNG as :func:`.paddlenlp_interop.load_paddlenlp_checkpoint`);
     the same keywords and result as :func:`paddletrainer.checkpoint.load_checkpoint`, in any layout.
 
-    Raises :class:`~.layout.CheckpointMismatchError` listing every name/shape that does not fit the model.
+    Raises :class:`~.placement.CheckpointMismatchError` listing every name/shape that does not fit the model.
     """
     topo = topology_info(topology)
     index, files = unified_checkpoint_index(ckpt_dir)

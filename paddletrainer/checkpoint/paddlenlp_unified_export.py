@@ -24,11 +24,10 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from . import layout as L
-from .files import from_json, read_index, read_json
+from . import placement as L
+from .read import from_json, read_index, read_json, read_verified
 from .local_state import MASTER_WEIGHT
 from .reshard import read_placement
-from .verified_read import read_verified
 
 __all__ = ["export_paddlenlp_unified"]
 

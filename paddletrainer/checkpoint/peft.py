@@ -31,10 +31,9 @@ from safetensors.numpy import save_file
 from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
 from ..parallel.wrappers import unwrap_model
-from . import layout as L
+from . import placement as L
 from .export import PADDLE_WEIGHTS_NAME, merged_model_state
-from .files import read_index
-from .members import MAX_SMALL_FILE_BYTES, open_safetensors, read_exactly, read_member, read_weight_map
+from .read import MAX_SMALL_FILE_BYTES, open_safetensors, read_exactly, read_index, read_member, read_weight_map
 from .restricted_pickle import load_pickle
 
 __all__ = ["UnsupportedPeftModelError", "peft_type", "checkpoint_tensors", "index_entry", "check_index_for_model",
@@ -132,7 +131,7 @@ def _lora_config_dict(cfg) -> dict:
 
 def check_index_for_model(ckpt_dir: str, index: dict, model) -> None:
     """A PEFT checkpoint loads only into a PEFT model of its type, and a PEFT model only from one: else
-    :class:`~.layout.CheckpointError` naming both."""
+    :class:`~.placement.CheckpointError` naming both."""
     saved = (index.get(INDEX_KEY) or {}).get("type")
     kind = peft_type(model)
     if saved == kind:
@@ -243,7 +242,7 @@ def read_base_weights(base_dir: str) -> Dict[str, np.ndarray]:
     """The weights of a ``from_pretrained`` directory: ``model.safetensors``, a sharded
     ``model.safetensors.index.json``, or ``model_state.pdparams`` (PaddleNLP's default; a pickle, read only
     because the user named this directory, through the allowlist unpickler of :mod:`.restricted_pickle`).
-    Every file is read as a checkpoint's (:mod:`.members`): plain names inside ``base_dir``, regular files,
+    Every file is read as a checkpoint's (:mod:`.read`): plain names inside ``base_dir``, regular files,
     headers and indexes checked before anything is sized from them."""
     try:
         files = sorted(set(read_weight_map(base_dir, L.HF_WEIGHTS_INDEX_NAME).values()))

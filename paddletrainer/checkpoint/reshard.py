@@ -16,7 +16,7 @@ from typing import Callable, Dict
 import numpy as np
 from safetensors import safe_open
 
-from .layout import (
+from .placement import (
     CheckpointError,
     Placement,
     box_overlap,
@@ -25,7 +25,7 @@ from .layout import (
     row_block_of_flat,
     stored_key,
 )
-from .members import member_path, open_member
+from .read import member_path, open_member
 
 _NP_DTYPES = {"bfloat16": "uint16"}  # numpy has no bfloat16: stored as its bit pattern
 

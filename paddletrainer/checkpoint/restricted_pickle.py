@@ -4,7 +4,7 @@ running code from them: an allowlist unpickler, the idea of torch's ``weights_on
 ``paddle.load`` unpickles with Python's full unpickler, which calls whatever callable the file names (a
 ``__reduce__`` payload runs on load). :func:`load_pickle` gives back what ``paddle.load`` gives for the files
 PaddleNLP's Trainer writes, but its unpickler resolves only these names, and anything else is refused with
-:class:`~.files.UnsafeCheckpointFileError` naming the file and the ``module.qualname`` it asked for:
+:class:`~.read.UnsafeCheckpointFileError` naming the file and the ``module.qualname`` it asked for:
 
 * containers and scalars: ``dict``/``list``/``tuple``/``set``/``frozenset`` (the pickle opcodes build most of
   them without any name), ``collections.OrderedDict``; ``builtins.tuple`` is also how ``paddle.save`` pickles a
@@ -45,9 +45,8 @@ from typing import Any, Callable, Dict, Tuple
 import numpy as np
 import paddle
 
-from .files import UnsafeCheckpointFileError
-from .layout import CheckpointError
-from .members import open_member
+from .placement import CheckpointError
+from .read import UnsafeCheckpointFileError, open_member
 
 try:  # numpy >= 2 moved the module; pickles name whichever numpy wrote them
     from numpy._core import multiarray as _multiarray
@@ -384,7 +383,7 @@ def _as_paddle_load_returns(obj, return_numpy: bool):
 
 def load_pickle(path: str, *, return_numpy: bool = False):
     """What ``paddle.load(path, return_numpy=...)`` returns for a file ``paddle.save`` pickled, read with the
-    allowlist unpickler (module docstring). Raises :class:`~.files.UnsafeCheckpointFileError` naming ``path``
+    allowlist unpickler (module docstring). Raises :class:`~.read.UnsafeCheckpointFileError` naming ``path``
     and the ``module.qualname`` (or use) outside the allowlist; nothing outside it is imported or called."""
     raw, _ = open_member(os.path.dirname(path) or ".", os.path.basename(path))  # a regular file, never blocks
     try:

@@ -9,7 +9,7 @@ it is loaded, and the crc32 in ``checkpoint_index.json`` does not help: whoever 
 index. Every state here is plain numbers: python's Mersenne Twister is a tuple of ints, numpy's is an uint32
 array plus a few scalars, and a paddle ``GeneratorState`` pickles itself as ``(device, seed, offset, engine)``
 where ``engine`` is the text form of its engine — all of which JSON holds exactly. :func:`loads` accepts only
-that schema and refuses a pickle outright (:class:`.files.UnsafeCheckpointFileError`).
+that schema and refuses a pickle outright (:class:`.read.UnsafeCheckpointFileError`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import paddle
 from paddle.base.libpaddle import GeneratorState
 
-from .files import refuse_pickle
-from .layout import CheckpointError
+from .placement import CheckpointError
+from .read import refuse_pickle
 from .validate import validate_rng_doc
 
 FORMAT = "paddletrainer-rng/1"
@@ -98,7 +98,7 @@ def dumps(state: Dict[str, Any]) -> bytes:
 def loads(data: bytes, source: str = "RNG state") -> Dict[str, Any]:
     """Parse :func:`dumps` bytes back into a state for :func:`restore_rng_state`.
 
-    Raises :class:`.files.UnsafeCheckpointFileError` for a pickle (never unpickled) and :class:`CheckpointError`
+    Raises :class:`.read.UnsafeCheckpointFileError` for a pickle (never unpickled) and :class:`CheckpointError`
     for anything that is not this module's JSON schema (:func:`.validate.rng_schema`: the field it names).
     """
     refuse_pickle(data, source)

@@ -19,7 +19,7 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
-from .layout import FORMAT_NAME, FORMAT_VERSION, HEADER_PART
+from .placement import FORMAT_NAME, FORMAT_VERSION, HEADER_PART
 
 __all__ = ["InvalidCheckpointFileError", "plain_name_problem", "validate_index", "validate_trainer_state",
            "validate_data_state", "validate_batch_args", "validate_scheduler_state", "validate_scaler_state",
@@ -342,7 +342,7 @@ SCHEDULER_SCHEMA = Record({"last_epoch": (Int(-1, INT64_MAX), True), "last_lr": 
 
 
 class _Scale(Check):
-    """The loss scale as :func:`.files.jsonable` stores the scaler's 1-element tensor."""
+    """The loss scale as :func:`.write.jsonable` stores the scaler's 1-element tensor."""
 
     valid = 'a 1-element array {"__ndarray__": [s], "dtype": "float32"} with s > 0'
     _form = Record({"__ndarray__": (ListOf(Num(0), length=1), True), "dtype": (Str(["float32", "float64"]), True)})

@@ -15,7 +15,15 @@ document and the document mask as either FlashMask's ``attn_mask_startend_row_in
 the same arguments): a call with document ends runs :class:`.flashmask.FlashMaskAttention` (or, under cp, the ring
 attention with the document mask), a flash-path call with a 4-D additive mask runs math attention with that mask,
 and every other call goes to PaddleNLP's function unchanged. The output then takes PaddleNLP's own last steps (the
-sep reshard back to the local sequence, the sequence-parallel or ``[b, s, h·d]`` reshape). Installed per model,
+sep reshard back to the local sequence, the sequence-parallel or ``[b, s, h·d]`` reshape).
+
+Under sep PaddleNLP's Llama applies rope at the sequence index (``arange(seq_length)``), which equals rope at the
+batch's ``position_ids`` only where a query and every key it sees have the same ``position - index``: packed
+documents do, preference rows (the rejected response's positions restart after the prompt, which it sees) do not.
+For those the sequence cut keeps ``position_ids`` whole (``sequence_cut.documents_of_batch``); a forward pre-hook
+on the attention layer notes them for the call in progress, and the wrapper turns q and k by rope at
+``position - index`` before attending (rope at ``a`` then at ``b`` is rope at ``a + b``, from the layer's own
+cos/sin table). Installed per model,
 only where tensors are not on a CUDA device (GPU builds keep PaddleNLP's kernels), undone by
 :func:`remove_packed_attention`; :func:`assumptions` fails if PaddleNLP changes what the wrapper relies on.
 """
@@ -24,6 +32,7 @@ from __future__ import annotations
 import inspect
 import math
 import sys
+import threading
 
 import paddle
 import paddle.nn.functional as F
@@ -42,6 +51,8 @@ ATTENTION_LAYERS = {"LlamaAttention": "paddlenlp.transformers.llama.modeling",
 _READ = ("query_states", "config", "key_states", "value_states", "attention_mask", "output_attentions",
          "attn_mask_startend_row_indices", "sequence_parallel")
 _ORIGINAL = "_paddletrainer_original_attn_func"
+_HOOKS = "_paddletrainer_position_hooks"
+_CALL = threading.local()  # .positions: (whole position_ids, rotary layer, rotate_half) of the attention call running
 
 
 def _dense_masked_attention(query, key, value, additive_mask):
@@ -75,12 +86,46 @@ def _documents_attention(arguments, ends):
     return flashmask_attention(query, key, value, ends)
 
 
+def _note_whole_positions(layer, args, kwargs):
+    """Forward pre-hook: ``position_ids`` of the whole sequence (kept whole by the sep cut) noted for this call."""
+    positions = inspect.signature(layer.forward).bind(*args, **kwargs).arguments.get("position_ids")
+    whole = (getattr(layer, "reshard_layer", None) is not None and positions is not None
+             and int(positions.shape[-1]) == int(layer.config.seq_length))
+    if whole and (layer.config.use_fused_rope or layer.config.use_long_sequence_strategies or not layer.config.rope):
+        raise ValueError("sep_parallel_degree: position_ids that restart inside what a token attends to need the "
+                         "model's plain rope (rope=True, use_fused_rope=False, use_long_sequence_strategies=False)")
+    module = sys.modules[type(layer).__module__]
+    _CALL.positions = (positions, layer.rotary_emb, module.rotate_half) if whole else None
+
+
+def _forget_positions(layer, args, output):
+    _CALL.positions = None
+
+
+def _turned_to_positions(query, key, value, noted):
+    """``query``/``key`` (``[b, s, h, d]``, rope at the index) turned by rope at ``position - index``."""
+    positions, rotary, rotate_half = noted
+    length = query.shape[1]
+    shift = positions.reshape([-1, length]).astype("int64") - paddle.arange(length, dtype="int64").unsqueeze(0)
+    cos_table, sin_table = (t.reshape([t.shape[1], t.shape[-1]]) for t in rotary(value, seq_len=length))
+    cos = paddle.gather(cos_table, shift.abs().reshape([-1])).reshape([shift.shape[0], length, 1, -1])
+    sin = paddle.gather(sin_table, shift.abs().reshape([-1])).reshape([shift.shape[0], length, 1, -1])
+    sin = sin * paddle.sign(shift.astype(sin.dtype)).unsqueeze([2, 3])  # sin(-x) = -sin(x)
+    return tuple(t * cos + rotate_half(t) * sin for t in (query, key))
+
+
 def _packed_attn_func(original):
     """``original`` (a layer's ``attn_func``) with the packed-sequence cases computed here (see module)."""
     signature = inspect.signature(original)
 
     def attn_func(*args, **kwargs):
-        arguments = signature.bind(*args, **kwargs).arguments
+        bound = signature.bind(*args, **kwargs)
+        arguments = bound.arguments
+        noted = getattr(_CALL, "positions", None)
+        if noted is not None and arguments.get("reshard_layer") is not None:
+            arguments["query_states"], arguments["key_states"] = _turned_to_positions(
+                arguments["query_states"], arguments["key_states"], arguments["value_states"], noted)
+            args, kwargs = bound.args, bound.kwargs
         ends = arguments.get("attn_mask_startend_row_indices")
         if ends is not None:
             return _finish(_documents_attention(arguments, ends), arguments)
@@ -110,6 +155,8 @@ def install_packed_attention(model) -> int:
         if getattr(layer, _ORIGINAL, None) is None:
             setattr(layer, _ORIGINAL, layer.attn_func)
             layer.attn_func = _packed_attn_func(layer.attn_func)
+            setattr(layer, _HOOKS, (layer.register_forward_pre_hook(_note_whole_positions, with_kwargs=True),
+                                    layer.register_forward_post_hook(_forget_positions)))
         count += 1
     return count
 
@@ -121,12 +168,16 @@ def remove_packed_attention(model) -> None:
         if original is not None:
             layer.attn_func = original
             setattr(layer, _ORIGINAL, None)
+            for hook in getattr(layer, _HOOKS, ()):
+                hook.remove()
+            setattr(layer, _HOOKS, ())
 
 
 def assumptions() -> list:
     """What the wrapper relies on in PaddleNLP, for its modules already imported (a model of theirs exists only
     then, so a run without one pays no PaddleNLP import for this check): each module's attention function takes
-    the arguments the wrapper reads by name, the layers call it through ``self.attn_func``, and Llama's flash path
+    the arguments the wrapper reads by name, the layers call it through ``self.attn_func``, Llama's sep path
+    applies rope at the index with ``rotary_emb``'s table, and Llama's flash path
     sends the document ends to ``flashmask_attention`` and its cp path to ``RingFlashAttention`` (the calls
     replaced here)."""
     found = []
@@ -141,6 +192,16 @@ def assumptions() -> list:
             lambda layer=layer, module=module: "self.attn_func = scaled_dot_product_attention"
             in inspect.getsource(getattr(sys.modules[module], layer).__init__),
             f"{module}.{layer} no longer calls scaled_dot_product_attention through self.attn_func"))
+    llama = ATTENTION_LAYERS["LlamaAttention"]
+    if llama in sys.modules:
+        found.append(Assumption(
+            lambda: callable(getattr(sys.modules[llama], "rotate_half", None)) and all(
+                line in inspect.getsource(sys.modules[llama].LlamaAttention.forward)
+                for line in ("position_ids = paddle.arange(seq_length",
+                             "self.rotary_emb(value_states, seq_len=kv_seq_len)",
+                             "apply_rotary_pos_emb(query_states, key_states, cos, sin, position_ids)")),
+            f"{llama}.LlamaAttention.forward no longer applies rope at arange(seq_length) under sep with "
+            f"self.rotary_emb's table and rotate_half (the turn to whole position_ids relies on it)"))
     fusion = "paddlenlp.transformers.llama.fusion_ops"
     if fusion in sys.modules:
         found.append(Assumption(

@@ -19,7 +19,9 @@ fused dp×sep group).
   sequence, and per-document ``position_ids`` give the same scores as the whole sequence's (rope sees only
   differences inside a document). A ``[batch, seq]`` padding mask and positions that do not count up inside a
   document stay refused by name.
-* :func:`gather_sequence`: logits of the segments back into whole sequences, for evaluation and prediction.
+* :func:`gather_sequence`: logits of the segments back into whole sequences, for evaluation and prediction;
+  :class:`GatherSequence` the same with a backward (each rank keeps its segment's gradient), for a loss of
+  whole sequences computed on every sep rank (DPO's per-response log-prob sums cross the segments).
 * :func:`apply_segment_parallel`: fleet's ``SegmentParallel`` wrapper (broadcasts the initial parameters over
   sep, sharding and dp) when no other axis wrapper does, and PaddleNLP 3.0.0b4's all-to-all argument order fix
   (:func:`~.cpu.all_to_all.install_paddlenlp_reshard_order_fix`, needed on every device).
@@ -31,13 +33,13 @@ from __future__ import annotations
 from typing import Any, Dict
 
 import paddle
+import paddle.distributed as dist
+from paddle.autograd import PyLayer
 
 from .cpu.all_to_all import install_paddlenlp_reshard_order_fix
 from .sequence_cut import cut_batch, gather_sequences, wrap_in_segment_parallel
 
-__all__ = ["apply_segment_parallel", "gather_sequence", "has_sep_path", "shard_sequence"]
-
-
+__all__ = ["GatherSequence", "apply_segment_parallel", "gather_sequence", "has_sep_path", "shard_sequence"]
 
 def has_sep_path(model) -> bool:
     """Whether ``model`` has PaddleNLP's sep attention (a ``ReshardLayer``, built when its config's
@@ -62,6 +64,23 @@ def gather_sequence(value, group):
     """Whole sequences from every sep rank's segment (``[batch, seq/sep, ...]`` → ``[batch, seq, ...]``, in
     sep-rank order)."""
     return gather_sequences(value, group, lambda parts: paddle.concat(parts, axis=1))
+
+
+class GatherSequence(PyLayer):
+    """``[batch, seq/sep, ...]`` segments → whole ``[batch, seq, ...]`` sequences on every rank of ``group``; the
+    backward keeps this rank's segment of the gradient (every rank computes the same whole-sequence loss, and the
+    optimizer sums the parameter gradients over sep)."""
+
+    @staticmethod
+    def forward(ctx, segment, group):
+        parts = []
+        dist.all_gather(parts, segment, group=group)
+        ctx.group_rank, ctx.pieces = group.rank, group.nranks
+        return paddle.concat(parts, axis=1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return paddle.split(grad, ctx.pieces, axis=1)[ctx.group_rank]
 
 
 def apply_segment_parallel(model, *, topology, wrapped: bool):

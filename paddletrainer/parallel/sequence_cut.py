@@ -10,7 +10,7 @@ ring).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 import paddle
@@ -24,40 +24,47 @@ DOCUMENT_ENDS = "attn_mask_startend_row_indices"  # FlashMask's key: every key's
 
 
 def _block_mask_ends(mask: np.ndarray, option: str) -> np.ndarray:
-    """``[B, S]`` document ends of a block-diagonal causal ``[B, 1, S, S]`` / ``[B, S, S]`` mask (PaddleNLP's
-    zero-padding ``attention_mask``); anything else is refused, naming ``option``."""
+    """``[B, S]`` key ends of a causal ``[B, 1, S, S]`` / ``[B, S, S]`` mask in which every key is seen by a
+    contiguous run of rows starting at its own (FlashMask's one-column form: PaddleNLP's zero-padding
+    block-diagonal ``attention_mask``, its preference rows' mask); anything else is refused, naming ``option``."""
     keep = mask.reshape([mask.shape[0], mask.shape[-2], mask.shape[-1]]).astype(bool)
     rows = np.arange(keep.shape[-1])
     ends = rows[None, :] + np.tril(keep).sum(axis=1)  # column j is seen by rows j .. end_j - 1
     rebuilt = (rows[None, None, :] <= rows[None, :, None]) & (rows[None, :, None] < ends[:, None, :])
     if not np.array_equal(rebuilt, keep):
-        raise ValueError(f"{option}: the batch's attention_mask is not block-diagonal causal (one causal block per "
-                         f"packed document); only that mask, or attn_mask_startend_row_indices, travels with the "
-                         f"sequence here")
+        raise ValueError(f"{option}: the batch's attention_mask is not causal with each key seen by a contiguous run "
+                         f"of rows from its own (packed documents, preference rows); only such a mask, or "
+                         f"attn_mask_startend_row_indices, travels with the sequence here")
     return ends
 
 
-def _check_positions(positions: np.ndarray, ends: np.ndarray, option: str) -> None:
-    """Positions must count up by one inside every document: sep and cp attend with the whole sequence's
-    positions, which give the same scores exactly then (rope sees positions only as differences, and the
-    document mask keeps every pair inside one document)."""
-    same_document = ends[:, 1:] == ends[:, :-1]
-    if np.any((np.diff(positions, axis=1) != 1) & same_document):
-        raise ValueError(f"{option}: position_ids must count up by one inside every packed document (restarting "
-                         f"at each document is fine); other positions are not supported here")
+def _positions_shift_scores(positions: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether rope at the sequence index (what the sep/cp attention uses) gives other scores than rope at
+    ``positions``: true iff some query sees a key (``j <= i < ends[j]``) whose offset ``position - index``
+    differs from its own. Rope sees only position differences, so equal offsets give equal scores. The rows a
+    key is seen by are contiguous, so it is enough to test neighbours ``k, k + 1`` whose offsets differ: some key
+    ``j <= k`` is seen by both iff the running maximum of the ends up to ``k`` exceeds ``k + 1``."""
+    index = np.arange(positions.shape[1])
+    offsets = positions - index[None, :]
+    changes = offsets[:, 1:] != offsets[:, :-1]
+    reach = np.maximum.accumulate(ends, axis=1)[:, :-1]
+    return bool(np.any(changes & (reach > index[None, 1:])))
 
 
-def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) -> Dict[str, Any]:
-    """A micro-batch made ready for the cut: a block-diagonal ``attention_mask`` becomes the document ends
-    (:data:`DOCUMENT_ENDS`, ``[B, S]``) and ``position_ids`` are checked against the documents
-    (:func:`_check_positions`). A batch without these keys comes back unchanged (no host read); a packed one is read
-    on the host once per micro-batch (the mask or ends and the positions: a device copy on a GPU). Refused by name:
-    a ``[batch, seq]`` padding mask, a mask that is not per-document causal, and packed rows under context
-    parallel on a CUDA device (PaddleNLP's ``RingFlashAttention`` takes no mask)."""
+def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) -> Tuple[Dict[str, Any], set]:
+    """A micro-batch made ready for the cut, and the keys the cut keeps whole. A mask that is causal with every
+    key seen by a contiguous run of rows from its own (a block-diagonal ``attention_mask`` of packed documents, or
+    PaddleNLP's preference rows, where the rejected response sees the prompt but not the chosen one) becomes the
+    key ends (:data:`DOCUMENT_ENDS`, ``[B, S]``, kept whole). ``position_ids`` under which rope at the sequence
+    index would change a score (:func:`_positions_shift_scores`: positions restarting inside what a query sees)
+    are kept whole under sep off a CUDA device, where :mod:`.packed_attention` turns the attention's rope to them,
+    and refused by name elsewhere. A batch without these keys comes back unchanged (no host read); a packed one is
+    read on the host once per micro-batch. Also refused by name: a ``[batch, seq]`` padding mask, another mask,
+    and packed rows under context parallel on a CUDA device (PaddleNLP's ``RingFlashAttention`` takes no mask)."""
     mask, ends, positions = (inputs.get(key) for key in ("attention_mask", DOCUMENT_ENDS, "position_ids"))
     if mask is None and ends is None and positions is None:
-        return inputs
-    out = dict(inputs)
+        return inputs, set()
+    out, whole = dict(inputs), {DOCUMENT_ENDS}
     out.pop("attention_mask", None)  # the ends carry it (PaddleNLP's Llama uses the ends when both are given)
     if mask is not None and ends is None:
         if mask.ndim == 2:
@@ -71,20 +78,29 @@ def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) ->
                              f"RingFlashAttention does not take; use sep_parallel_degree for packed data on GPU")
         out[DOCUMENT_ENDS] = ends.reshape([ends.shape[0], -1]).astype("int32")
     if positions is not None:
-        host_ends = out[DOCUMENT_ENDS].numpy() if ends is not None else np.zeros(positions.shape, "int64")
-        _check_positions(np.asarray(positions.numpy()), host_ends, option)
-    return out
+        host_positions = np.asarray(positions.numpy())
+        host_ends = (out[DOCUMENT_ENDS].numpy() if ends is not None
+                     else np.full(host_positions.shape, host_positions.shape[1], "int64"))
+        if _positions_shift_scores(host_positions, host_ends):
+            if not option.startswith("sep") or on_cuda:
+                raise ValueError(f"{option}: position_ids must count up by one across everything a token attends to "
+                                 f"(restarting at each packed document is fine); other positions are supported only "
+                                 f"with sep_parallel_degree off a CUDA device")
+            whole.add("position_ids")
+    return out, whole
 
 
 def cut_batch(inputs: Dict[str, Any], *, option: str, degree: int, pieces: int,
               cut: Callable[[paddle.Tensor], paddle.Tensor]) -> Dict[str, Any]:
     """Every ``[batch, seq]`` tensor of ``inputs`` through ``cut`` (this rank's part of the sequence); the document
-    ends (:data:`DOCUMENT_ENDS`, made by :func:`documents_of_batch`) stay whole. Other values unchanged. One-line
+    ends (:data:`DOCUMENT_ENDS`, made by :func:`documents_of_batch`) and the positions it keeps stay whole. Other values
+    unchanged. One-line
     ``ValueError`` naming ``option`` for a tensor that is not 2-D or a sequence length ``pieces`` does not
     divide."""
     out = {}
-    for key, value in documents_of_batch(inputs, option=option, on_cuda=on_cuda_device()).items():
-        if value is None or not isinstance(value, paddle.Tensor) or key == DOCUMENT_ENDS:
+    batch, whole = documents_of_batch(inputs, option=option, on_cuda=on_cuda_device())
+    for key, value in batch.items():
+        if value is None or not isinstance(value, paddle.Tensor) or key in whole:
             out[key] = value
             continue
         if value.ndim != 2:

@@ -14,7 +14,8 @@
   parameter larger than ``segment_size`` elements, gathered on demand in forward/backward), with its
   gradients reduce-scattered into the slices instead of all-reduced (:class:`_ReduceScatterStage3`). A model
   built under ``paddle.LazyGuard`` arrives with each sliced parameter's slice already drawn (``lazy_init``):
-  that slice becomes its own ``fw_storage`` and is not broadcast, so no rank holds the whole model.
+  that slice becomes its own ``fw_storage`` and is not broadcast, so no rank holds the whole model. On the
+  CPU build the tensors it frees leave the process (:mod:`.host_allocator`), so its peak is what is alive.
 
 Paddle's stage 2/3 constructors assume a GPU; on CPU they are built inside
 ``cpu.sharding_construction.group_sharded_construction()``.
@@ -39,7 +40,7 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import 
 
 from .. import paddle_contract
 from . import cpu as cpu_backend
-from . import lazy_init
+from . import host_allocator, lazy_init
 from .optimizer import ParallelOptimizer, flat_parameters
 from .config import STAGE3_DEFAULT_SEGMENT_SIZE, ParallelConfig, expect_config  # the default: re-exported here
 from .topology import needs_cpu_backend
@@ -96,6 +97,8 @@ def apply_sharding(model, optimizer, *, topology, config: ParallelConfig, wrap_m
                                          segment_size=config.stage3_segment_size, offload=offload,
                                          dp_group=dp_group, device=device,
                                          exclude_layer=list(lazy_init.STAGE3_EXCLUDED_LAYERS))
+            if needs_cpu_backend():  # the unsliced parameters just freed (built before init_topology held the
+                host_allocator.return_free_heap()  # mmap threshold, they may sit in the heap): pages back
     return model, optimizer
 
 

@@ -31,7 +31,7 @@ from . import cpu as cpu_backend
 from .config import ParallelConfig, expect_config
 from .layout import (AXES, DEFAULT_TOPO_ORDER, Layout, axis, coordinates_of, hybrid_order, launch_local_rank,
                      launch_rank, launch_world_size)
-from . import tcp_store
+from . import host_allocator, tcp_store
 from .tcp_store import prime_launcher_store
 
 __all__ = [
@@ -269,6 +269,8 @@ def _build_topology(config: ParallelConfig) -> Topology:
     _check_paddle_contract(on_cpu)
     if on_cpu:
         cpu_backend.install()
+        if config.sharding_stage == 3:  # before the model is built: see host_allocator
+            host_allocator.hold_mmap_threshold()
 
     if not layout.use_hybrid:
         dist.init_parallel_env()

@@ -47,8 +47,9 @@ class Calibration:
     ``activation_factor`` scales ``cost_model.memory``'s activation estimate (a bf16 GPT formula doubled for
     fp32); the transient of a step is ``transient_fixed + transient_grad × the gradient bytes the rank's
     backward produces (before sharding)`` (what the allocator holds beyond the live tensors at the peak: freed
-    blocks it keeps, the gradients' temporaries), plus under stage 3 what its gathered tensors hold at their
-    peak, which is arithmetic, not a fitted factor (:func:`stage3_gathered_bytes`). The defaults
+    blocks it keeps, the gradients' temporaries). Stage 3 returns freed host memory to the system
+    (``parallel.host_allocator``), so its transient is ``transient_fixed`` plus what its gathered tensors hold
+    at their peak, which is arithmetic, not a fitted factor (:func:`stage3_gathered_bytes`). The defaults
     (``CALIBRATION``) are the least-squares
     fit of the peak minus the baseline and the counted state on bench_memory's 2026-11-25 20:00 run (every
     layout but dp, whose gradient copy was removed afterwards; 45.6M and 168M Llamas; its table is in
@@ -72,11 +73,10 @@ def stage3_gathered_bytes(c: Config, lay: Layout, width: int) -> float:
     A layer's parameters are gathered for its forward (the next layer's prefetched) and released after it; in
     backward they are gathered again, the next layer's prefetched, and each is released as soon as its gradient
     is complete (``sharding._ReduceScatterStage3``), before that gradient, full-size until then, is reduce-scattered
-    into the rank's slice; the reduction needs one working copy of the gradient besides the slice it fills (on
-    CPU, the all-reduce underneath). So the peak is the larger of: the largest single matrix (the embedding or
-    the head, V·h/tp) at its reduction: its full gradient and the working copy, 2 matrices; and a decoder layer
-    in backward: its gathered weights, the next layer's prefetched and its full gradients, 3 layers. It does not
-    grow with the sharding degree: the state it sits on top of shrinks as 1/N.
+    into the rank's slice (on CPU an all-reduce in place, in 16 MiB pieces). So the peak is the larger of: the
+    largest single matrix (the embedding or the head, V·h/tp) in its backward: gathered and its full gradient,
+    2 matrices; and a decoder layer in backward: its gathered weights, the next layer's prefetched and its full
+    gradients, 3 layers. It does not grow with the sharding degree: the state it sits on top of shrinks as 1/N.
     """
     if lay.stage != 3:
         return 0.0
@@ -198,8 +198,9 @@ def predict_memory(c: Config, lay: Layout, profile: DeviceProfile, optimizer: st
                                   sharding=lay.sharding, stage=lay.stage, grads_in_comm_buffers=True)
     act = memory(c, lay, _act_dtype(profile))["activations"] * calibration.activation_factor
     width = DTYPE_BYTES[profile.dtype]
-    transient = (calibration.transient_fixed + calibration.transient_grad * n * width
-                 + stage3_gathered_bytes(c, lay, width))
+    # freed blocks the allocator keeps grow with the gradients; stage 3 returns what it frees (parallel.host_allocator)
+    kept_freed = 0.0 if lay.stage == 3 else calibration.transient_grad * n * width
+    transient = calibration.transient_fixed + kept_freed + stage3_gathered_bytes(c, lay, width)
     out = {"baseline": profile.baseline_bytes, **{k: v for k, v in states.as_dict().items() if k != "total"},
            "activations": act, "transient": transient}
     out["peak"] = sum(out.values())

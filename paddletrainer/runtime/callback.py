@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 from ..trainer_callback import TrainerCallback
 from ..checks import check_batch_keys
 from ..errors import TrainingInterrupted
-from ..trainer_utils import checkpoint_dir_name
+from ..checkpoint.placement import checkpoint_dir_name
 from .signals import GracefulStop
 from .watchdog import CollectiveWatchdog
 

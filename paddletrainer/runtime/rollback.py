@@ -10,7 +10,7 @@ see ``overflow.nonfinite_action``) — the same on every rank, because the norm 
    is passed over: a step after the current ``global_step`` (left by an earlier run: that would roll *forward*),
    a step after the last replica check that passed (with ``replica_check_steps``: a save between two checks can
    hold weights that had already diverged, mixed from several replicas; loading it would make the replicas agree
-   again and hide the corruption), and a damaged one (``checkpoint.files.checkpoint_problem``: index unreadable,
+   again and hide the corruption), and a damaged one (``checkpoint.discovery.checkpoint_problem``: index unreadable,
    a file missing or of another size; a warning names it);
 4. the data window since that checkpoint — every sample trained on after it, the bad step's included — is
    skipped: the data position stays where the bad step left it, so training resumes on unseen samples. This is
@@ -35,7 +35,7 @@ import logging
 import os
 from typing import List, Optional, Tuple
 
-from ..checkpoint.files import newest_sound_checkpoint
+from ..checkpoint.discovery import newest_sound_checkpoint
 from ..config.builders import RollbackConfig  # built by TrainingArguments: args.rollback_config
 
 logger = logging.getLogger(__name__)

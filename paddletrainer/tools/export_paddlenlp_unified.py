@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import List, Optional
 
-from ..checkpoint.layout import CheckpointError
+from ..checkpoint.placement import CheckpointError
 from ..checkpoint.paddlenlp_unified_export import export_paddlenlp_unified
 
 __all__ = ["main"]

@@ -20,7 +20,7 @@ import time
 from typing import List, Optional
 
 from ..checkpoint.export import export_for_from_pretrained
-from ..checkpoint.files import read_index
+from ..checkpoint.read import read_index
 from ..checkpoint.peft import INDEX_KEY, export_merged_lora
 from ..errors import friendly_errors
 

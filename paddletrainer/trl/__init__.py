@@ -12,6 +12,6 @@ from .trl_utils import calculate_effective_tokens
 
 __all__ = [
     "DPOConfig", "DPOCriterion", "DPODataArgument", "DPOModelArgument", "DPOTrainer", "DPOTrainingArguments",
-    "DataCollatorForSeq2Seq", "DataConfig", "ModelConfig", "SFTConfig", "SFTTrainer", "calculate_effective_tokens", "check_preference_data",
-    "disable_dropout_in_model", "preference_collate_fn", "preprocess_preference_data",
+    "DataCollatorForSeq2Seq", "DataConfig", "ModelConfig", "SFTConfig", "SFTTrainer", "calculate_effective_tokens",
+    "check_preference_data", "disable_dropout_in_model", "preference_collate_fn", "preprocess_preference_data",
 ]

@@ -9,14 +9,19 @@ With ``use_infohub=True`` (the loss function of a Pipe model's last stage, which
 those results in its ``records`` instead (PaddleNLP keeps them in its global ``infohub``) and returns the loss, or
 zeros on a reference pass; ``trl.dpo_pipeline`` reads them.
 The preference loss is a mean over the micro-batch's pairs (``DPOTrainer.count_loss_items`` counts pairs).
+Under sep (``sequence_group`` set) logits and labels hold one segment of each row: the per-token log-probs are
+gathered into whole rows (differentiably) before the pairs' sums, so every sep rank computes the whole loss.
 """
 from __future__ import annotations
 
 import copy
 
 import paddle
+import paddle.distributed as dist
 import paddle.nn as nn
 import paddle.nn.functional as F
+
+from ..parallel.segment import GatherSequence
 
 __all__ = ["DPOCriterion", "DPO_LOSS_TYPES", "REFERENCE_FREE_LOSS_TYPES", "AVERAGED_LOSS_TYPES"]
 
@@ -93,6 +98,17 @@ class DPOCriterion(nn.Layer):
         self.use_infohub = use_infohub
         self.records = []  # with use_infohub: one tuple per call, in call order (micro-batch order)
         self.ignore_eos_token = ignore_eos_token
+        self.sequence_group = None  # the sep group when logits and labels hold one segment of each sequence
+
+    def _whole_sequences(self, token_logps, chosen_labels):
+        """Under sep, the per-token log-probs of every segment (differentiable) and the chosen-token count of the
+        whole sequences: each pair's sums cross the segments."""
+        chosen_tokens = (chosen_labels != 0).sum().astype("float32")
+        if self.sequence_group is None:
+            return token_logps, chosen_tokens
+        chosen_tokens = chosen_tokens.clone()
+        dist.all_reduce(chosen_tokens, group=self.sequence_group)
+        return GatherSequence.apply(token_logps, self.sequence_group), chosen_tokens
 
     def dpo_loss(self, policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps):
         """The micro-batch's preference loss: the mean over its pairs, times ``pref_loss_ratio``."""
@@ -110,13 +126,14 @@ class DPOCriterion(nn.Layer):
         if logits.shape[:-1] != labels.shape:
             raise ValueError(f"logits {logits.shape} and labels {labels.shape} differ in batch or sequence length")
         token_logps = -self.logprobs(logits, labels.unsqueeze(2)).squeeze(2)  # [batch, seq]
+        token_logps, chosen_tokens = self._whole_sequences(token_logps, chosen_labels)
         if len(response_indexs.shape) == 3:
             response_indexs = response_indexs[0]
         skip = 1 if self.ignore_eos_token else 0
         spans = response_indexs.numpy().tolist()  # a handful of ints per pair: the slicing bounds
         chosen = paddle.stack([token_logps[row, start:mid].sum() for row, start, mid, _ in spans])
         rejected = paddle.stack([token_logps[row, mid + skip:end].sum() for row, _, mid, end in spans])
-        sft_loss = -chosen.sum() / (chosen_labels != 0).sum().astype("float32")
+        sft_loss = -chosen.sum() / chosen_tokens
         if average_log_prob:
             chosen = chosen / paddle.to_tensor([mid - start - skip for _, start, mid, _ in spans], dtype="float32")
             rejected = rejected / paddle.to_tensor([end - mid for _, _, mid, end in spans], dtype="float32")

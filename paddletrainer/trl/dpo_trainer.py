@@ -12,6 +12,7 @@ Under pipeline parallel (``trl.dpo_pipeline``) the Pipe model's last stage compu
 runs the reference's forward through the pipeline over the step's micro-batches, then the policy's 1F1B with
 those log-probs as labels; the Trainer's per-micro-batch pair weights apply to the last stage's losses as to any
 pipeline loss. The last stage holds the metrics' sums; at a log they are summed over the pipeline group too.
+Under sep each rank holds a segment of every row; the criterion sums each pair's log-probs over the sep group.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import paddle.nn.functional as F
 
 from ..parallel import pipeline
 from ..parallel.collectives import sum_over_data_group
+from ..parallel.packed_attention import install_packed_attention
+from ..parallel.segment import has_sep_path
 from ..trainer import Trainer
 from . import dpo_pipeline
 from .dpo_criterion import DPO_LOSS_TYPES, REFERENCE_FREE_LOSS_TYPES, DPOCriterion, odds_ratio
@@ -60,10 +63,12 @@ def check_dpo_setup(dpo_config, ref_model, args) -> None:
     elif not dpo_config.lora:
         raise ValueError("DPOTrainer needs ref_model, or DPOConfig.reference_free=True, or DPOConfig.lora=True")
     if args is not None:
-        for option in ("sep_parallel_degree", "context_parallel_degree"):
-            if getattr(args, option, 1) > 1:
-                raise ValueError(f"DPOTrainer does not run with {option} > 1 yet; use data, tensor, pipeline or "
-                                 "sharding parallel")
+        if getattr(args, "context_parallel_degree", 1) > 1:
+            raise ValueError("DPOTrainer does not run with context_parallel_degree > 1 yet; use data, tensor, "
+                             "pipeline, sharding or sep (sep_parallel_degree) parallel")
+        if getattr(args, "pipeline_parallel_degree", 1) > 1 and getattr(args, "sep_parallel_degree", 1) > 1:
+            raise ValueError("DPOTrainer does not run with pipeline_parallel_degree > 1 and sep_parallel_degree > 1 "
+                             "together yet; use one of them")
 
 
 def set_lora_enabled(model, enabled: bool) -> None:
@@ -94,6 +99,9 @@ class DPOTrainer(Trainer):
                  disable_dropout: bool = True, padding_value: int = 0, model_with_dpo_criterion: bool = False,
                  ignore_eos_token: bool = False, **kwargs):
         check_dpo_setup(dpo_config, ref_model, kwargs.get("args"))
+        if model_with_dpo_criterion and getattr(kwargs.get("args"), "sep_parallel_degree", 1) > 1:
+            raise ValueError("model_with_dpo_criterion=True does not run with sep_parallel_degree > 1 (the model's "
+                             "criterion would sum log-probs of one segment only); leave it False")
         if dpo_criterion is not None and not isinstance(dpo_criterion, DPOCriterion):
             raise ValueError(f"dpo_criterion must be None or a DPOCriterion, got {type(dpo_criterion).__name__}")
         if kwargs.get("compute_metrics") is not None:
@@ -104,6 +112,8 @@ class DPOTrainer(Trainer):
         self.dpo_criterion = None if model_with_dpo_criterion and not self._is_pipeline else (
             dpo_criterion or DPOCriterion(self.model.config, dpo_config=dpo_config, ignore_eos_token=ignore_eos_token,
                                           use_infohub=self._is_pipeline))
+        if self.dpo_criterion is not None and self.topology.sep_degree > 1:
+            self.dpo_criterion.sequence_group = self.topology.sep_group
         self.ref_model = None if dpo_config.reference_free else ref_model
         self._reference_pipeline = None  # the ref model wrapped for the pipeline, at its first use
         if self._is_pipeline:
@@ -111,6 +121,7 @@ class DPOTrainer(Trainer):
             if self.ref_model is not None:
                 dpo_pipeline.install_dpo_criterion(self.ref_model, self.dpo_criterion)
         if self.ref_model is not None:
+            self._prepare_reference_for_sep()
             self.ref_model.eval()
             for param in self.ref_model.parameters():
                 param.stop_gradient = True
@@ -125,7 +136,25 @@ class DPOTrainer(Trainer):
         self._pair_counts = defaultdict(int)
         self._ref_synced_at = 0
 
+    def _prepare_reference_for_sep(self) -> None:
+        """Under sep the reference reads the same segments as the policy: it must carry the axis, and it attends
+        with the whole rows' mask and positions as the policy does (``parallelize`` installs that on the policy)."""
+        if self.topology.sep_degree == 1:
+            return
+        if not has_sep_path(self.ref_model):
+            raise ValueError("sep_parallel_degree > 1: ref_model has no sep attention; build it with its config's "
+                             "sep_parallel_degree set, as the policy")
+        install_packed_attention(self.ref_model)
+
     # ------------------------------------------------------------------ override points
+    def _sequence_segment(self, inputs: Dict[str, Any]) -> Dict[str, Any]:
+        """This sep rank's segment of every row; ``response_indexs`` (one line per pair, not per position) stays
+        whole, and the criterion sums each pair's log-probs over the sep group."""
+        if self.topology.sep_degree == 1 or "response_indexs" not in inputs:
+            return super()._sequence_segment(inputs)
+        rest = {k: v for k, v in inputs.items() if k != "response_indexs"}
+        return {**super()._sequence_segment(rest), "response_indexs": inputs["response_indexs"]}
+
     def count_loss_items(self, inputs: Dict[str, Any]):
         """The pairs of ``inputs``: the DPO loss is a mean over pairs."""
         return int(inputs["response_indexs"].shape[0])
@@ -138,7 +167,7 @@ class DPOTrainer(Trainer):
 
     def prediction_step(self, model, inputs: Dict[str, Any], prediction_loss_only: bool, ignore_keys=None):
         """``(loss, None, None)``: the DPO loss of the batch (its metrics recorded under ``eval_``)."""
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._sequence_segment(self._prepare_inputs(inputs))
         with paddle.no_grad(), self.autocast_smart_context_manager():
             loss = self.get_batch_metrics(self.ref_model, model, inputs, train_eval="eval")
         return loss.detach(), None, None

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ckpt_workers.launcher import HERE, launch  # noqa: E402
 
-from paddletrainer.checkpoint import layout as L  # noqa: E402
+from paddletrainer.checkpoint import placement as L  # noqa: E402
 from paddletrainer.checkpoint import read_index  # noqa: E402
 from paddletrainer.checkpoint.reshard import PieceReader, read_placement  # noqa: E402
 

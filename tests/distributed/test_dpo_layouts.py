@@ -3,8 +3,9 @@ batch (8 rows of 1-2 packed pairs) in one micro-batch: every step's logged loss 
 accuracies, margins, log-probs), the eval metrics and predict's loss agree to 1e-5 — the loss is the mean over the
 global batch's pairs on every layout, the reference model runs on the layout too (vocabulary-parallel log-probs
 under tp; through the pipeline under pp, whose last stage computes the DPO loss, micro-batches of unequal pair
-counts weighted by their pairs). CI runs dp2, tp2 and pp2·GA2; ``PT_FULL_MATRIX=1`` adds dp2·GA2 and sharding
-stage2×2."""
+counts weighted by their pairs; under sep2 each rank holds half of every row, the preference mask and the
+positions whole, and the pairs' log-prob sums cross the halves). CI runs dp2, tp2, pp2·GA2 and sep2;
+``PT_FULL_MATRIX=1`` adds dp2·GA2, sharding stage2×2 and reference-free pp2·GA2."""
 import os
 
 import pytest
@@ -27,10 +28,19 @@ def worker_args(out, weights, **options):
 
 
 @pytest.fixture(scope="module")
-def dpo_reference(tmp_path_factory, llama_weights):
-    out = tmp_path_factory.mktemp("dpo_one")
-    run_single(WORKER, worker_args(out, llama_weights, per_device_train_batch_size=8))
-    return read_results(out / "res", 1)[0]
+def one_process(tmp_path_factory, llama_weights):
+    """``one_process(**options)``: the one-process result with the whole global batch in one micro-batch."""
+    cache = {}
+
+    def get(**options):
+        key = tuple(sorted(options.items()))
+        if key not in cache:
+            out = tmp_path_factory.mktemp("dpo_one")
+            run_single(WORKER, worker_args(out, llama_weights, per_device_train_batch_size=8, **options))
+            cache[key] = read_results(out / "res", 1)[0]
+        return cache[key]
+
+    return get
 
 
 def close(actual: dict, expected: dict, at: str):
@@ -44,13 +54,18 @@ def close(actual: dict, expected: dict, at: str):
     pytest.param("tp2", 2, dict(per_device_train_batch_size=8, tensor_parallel_degree=2), id="tp2"),
     pytest.param("pp2_ga2", 2, dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
                                     pipeline_parallel_degree=2), id="pp2_ga2"),
+    pytest.param("sep2", 2, dict(per_device_train_batch_size=8, sep_parallel_degree=2), id="sep2"),
     pytest.param("dp2_ga2", 2, dict(per_device_train_batch_size=2, gradient_accumulation_steps=2), id="dp2_ga2",
                  marks=FULL_ONLY),
     pytest.param("s2x2", 2, dict(per_device_train_batch_size=4, sharding="stage2", sharding_parallel_degree=2),
                  id="s2x2", marks=FULL_ONLY),
+    pytest.param("pp2_ga2_reference_free", 2, dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                                                   pipeline_parallel_degree=2, reference_free="true"),
+                 id="pp2_ga2_reference_free", marks=FULL_ONLY),
 ])
-def test_dpo_losses_and_metrics_on_a_layout_equal_one_process(tmp_path, llama_weights, dpo_reference, name, nproc,
+def test_dpo_losses_and_metrics_on_a_layout_equal_one_process(tmp_path, llama_weights, one_process, name, nproc,
                                                                 options):
+    dpo_reference = one_process(**{k: v for k, v in options.items() if k == "reference_free"})
     launch(WORKER, nproc, worker_args(tmp_path, llama_weights, **options), tmp_path, timeout=300)
     assert len(dpo_reference["steps"]) == 4
     for r in read_results(tmp_path / "res", nproc):

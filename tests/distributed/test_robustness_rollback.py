@@ -27,7 +27,7 @@ def train_args(out_dir, result_dir, **options):
 
 
 def skip_window_reference(tmp_path):
-    from paddletrainer.checkpoint import layout as L
+    from paddletrainer.checkpoint import placement as L
 
     out, res = tmp_path / "ref_out", tmp_path / "ref_res"
     run_single(WORKER, train_args(out, res, stop_at_step=LAST_GOOD_SAVE), timeout=100)

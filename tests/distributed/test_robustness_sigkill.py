@@ -173,7 +173,7 @@ def test_chaos_sigkill_of_random_ranks_under_a_restarting_launch_ends_on_the_uni
 
 def assert_no_corrupt_checkpoint(out: Path) -> None:
     """Every published ``checkpoint-*`` dir is complete and loads (crc32 checked); tmp dirs are never listed."""
-    from paddletrainer.checkpoint import layout as L
+    from paddletrainer.checkpoint import placement as L
     from paddletrainer.checkpoint import list_complete_checkpoints, load_checkpoint
 
     if not out.exists():

@@ -143,9 +143,8 @@ def test_the_save_call_returns_before_the_copy_and_captures_what_the_forward_cha
     reference = save_checkpoint(str(tmp_path / "sync" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
 
     gated = GatedCopy(monkeypatch)  # the writer's copy is held until the gate opens below
-    saver = Checkpointer()
-    saved = saver.save(str(tmp_path / "async" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False,
-                       async_save=True)
+    saver = Checkpointer(model=model, optimizer=opt, save_rng=False)
+    saved = saver.save(str(tmp_path / "async" / "checkpoint-2"), async_save=True)
     jobs = len(saver._pending.snapshot._jobs)
     assert jobs >= 20 and gated.chunks == []  # the copy is not in the call: the call did not copy a chunk
     forward_backward()  # changes the BatchNorm statistics in place, before the copy
@@ -169,9 +168,8 @@ def test_a_training_thread_waiting_for_the_copy_copies_the_chunks_nobody_started
     reference = save_checkpoint(str(tmp_path / "sync" / "checkpoint-1"), model=model, optimizer=opt, save_rng=False)
 
     gated = GatedCopy(monkeypatch)
-    saver = Checkpointer()
-    saved = saver.save(str(tmp_path / "async" / "checkpoint-1"), model=model, optimizer=opt, save_rng=False,
-                       async_save=True)
+    saver = Checkpointer(model=model, optimizer=opt, save_rng=False)
+    saved = saver.save(str(tmp_path / "async" / "checkpoint-1"), async_save=True)
     jobs = len(saver._pending.snapshot._jobs)
     assert gated.writer_holding.wait(GATE_TIMEOUT_S)  # the writer has started its first chunk and is held there
     gated.open_after = jobs // 2  # the training thread lets the writer go on once it has copied half the chunks
@@ -190,8 +188,8 @@ def test_a_failing_async_copy_releases_the_wait_and_fails_the_save_on_finish(tmp
         raise MemoryError("no host memory for the snapshot")
 
     monkeypatch.setattr(snapshot_mod, "_copy_chunk", broken_copy)
-    saver = Checkpointer()
-    saver.save(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
+    saver = Checkpointer(model=model)
+    saver.save(str(tmp_path / "checkpoint-1"), async_save=True)
     waiter = threading.Thread(target=saver.wait_for_snapshot)
     waiter.start()
     waiter.join(timeout=10)

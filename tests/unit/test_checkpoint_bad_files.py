@@ -17,8 +17,8 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, read_index, save_checkpoint
-from paddletrainer.checkpoint import io as ckpt_io
+from paddletrainer.checkpoint import CheckpointError, placement as L, load_checkpoint, read_index, save_checkpoint
+from paddletrainer.checkpoint import save as ckpt_io
 from paddletrainer.checkpoint.export import merged_model_state
 from paddletrainer.parallel.layout import Layout
 from toy_models import RegressionModel, regression_data

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import paddle
 
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.checkpoint import list_complete_checkpoints, load_checkpoint
 from paddletrainer.trainer_utils import get_last_checkpoint
 

@@ -12,9 +12,9 @@ import pytest
 from safetensors import safe_open
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.checkpoint import read_index
-from paddletrainer.checkpoint.files import write_safetensors
+from paddletrainer.checkpoint.write import write_safetensors
 
 VOCAB = 96
 

@@ -92,10 +92,8 @@ def test_async_save_writes_the_same_bytes_as_sync_save(tmp_path):
     model, opt, sched = make()
     train(model, opt, sched, 2)
     sync_dir = save_checkpoint(str(tmp_path / "sync" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
-    saver = Checkpointer()
-    async_dir = saver.save(
-        str(tmp_path / "async" / "checkpoint-2"), model=model, optimizer=opt, save_rng=False, async_save=True
-    )
+    saver = Checkpointer(model=model, optimizer=opt, save_rng=False)
+    async_dir = saver.save(str(tmp_path / "async" / "checkpoint-2"), async_save=True)
     # training goes on once the host copy is taken: later steps must not leak in
     saver.wait_for_snapshot()
     train(model, opt, sched, 1)
@@ -109,10 +107,10 @@ def test_async_save_writes_the_same_bytes_as_sync_save(tmp_path):
 
 def test_async_save_is_published_only_at_the_next_collective_point(tmp_path):
     model, _, _ = make()
-    saver = Checkpointer()
-    first = saver.save(str(tmp_path / "checkpoint-1"), model=model, async_save=True)
+    saver = Checkpointer(model=model)
+    first = saver.save(str(tmp_path / "checkpoint-1"), async_save=True)
     assert not os.path.exists(first)  # still a tmp dir until finish() / the next save
-    second = saver.save(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    second = saver.save(str(tmp_path / "checkpoint-2"), async_save=True)
     assert list_complete_checkpoints(str(tmp_path)) == [first]
     saver.finish()
     assert list_complete_checkpoints(str(tmp_path)) == [first, second]
@@ -244,7 +242,7 @@ def test_a_tensor_parallel_param_without_split_axis_aborts_the_save_with_its_nam
 
 
 def test_a_failing_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    from paddletrainer.checkpoint import io
+    from paddletrainer.checkpoint import save
 
     model, _, _ = make()
     good = save_checkpoint(str(tmp_path / "checkpoint-1"), model=model)
@@ -252,9 +250,9 @@ def test_a_failing_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     def disk_full(path, arrays):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(io, "write_safetensors", disk_full)  # what save_checkpoint calls
-    saver = Checkpointer()
-    saver.save(str(tmp_path / "checkpoint-2"), model=model, async_save=True)
+    monkeypatch.setattr(save, "write_safetensors", disk_full)  # what save_checkpoint calls
+    saver = Checkpointer(model=model)
+    saver.save(str(tmp_path / "checkpoint-2"), async_save=True)
     with pytest.raises(CheckpointError, match="rank 0 failed writing its files: OSError"):
         saver.finish()
     assert list_complete_checkpoints(str(tmp_path)) == [good]
@@ -286,7 +284,7 @@ def test_write_safetensors_is_read_by_safetensors_and_its_crc_matches_the_file(i
     import zlib
 
     from paddletrainer.checkpoint import checksum
-    from paddletrainer.checkpoint.files import write_safetensors
+    from paddletrainer.checkpoint.write import write_safetensors
 
     if implementation == "zlib fallback":
         monkeypatch.setattr(checksum, "_crc32_combine", None)
@@ -364,7 +362,7 @@ def test_stage3_slice_accumulators_are_created_for_the_slice_and_reused_by_its_s
 def test_stage3_slice_states_the_optimizer_never_created_are_reported_as_unplaced():
     import types
 
-    from paddletrainer.checkpoint.layout import unplaced_optimizer_states
+    from paddletrainer.checkpoint.placement import unplaced_optimizer_states
     from paddletrainer.checkpoint.local_state import model_tensors, stepped_parameter_names, topology_info
 
     model = paddle.nn.Linear(4, 3, bias_attr=False)
@@ -419,18 +417,18 @@ def test_offload_masters_missing_from_a_checkpoint_start_from_the_loaded_weights
 def test_a_load_reads_each_file_once_checksumming_the_bytes_it_uses(tmp_path, monkeypatch):
     # One pass per file: the bytes that are checksummed are the bytes loaded (no verify pass, then a
     # second read through safetensors); same-layout tensors are read straight into their memory.
-    from paddletrainer.checkpoint import reshard, verified_read
+    from paddletrainer.checkpoint import read, reshard
 
     model, opt, sched = make()
     train(model, opt, sched, 2)
     ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt, save_rng=False)
-    opened, real_open = [], verified_read.open_member
+    opened, real_open = [], read.open_member
 
-    def counting_open(ckpt_dir, name):  # every checkpoint file is opened through members.open_member
+    def counting_open(ckpt_dir, name):  # every checkpoint file is opened through read.open_member
         opened.append(name)
         return real_open(ckpt_dir, name)
 
-    monkeypatch.setattr(verified_read, "open_member", counting_open)
+    monkeypatch.setattr(read, "open_member", counting_open)
     monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, _ = make(seed=99)
     load_checkpoint(ckpt, model=model2, optimizer=opt2)
@@ -448,25 +446,25 @@ def test_small_files_and_exported_shards_are_read_once_and_verified_as_read(tmp_
     # bytes used), and a corrupt small file is still refused.
     import builtins
 
-    from paddletrainer.checkpoint import reshard, verified_read
+    from paddletrainer.checkpoint import read, reshard
     from paddletrainer.checkpoint.export import export_for_from_pretrained
 
     model, opt, sched = make()
     train(model, opt, sched, 2)
     ckpt = save_checkpoint(str(tmp_path / "checkpoint-2"), model=model, optimizer=opt, lr_scheduler=sched,
                            trainer_state={"global_step": 2}, data_state={"consumed_samples": 8})
-    opened, real_open, real_open_member = [], builtins.open, verified_read.open_member
+    opened, real_open, real_open_member = [], builtins.open, read.open_member
 
     def counting_open(path, *args, **kwargs):
         opened.append(os.path.basename(str(path)))
         return real_open(path, *args, **kwargs)
 
-    def counting_open_member(ckpt_dir, name):  # checkpoint files are opened through members.open_member
+    def counting_open_member(ckpt_dir, name):  # checkpoint files are opened through read.open_member
         opened.append(name)
         return real_open_member(ckpt_dir, name)
 
     monkeypatch.setattr(builtins, "open", counting_open)
-    monkeypatch.setattr(verified_read, "open_member", counting_open_member)
+    monkeypatch.setattr(read, "open_member", counting_open_member)
     monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, sched2 = make(seed=99)
     res = load_checkpoint(ckpt, model=model2, optimizer=opt2, lr_scheduler=sched2)
@@ -494,11 +492,11 @@ def test_a_repeat_save_writes_the_optimizer_states_created_since_the_previous_sa
     # repeat saves reuse the previous save's writer assignment only while the tensors are the same: the
     # optimizer creates its moments at its first step, after a first save that had none
     model, opt, sched = make()
-    saver = Checkpointer()
-    first = read_index(saver.save(str(tmp_path / "checkpoint-0"), model=model, optimizer=opt, save_rng=False))
+    saver = Checkpointer(model=model, optimizer=opt, save_rng=False)
+    first = read_index(saver.save(str(tmp_path / "checkpoint-0")))
     assert not any(k.startswith("optim/") for k in first["tensors"])
     train(model, opt, sched, 1)
-    again = saver.save(str(tmp_path / "checkpoint-1"), model=model, optimizer=opt, save_rng=False)
+    again = saver.save(str(tmp_path / "checkpoint-1"))
     model2, opt2, _ = make(seed=99)
     load_checkpoint(again, model=model2, optimizer=opt2)
     s1, s2 = opt_state(model, opt), opt_state(model2, opt2)
@@ -537,8 +535,8 @@ def test_crc32_combine_gives_the_crc32_of_the_concatenation(implementation, monk
 
 def test_a_rank_needing_some_tensors_of_a_file_reads_and_verifies_only_those(tmp_path):
     # e.g. replicated beta powers stored in rank 0's optimizer file: the other ranks must not read it all
-    from paddletrainer.checkpoint.files import write_safetensors
-    from paddletrainer.checkpoint.verified_read import read_verified
+    from paddletrainer.checkpoint.write import write_safetensors
+    from paddletrainer.checkpoint.read import read_verified
 
     name = "optimizer.tp00_pp00.safetensors"
     arrays = {"big": np.arange(4096, dtype=np.float32), "small": np.array([0.9, 0.999], np.float32)}

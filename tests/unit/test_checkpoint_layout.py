@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.parallel.layout import Layout
 
 

@@ -14,10 +14,10 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer, TrainingArguments
-from paddletrainer.checkpoint import CheckpointError, layout as L, load_checkpoint, save_checkpoint
+from paddletrainer.checkpoint import CheckpointError, placement as L, load_checkpoint, save_checkpoint
 from paddletrainer.checkpoint import rng as rng_mod
 from paddletrainer.parallel.layout import Layout
-from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
+from paddletrainer.checkpoint.read import UnsafeCheckpointFileError
 from toy_models import RegressionModel, regression_data
 
 

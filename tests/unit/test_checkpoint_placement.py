@@ -11,7 +11,7 @@ import pytest
 
 from paddletrainer.checkpoint import load_checkpoint, read_index, save_checkpoint
 from paddletrainer.checkpoint.export import export_for_from_pretrained
-from paddletrainer.checkpoint.layout import tp_placement
+from paddletrainer.checkpoint.placement import tp_placement
 from paddletrainer.checkpoint.local_state import ensure_accumulators
 
 CHECKPOINT_PACKAGE = Path(__file__).resolve().parents[2] / "paddletrainer" / "checkpoint"

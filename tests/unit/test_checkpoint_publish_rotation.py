@@ -10,9 +10,9 @@ import pytest
 
 from paddletrainer import Trainer
 from paddletrainer.checkpoint import CheckpointError, load_checkpoint, rotate_checkpoints, save_checkpoint
-from paddletrainer.checkpoint import io as ckpt_io
-from paddletrainer.checkpoint import layout as L
-from paddletrainer.checkpoint.files import checkpoint_problem
+from paddletrainer.checkpoint import save as ckpt_io
+from paddletrainer.checkpoint import placement as L
+from paddletrainer.checkpoint.discovery import checkpoint_problem
 from paddletrainer.trainer_checkpoints import _not_overwritten
 from toy_models import RegressionModel, regression_data, restart_args as args_for
 

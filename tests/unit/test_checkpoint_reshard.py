@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.checkpoint.reshard import PieceReader, read_placement
 
 FULL = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)

@@ -75,8 +75,8 @@ def test_the_cut_keeps_chunks_r_and_2cp_minus_1_minus_r_and_the_gather_restores_
 
 @pytest.mark.parametrize("batch,message", [
     ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 16))}, "attention_mask \\(padding\\)"),
-    ({"input_ids": np.zeros((2, 16)), "position_ids": np.zeros((2, 16))}, "position_ids must count up by one"),
-    ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 1, 16, 16))}, "not block-diagonal causal"),
+    ({"input_ids": np.zeros((2, 16)), "position_ids": np.zeros((2, 16))}, "position_ids must count up by one across"),
+    ({"input_ids": np.zeros((2, 16)), "attention_mask": np.ones((2, 1, 16, 16))}, "is not causal with each key seen"),
     ({"input_ids": np.zeros((2, 12))}, "context_parallel_degree=4: the sequence length 12 of batch key .input_ids. does not divide into 8 pieces"),
     ({"input_ids": np.zeros((2, 16, 3))}, "must be \\[batch, sequence\\]"),
 ])

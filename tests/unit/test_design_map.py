@@ -35,6 +35,16 @@ NOT_MODULES = {"args", "param", "obj", "self", "paddle", "paddlenlp", "fleet", "
 FILE_SUFFIXES = ("json", "pdparams", "pdopt", "pth", "safetensors", "py", "md", "txt", "lock", "yaml", "toml")
 
 
+def folder_path_is_stale(token: str) -> bool:
+    """``token`` is a path into one of the package's folders without ``.py`` (``parallel/cpu/``,
+    ``checkpoint/files``, ``config/builders.parallel_config_of``) that is neither a folder nor a module there."""
+    match = re.fullmatch(r"([a-z_]+(?:/[a-z_0-9]+)*)/?(?:\.[A-Za-z_]\w*)*(?:\(\))?", token)
+    if not match or "/" not in token or not (PACKAGE / match.group(1).split("/")[0]).is_dir():
+        return False
+    path = PACKAGE / match.group(1)
+    return not (path.is_dir() or path.with_suffix(".py").is_file())
+
+
 def stale_module_names(text: str) -> list:
     """Backticked names in ``text`` that look like a paddletrainer module (``pkg/mod.py``, ``pkg.mod.name``,
     ``mod.name``) and name none: a renamed or removed module."""
@@ -45,6 +55,9 @@ def stale_module_names(text: str) -> list:
     for token in re.findall(r"`([^`\s]+)`", text):
         token = token.removeprefix("paddletrainer.").removeprefix("paddletrainer/")
         if re.fullmatch(r"\w+\.py", token):
+            continue
+        if folder_path_is_stale(token):
+            stale.append(token)
             continue  # a bare file name: ours in the module tables (checked above), or a PaddleNLP script's
         if re.fullmatch(r"[\w/]+\.py", token):
             if token.startswith(("scripts/", "tests/", "llm_examples/")):
@@ -69,3 +82,10 @@ def test_the_stale_name_check_flags_a_removed_module_and_spares_variables_and_fi
     text = ("`configs.parallel_inputs()` `parallel/topology.py` `runtime/device.py` `config.builders` "
             "`args.sharding` `trainer_state.json` `topology.init_topology`")
     assert stale_module_names(text) == ["configs.parallel_inputs()", "runtime/device.py"]
+
+
+def test_the_stale_name_check_flags_a_folder_path_without_py_that_names_no_module():
+    # the walk tables name modules as `checkpoint/files` or `parallel/layout.option_axes`
+    text = ("`parallel/cpu/` `parallel/layout.option_axes` `config/paddlenlp_options` `checkpoint/verified_reads` "
+            "`parallel/optimizers.ParallelOptimizer` `docs/zh/` `tests/unit`")
+    assert stale_module_names(text) == ["checkpoint/verified_reads", "parallel/optimizers.ParallelOptimizer"]

@@ -6,7 +6,7 @@ import types
 import paddle
 import pytest
 
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.checkpoint.load import other_ranks_expert
 from paddletrainer.parallel.expert import check_expert_model
 from paddletrainer.parallel.layout import Layout

@@ -190,13 +190,13 @@ def test_the_upward_edge_check_sees_module_and_function_level_edges_and_spares_l
     graph = {
         "paddletrainer.parallel.config": {"paddletrainer.config.paddlenlp_options": "module",
                                           "paddletrainer.parallel.layout": "module"},
-        "paddletrainer.parallel.apply": {"paddletrainer.checkpoint.io": "function",
+        "paddletrainer.parallel.apply": {"paddletrainer.checkpoint.save": "function",
                                          "paddletrainer.trainer_utils": "module"},  # not paddletrainer.trainer
         "paddletrainer.parallel": {"paddletrainer.config.builders": "module"},
         "paddletrainer.checks": {"paddletrainer.config.builders": "module"},  # not parallel/
     }
     assert upward_edges_of_parallel(graph) == [
         ("paddletrainer.parallel", "paddletrainer.config.builders"),
-        ("paddletrainer.parallel.apply", "paddletrainer.checkpoint.io"),
+        ("paddletrainer.parallel.apply", "paddletrainer.checkpoint.save"),
         ("paddletrainer.parallel.config", "paddletrainer.config.paddlenlp_options"),
     ]

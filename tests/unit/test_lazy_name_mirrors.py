@@ -11,6 +11,7 @@ TABLES = {
     "__init__.py": ("_EXPORTS", ""),
     "parallel/__init__.py": ("_PADDLE_NAMES", "parallel."),
     "runtime/__init__.py": ("_NAMES", "runtime."),
+    "checkpoint/__init__.py": ("_EXPORTS", "checkpoint."),
     "trainer_utils.py": ("_PADDLE_NAMES", ""),
 }
 

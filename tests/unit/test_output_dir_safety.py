@@ -19,7 +19,7 @@ import pytest
 
 from paddletrainer import Trainer, TrainerCallback, TrainingArguments
 from paddletrainer.checkpoint import CheckpointError, save_checkpoint
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.checkpoint import output_lock
 from paddletrainer.checkpoint.output_lock import LOCK_NAME, STALE_AFTER_SECONDS, OutputDirLockedError
 from toy_models import RegressionModel, regression_data

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from paddletrainer.checkpoint import CheckpointError
-from paddletrainer.checkpoint.members import MAX_WEIGHT_MAP_BYTES
+from paddletrainer.checkpoint.read import MAX_WEIGHT_MAP_BYTES
 from paddletrainer.checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint, unified_checkpoint_index
 from paddletrainer.checkpoint.peft import read_base_weights
 from deadline import within

@@ -91,3 +91,28 @@ def test_cpu_reduce_scatter_on_a_rank_outside_the_group_writes_nothing_and_retur
     task = _reduce_scatter_tensor_in_dygraph(out, values, paddle.distributed.ReduceOp.SUM, NotAMember(),
                                              sync_op=False, use_calc_stream=False)
     assert task.is_completed() and out.tolist() == [7.0, 7.0]
+
+
+class SecondOfTwo:
+    """Rank 1 of a 2-rank group, whose all-reduce the test plays (the other rank holds the same values)."""
+
+    nranks, rank, name = 2, 1, "sharding"
+
+
+def test_cpu_reduce_scatter_of_a_scratch_gradient_reduces_it_in_place_in_pieces(monkeypatch):
+    from paddletrainer.parallel.cpu import reduce_scatter as fill
+
+    reduced_sizes = []
+
+    def all_reduce(tensor, op=None, group=None, **_):  # both ranks hold these values: the sum doubles them
+        reduced_sizes.append(int(tensor.numel()))
+        tensor.scale_(2.0)
+
+    monkeypatch.setattr(fill, "ALL_REDUCE_PIECE_BYTES", 4 * 5)  # 5 float32 elements a piece
+    monkeypatch.setattr(fill.dist, "all_reduce", all_reduce)
+    gradient = paddle.arange(24, dtype="float32")
+    out = paddle.zeros([12])
+    reduce_scatter_into(out, gradient, group=SecondOfTwo(), scratch_input=True)
+    assert reduced_sizes == [5, 5, 5, 5, 4]  # never the whole gradient at once: gloo's working memory is 2/n of it
+    assert out.tolist() == [2.0 * v for v in range(12, 24)]
+    assert gradient.tolist() == [2.0 * v for v in range(24)]  # reduced where it lies, no copy

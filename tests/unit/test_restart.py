@@ -9,8 +9,8 @@ import pytest
 from paddletrainer import Trainer
 from paddletrainer import launch as restart_launch
 from paddletrainer.checkpoint import CheckpointError
-from paddletrainer.checkpoint.files import checkpoint_problem
-from paddletrainer.training_args import resolve_resume_checkpoint
+from paddletrainer.checkpoint.discovery import checkpoint_problem
+from paddletrainer.checkpoint.discovery import resolve_resume_checkpoint
 from toy_models import RegressionModel, regression_data, restart_args as args_for
 
 
@@ -177,17 +177,17 @@ def test_restart_count_reaches_the_job(monkeypatch):
 def test_a_kill_in_the_middle_of_rotation_leaves_no_half_deleted_checkpoint(tmp_path, monkeypatch):
     import paddle
 
-    from paddletrainer.checkpoint import files, layout as L, list_complete_checkpoints, save_checkpoint
+    from paddletrainer.checkpoint import discovery, placement as L, list_complete_checkpoints, save_checkpoint
 
     model = paddle.nn.Linear(2, 2)
     for step in (1, 2, 3):
         save_checkpoint(str(tmp_path / f"checkpoint-{step}"), model=model, trainer_state={"global_step": step})
-    monkeypatch.setattr(files.shutil, "rmtree", lambda *a, **k: None)  # the process dies before deleting files
-    files.rotate_checkpoints(str(tmp_path), 2)
+    monkeypatch.setattr(discovery.shutil, "rmtree", lambda *a, **k: None)  # the process dies before deleting files
+    discovery.rotate_checkpoints(str(tmp_path), 2)
     names = os.listdir(tmp_path)
     published = sorted(n for n in names if L.parse_checkpoint_step(n) is not None)
     assert published == sorted(os.path.basename(c) for c in list_complete_checkpoints(str(tmp_path))), names
     assert published == ["checkpoint-2", "checkpoint-3"]
     monkeypatch.undo()
-    files.remove_stale_tmp_dirs(str(tmp_path))  # what the next save or train() start does
+    discovery.remove_stale_tmp_dirs(str(tmp_path))  # what the next save or train() start does
     assert sorted(os.listdir(tmp_path)) == ["checkpoint-2", "checkpoint-3"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from paddletrainer.checkpoint import CheckpointError
-from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
+from paddletrainer.checkpoint.read import UnsafeCheckpointFileError
 from paddletrainer.checkpoint.restricted_pickle import load_pickle
 from deadline import within
 

@@ -13,7 +13,7 @@ import numpy as np
 import paddle
 import pytest
 
-from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
+from paddletrainer.checkpoint.read import UnsafeCheckpointFileError
 from paddletrainer.checkpoint.restricted_pickle import load_pickle
 
 try:  # numpy >= 2 moved the module; both names are on the allowlist
@@ -76,7 +76,7 @@ def test_the_control_numpy_s_and_paddle_s_own_states_load(tmp_path):
 _PROBE = textwrap.dedent("""
     import sys
     import numpy as np
-    from paddletrainer.checkpoint.files import UnsafeCheckpointFileError
+    from paddletrainer.checkpoint.read import UnsafeCheckpointFileError
     from paddletrainer.checkpoint.restricted_pickle import load_pickle
     try:
         load_pickle(sys.argv[1], return_numpy=True)

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from paddletrainer import Trainer
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.trainer import NonFiniteLossError
 from toy_models import (ROLLBACK_BATCH as BATCH, PoisonAt, RegressionModel, StopAt, poisonable, regression_data,
                         rollback_args as args_for)

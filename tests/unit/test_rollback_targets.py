@@ -10,7 +10,7 @@ import pytest
 
 import paddletrainer.trainer_loop_state as loop_state_module
 from paddletrainer import Trainer
-from paddletrainer.checkpoint import layout as L
+from paddletrainer.checkpoint import placement as L
 from paddletrainer.errors import ReplicaDivergenceError
 from paddletrainer.runtime.replica_check import ReplicaCheck
 from paddletrainer.trainer_callback import TrainerCallback

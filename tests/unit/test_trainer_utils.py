@@ -44,12 +44,24 @@ def _import_roots(module) -> set:
     return roots
 
 
+def _relative_modules(module) -> set:
+    """The package modules ``module`` imports (its lazy table's TYPE_CHECKING mirror left out: never executed)."""
+    tree = ast.parse(Path(module.__file__).read_text())
+    mirrors = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+               and getattr(block.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(block)}
+    return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level and n.module
+            and id(n) not in mirrors}
+
+
 def test_trainer_utils_and_seeding_import_only_stdlib_numpy_and_paddle():
     # leaves of the package's import graph, so every module may import them; trainer_utils (imported by
-    # TrainingArguments, which must import without paddle) reaches seeding's names only through its PEP 562 alias
+    # TrainingArguments, which must import without paddle) reaches seeding's names only through its PEP 562 alias,
+    # and imports the paddle-free checkpoint naming and discovery, whose PaddleNLP names it re-exports
     from paddletrainer.runtime import seeding
 
-    assert _import_roots(trainer_utils) - set(sys.stdlib_module_names) <= {"numpy", ".seeding"}
+    roots = _import_roots(trainer_utils) - set(sys.stdlib_module_names)
+    assert {r for r in roots if not r.startswith(".")} <= {"numpy"}
+    assert _relative_modules(trainer_utils) <= {"checkpoint.discovery", "checkpoint.placement"}
     assert _import_roots(seeding) - set(sys.stdlib_module_names) <= {"numpy", "paddle"}
     assert trainer_utils.set_seed is seeding.set_seed
 

@@ -23,10 +23,14 @@ def test_a_dpo_setup_paddlenlp_refuses_is_refused_with_the_option_named(config, 
         check_dpo_setup(config, ref_model, ONE_PROCESS)
 
 
-@pytest.mark.parametrize("option", ["sep_parallel_degree", "context_parallel_degree"])
-def test_dpo_on_an_unsupported_axis_is_refused_naming_it(option):
-    args = SimpleNamespace(**{**vars(ONE_PROCESS), option: 2})
-    with pytest.raises(ValueError, match=f"DPOTrainer does not run with {option} > 1"):
+@pytest.mark.parametrize("options,message", [
+    ({"context_parallel_degree": 2}, "DPOTrainer does not run with context_parallel_degree > 1"),
+    ({"pipeline_parallel_degree": 2, "sep_parallel_degree": 2},
+     "DPOTrainer does not run with pipeline_parallel_degree > 1 and sep_parallel_degree > 1 together"),
+])
+def test_dpo_on_an_unsupported_layout_is_refused_naming_its_options(options, message):
+    args = SimpleNamespace(**{**vars(ONE_PROCESS), **options})
+    with pytest.raises(ValueError, match=message):
         check_dpo_setup(DPOConfig(), object(), args)
 
 

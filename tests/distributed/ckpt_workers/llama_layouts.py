@@ -127,10 +127,9 @@ def main():
         for step in range(2):
             train_step(model, optimizer, topo, step)
             sched.step()
-        saver = Checkpointer()
-        saver.save(os.path.join(a.out, "checkpoint-2"), model=model, optimizer=optimizer, lr_scheduler=sched,
-                   topology=topo, trainer_state={"global_step": 2}, data_state={"consumed_samples": 16},
-                   async_save=True)
+        saver = Checkpointer(model=model, optimizer=optimizer, lr_scheduler=sched, topology=topo,
+                             trainer_state={"global_step": 2}, data_state={"consumed_samples": 16})
+        saver.save(os.path.join(a.out, "checkpoint-2"), async_save=True)
         # the next forward/backward overlaps the background copy (stage 3 gathers and frees its slices in
         # it), the optimizer step waits for the copy, and the write overlaps the step
         result["loss3"] = train_step(model, optimizer, topo, 2, before_optimizer_step=saver.wait_for_snapshot)

@@ -18,7 +18,7 @@ import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
 from paddletrainer.checkpoint import Checkpointer, load_checkpoint, read_index, save_checkpoint  # noqa: E402
-from paddletrainer.checkpoint.layout import flat_placement, replicated  # noqa: E402
+from paddletrainer.checkpoint.placement import flat_placement, replicated  # noqa: E402
 
 GLOBAL = {"w": (8, 6), "b": (6,), "norm": (6,)}
 
@@ -124,20 +124,19 @@ def main():
         save_checkpoint(os.path.join(out, "checkpoint-3"), model=net, optimizer=opt, topology=topo(rank, 2),
                         trainer_state={"global_step": 3})
         # the same once more, asynchronously: published at the collective finish point
-        saver = Checkpointer()
-        saver.save(os.path.join(out, "checkpoint-4"), model=net, optimizer=opt, topology=topo(rank, 2),
-                   async_save=True)
+        saver = Checkpointer(model=net, optimizer=opt, topology=topo(rank, 2))
+        saver.save(os.path.join(out, "checkpoint-4"), async_save=True)
         saver.finish()
         index = read_index(os.path.join(out, "checkpoint-4"))
         assert [p["file"] for p in index["tensors"]["model/norm"]["pieces"]] == ["model_state.tp00_pp00.safetensors"]
         assert len(index["tensors"]["model/w"]["pieces"]) == 2
         # a repeat save reuses the writer assignment (nothing changed on any rank): the same pieces
-        saver.save(os.path.join(out, "checkpoint-5"), model=net, optimizer=opt, topology=topo(rank, 2))
+        saver.save(os.path.join(out, "checkpoint-5"))
         assert read_index(os.path.join(out, "checkpoint-5"))["tensors"] == index["tensors"]
         # a tensor that only rank 1 gained: both ranks must gather again (rank 0's own list is unchanged)
         if rank == 1:
             net.register_buffer("rank1_only", paddle.full([3], 7.0))
-        saver.save(os.path.join(out, "checkpoint-6"), model=net, optimizer=opt, topology=topo(rank, 2))
+        saver.save(os.path.join(out, "checkpoint-6"))
         pieces = read_index(os.path.join(out, "checkpoint-6"))["tensors"]["model/rank1_only"]["pieces"]
         assert [p["file"] for p in pieces] == ["model_state.tp01_pp00.safetensors"]
     elif mode == "save_flat":

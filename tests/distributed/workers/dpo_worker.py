@@ -1,7 +1,7 @@
 """DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp; its
 ``...Pipe`` form under pp, the DPO config on its model config as PaddleNLP's run_dpo.py sets it) and its frozen
-reference, preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows
-hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
+reference (or none: ``--reference_free``), preference pairs packed several to a row (PaddleNLP's zero-padding
+stream, so rows hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
 Writes rank<r>.json: every step's logged loss and DPO metrics, the eval metrics and the predict loss."""
 import os
 from dataclasses import dataclass, field
@@ -17,6 +17,7 @@ MAX_LEN, VOCAB = 48, 96
 class DPOWorkerArguments:
     result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
     weights: str = field(default=None, metadata={"help": "the tiny Llama's from_pretrained directory"})
+    reference_free: bool = field(default=False, metadata={"help": "no reference model (DPOConfig.reference_free)"})
 
 
 class CharTokenizer:
@@ -53,6 +54,7 @@ def build_llama(weights, topology, dpo_config):
     config.dpo_config = dpo_config
     config.tensor_parallel_degree, config.tensor_parallel_rank = topology.tp_degree, topology.tp_rank
     config.tensor_parallel_output = True
+    config.sep_parallel_degree = topology.sep_degree
     config.max_position_embeddings = config.seq_length = MAX_LEN  # rows are longer than pretraining's; rope has no weights
     cls = LlamaForCausalLMPipe if topology.pp_degree > 1 else LlamaForCausalLM
     return cls.from_pretrained(weights, config=config, dtype="float32")
@@ -64,9 +66,10 @@ def main():
     from paddletrainer.trl import DPOConfig, DPOTrainer, preference_collate_fn
 
     topology = init_topology(args.parallel_config)
-    dpo_config = DPOConfig(beta=0.5)
-    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology, dpo_config),
-                         ref_model=build_llama(worker_args.weights, topology, dpo_config), dpo_config=dpo_config,
+    dpo_config = DPOConfig(beta=0.5, reference_free=worker_args.reference_free)
+    reference = None if worker_args.reference_free else build_llama(worker_args.weights, topology, dpo_config)
+    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology, dpo_config), ref_model=reference,
+                         dpo_config=dpo_config,
                          args=args, train_dataset=preference_rows(70, 0), eval_dataset=preference_rows(20, 1),
                          data_collator=lambda batch: preference_collate_fn(batch, MAX_LEN), ignore_eos_token=True)
     trainer.train()

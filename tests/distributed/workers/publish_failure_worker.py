@@ -18,7 +18,7 @@ import paddle  # noqa: E402
 import paddle.distributed as dist  # noqa: E402
 
 from common import exit_cleanly, write_json  # noqa: E402
-from paddletrainer.checkpoint import io as ckpt_io  # noqa: E402
+from paddletrainer.checkpoint import save as ckpt_io  # noqa: E402
 from paddletrainer.checkpoint.local_state import topology_info  # noqa: E402
 
 

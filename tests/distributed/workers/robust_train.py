@@ -33,7 +33,7 @@ from paddletrainer import PdArgumentParser, Trainer, TrainerCallback, TrainingAr
 from paddletrainer.errors import friendly_errors  # noqa: E402
 from paddletrainer.runtime import RobustnessCallback  # noqa: E402
 from paddletrainer.trainer_utils import get_last_checkpoint  # noqa: E402
-from paddletrainer.training_args import resolve_resume_checkpoint  # noqa: E402
+from paddletrainer.checkpoint.discovery import resolve_resume_checkpoint  # noqa: E402
 from toy_models import PoisonAt, StopAt, poisonable  # noqa: E402
 from trainer_worker import MLP, mlp_data  # noqa: E402
 

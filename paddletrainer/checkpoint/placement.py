@@ -29,16 +29,33 @@ import math
 import re
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-# Directory naming and the completion marker are shared with trainer_utils.get_last_checkpoint.
 from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
-# defined there (the one home of checkpoint naming, importable without paddle); re-exported as L.*
-from ..trainer_utils import CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME, PREFIX_CHECKPOINT_DIR  # noqa: F401
-from ..trainer_utils import checkpoint_dir_name, parse_checkpoint_step  # noqa: F401
+
+# The one home of a checkpoint's names on disk (this module imports neither paddle nor the rest of the package:
+# ``checkpoint.discovery`` and ``trainer_utils`` read them without paddle).
+PREFIX_CHECKPOINT_DIR = "checkpoint"
+# A checkpoint directory is published atomically: the writer creates this empty file last, so a directory
+# without it is a save that crashed or is still being written, and must never be resumed from.
+CHECKPOINT_COMPLETE_MARKER = ".checkpoint_complete"
+CHECKPOINT_INDEX_NAME = "checkpoint_index.json"
+_CHECKPOINT_DIR_RE = re.compile(r"^" + PREFIX_CHECKPOINT_DIR + r"-(\d+)$")
+
+
+def checkpoint_dir_name(step: int) -> str:
+    """``checkpoint-<step>``: the one spelling of a checkpoint directory's name."""
+    return f"{PREFIX_CHECKPOINT_DIR}-{step}"
+
+
+def parse_checkpoint_step(dir_name: str) -> Optional[int]:
+    """Step of a published ``checkpoint-N`` directory name; None for anything else (tmp dirs too)."""
+    match = _CHECKPOINT_DIR_RE.match(dir_name)
+    return int(match.group(1)) if match else None
+
 
 FORMAT_NAME = "paddletrainer-checkpoint"
 # 2: pieces record their in-file ``key`` (model tensors under bare names); 1: in-file key = global key
 FORMAT_VERSION = 2
-INDEX_NAME = CHECKPOINT_INDEX_NAME  # defined in trainer_utils (discovery reads it too)
+INDEX_NAME = CHECKPOINT_INDEX_NAME
 # what PaddleNLP's / HF's from_pretrained reads: this index maps state_dict names to our model shard files
 HF_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 TMP_INFIX = ".tmp-"

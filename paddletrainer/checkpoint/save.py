@@ -5,7 +5,7 @@ Save (every rank calls it at the same point; it is collective):
 1. finish the previous async save (collective publish, see below);
 2. rank 0 removes stale ``checkpoint-*.tmp-*`` dirs (crashed saves) and picks a fresh id: all ranks
    write into ``checkpoint-N.tmp-<id>-<n>/``;
-3. all_gather of each rank's *candidate pieces* (metadata only; rank 0's id travels with them) → :func:`layout.assign_writers` picks the
+3. all_gather of each rank's *candidate pieces* (metadata only; rank 0's id travels with them) → :func:`placement.assign_writers` picks the
    lowest rank for every distinct piece, so replicas (dp, tp-replicated norms, tied weights) are written once.
    A repeat save whose candidates are unchanged on every rank (they are fixed for a run) reuses that
    assignment: one all-reduce of an "unchanged" flag replaces the gather;
@@ -14,7 +14,7 @@ Save (every rank calls it at the same point; it is collective):
    ``async_save``, copied to host memory in the writer thread while training goes on (:mod:`.snapshot`);
 5. the writer thread writes the files, recording size + crc32;
 6. publish: all_gather of the file records; rank 0 writes ``model.safetensors.index.json`` when the weights
-   are whole (:func:`layout.whole_weight_map`), ``checkpoint_index.json``, then the marker
+   are whole (:func:`placement.whole_weight_map`), ``checkpoint_index.json``, then the marker
    ``.checkpoint_complete`` LAST, fsyncs, renames ``tmp → checkpoint-N`` and rotates; a gather of its
    outcome ends it (a barrier that fails every rank with rank 0's error when anything of this failed there:
    a full disk, a refused rename, a rotation that could not delete).
@@ -42,33 +42,23 @@ import shutil
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import paddle
 
 from .output_lock import check_still_held
 from ..parallel.collectives import all_gather_object
 from ..parallel.topology import Topology
-from ..trainer_utils import is_empty_dir, is_our_checkpoint
-from . import layout as L
 from . import peft
+from . import placement as L
 from . import rng as rng_mod
 from .async_writer import AsyncWriter
-from .files import (
-    args_json,
-    foreign_entries,
-    fsync_dir,
-    is_our_staging_dir,
-    json_bytes,
-    model_config_dict,
-    remove_stale_tmp_dirs,
-    rotate_checkpoints,
-    write_file,
-    write_safetensors,
-)
+from .discovery import (foreign_entries, is_empty_dir, is_our_checkpoint, is_our_staging_dir, remove_stale_tmp_dirs,
+                        rotate_checkpoints)
 from .local_state import (dtype_name, layout_dict, model_tensors, offload_master_weights, optimizer_tensors,
                           topology_info)
 from .snapshot import HostSnapshot
+from .write import args_json, fsync_dir, json_bytes, model_config_dict, write_file, write_safetensors
 
 logger = logging.getLogger(__name__)
 
@@ -120,9 +110,38 @@ class _WriterPlan:
         return (self.rank, self.world_size, self.coords) == (topo.rank, topo.world_size, coords) and self.mine == mine
 
 
+@dataclasses.dataclass
+class CheckpointStates:
+    """What a checkpoint holds, bound to a :class:`Checkpointer` when it is made.
+
+    ``model`` (its weights; a PEFT model's adapters), ``optimizer`` (its states and master weights),
+    ``lr_scheduler``/``scaler`` (their ``state_dict()``), ``trainer_state`` (a dict), ``args`` (written as
+    ``training_args.json``), ``data_state`` (the layout-free data position, e.g. ``{"consumed_samples": n}``),
+    ``topology`` (None: one process), ``save_rng`` (each rank's RNG states), and the rotation after publishing:
+    ``save_total_limit`` and ``best_checkpoint`` (never deleted, nor the saved one nor the newest sound one:
+    :func:`~.discovery.rotate_checkpoints`)."""
+
+    model: Any
+    optimizer: Any = None
+    lr_scheduler: Any = None
+    scaler: Any = None
+    trainer_state: Optional[dict] = None
+    args: Any = None
+    data_state: Optional[dict] = None
+    topology: Any = None
+    save_rng: bool = True
+    save_total_limit: Optional[int] = None
+    best_checkpoint: Optional[str] = None
+
+
 class Checkpointer:
     """Saves checkpoints of one training run: owns the background writer, the save in flight and the host
     buffers async saves reuse. The Trainer holds one; every call is collective (all ranks, same order).
+
+    What is saved is bound once, here: the :class:`CheckpointStates` fields as keywords
+    (``Checkpointer(model=m, optimizer=o, ...)``), or ``states``, a function returning the current
+    :class:`CheckpointStates` at each save (the Trainer's: its model and optimizer are replaced while it wraps them,
+    and its step and data position advance).
 
     * :meth:`save` — write ``checkpoint-N``; with ``async_save`` return before the tensors are copied;
     * :meth:`wait_for_snapshot` — call right before the next optimizer step: returns once the async save's
@@ -131,43 +150,31 @@ class Checkpointer:
       call it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, states: Optional[Callable[[], CheckpointStates]] = None, **bound) -> None:
+        if states is not None and bound:
+            raise TypeError("Checkpointer takes either states (a function returning CheckpointStates) or the "
+                            f"CheckpointStates fields as keywords, not both (got {sorted(bound)})")
+        if states is None:
+            fixed = CheckpointStates(**bound)
+            states = lambda: fixed  # noqa: E731 - the same objects at every save
+        self._states = states
         self._writer = AsyncWriter()
         self._pending: Optional[_PendingSave] = None
         self._buffers: dict = {}  # host buffers of the last async snapshot, reused by the next one
         self._plan: Optional[_WriterPlan] = None  # who writes what, reused while no rank's tensors change
 
-    def save(
-        self,
-        ckpt_dir: str,
-        *,
-        model,
-        optimizer=None,
-        lr_scheduler=None,
-        scaler=None,
-        trainer_state: Optional[dict] = None,
-        args=None,
-        data_state: Optional[dict] = None,
-        topology=None,
-        save_rng: bool = True,
-        async_save: bool = False,
-        save_total_limit: Optional[int] = None,
-        best_checkpoint: Optional[str] = None,
-    ) -> str:
-        """Save everything needed to resume into ``ckpt_dir`` (``.../checkpoint-N``); collective.
+    def save(self, ckpt_dir: str, *, async_save: bool = False) -> str:
+        """Save the bound states into ``ckpt_dir`` (``.../checkpoint-N``); collective. Returns ``ckpt_dir``.
 
-        Returns ``ckpt_dir``. With ``async_save`` it returns once the small state (RNG, schedule, scaler,
-        trainer state, model buffers) is serialised; parameters and optimizer states are copied in the
-        background until :meth:`wait_for_snapshot`, and the directory appears at the next :meth:`finish`.
-        ``save_total_limit``/``best_checkpoint`` rotate the parent directory after publishing (never deleting
-        ``ckpt_dir``, the best nor the newest sound checkpoint: :func:`~.files.rotate_checkpoints`).
-        ``data_state`` is the layout-free data position, e.g. ``{"consumed_samples": n}``.
-        """
+        With ``async_save`` it returns once the small state (RNG, schedule, scaler, trainer state, model buffers)
+        is serialised; parameters and optimizer states are copied in the background until
+        :meth:`wait_for_snapshot`, and the directory appears at the next :meth:`finish`."""
         self.finish()  # publish the previous async save (collective)
-        topo = topology_info(topology)
+        s = self._states()
+        topo = topology_info(s.topology)
         ckpt_dir = os.path.abspath(ckpt_dir)
         t0 = time.perf_counter()
-        local, mine, uid, error = _plan_pieces(ckpt_dir, topo, model, optimizer)  # plan: no collective
+        local, mine, uid, error = _plan_pieces(ckpt_dir, topo, s.model, s.optimizer)  # plan: no collective
         plan = self._gather_writers(topo, mine, uid, error)  # gather: one all_gather, or one all-reduce on a repeat
         plan.saves += 1
         tmp_dir = L.tmp_dir_name(ckpt_dir, f"{plan.run_id}-{plan.saves}")
@@ -176,13 +183,13 @@ class Checkpointer:
         for e in plan.assigned[topo.rank]:
             mine_by_file.setdefault(e.file, {})[L.file_key(e.key)] = local[e.key]
         snapshot = HostSnapshot(mine_by_file, deferred=async_save, buffers=self._buffers if async_save else None)
-        small = _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_state, save_rng)
+        small = _small_files(topo, s)
         call_s = time.perf_counter() - t0
         self._pending = _PendingSave(
             topo=topo, tmp_dir=tmp_dir, ckpt_dir=ckpt_dir, pieces=[e for ents in plan.assigned for e in ents],
-            index_extra={"layout": layout_dict(topo), "rng_files": save_rng, **peft.index_entry(model),
+            index_extra={"layout": layout_dict(topo), "rng_files": s.save_rng, **peft.index_entry(s.model),
                          "timing": {"save_call_s": round(call_s, 4)}},
-            save_total_limit=save_total_limit, best_checkpoint=best_checkpoint, t0=t0, snapshot=snapshot,
+            save_total_limit=s.save_total_limit, best_checkpoint=s.best_checkpoint, t0=t0, snapshot=snapshot,
         )
         self._writer.submit(functools.partial(self._write, tmp_dir, snapshot, small, async_save))  # write: no collective
         if not async_save:
@@ -191,7 +198,7 @@ class Checkpointer:
 
     def _gather_writers(self, topo, mine, uid, error) -> "_WriterPlan":
         """3. Gather (collective): every rank's candidate pieces (metadata only; rank 0's tmp-dir id travels with
-        them) -> the lowest rank writes each distinct piece (:func:`layout.assign_writers`), in files named per
+        them) -> the lowest rank writes each distinct piece (:func:`placement.assign_writers`), in files named per
         writer. A repeat save whose candidates are unchanged on every rank reuses the last plan
         (:meth:`_reusable_plan`). Raises on every rank when any rank failed to plan (``error``)."""
         coords = (topo.tp_rank, topo.pp_rank, topo.sharding_rank, topo.dp_rank)
@@ -324,35 +331,35 @@ def _plan_pieces(ckpt_dir: str, topo, model, optimizer):
     return local, mine, uid, None
 
 
-def save_checkpoint(ckpt_dir: str, **kwargs) -> str:
-    """A synchronous :meth:`Checkpointer.save` (same arguments, without ``async_save``); collective.
+def save_checkpoint(ckpt_dir: str, **states) -> str:
+    """One synchronous save of ``states`` (the :class:`CheckpointStates` fields) into ``ckpt_dir``; collective.
 
     For a one-off save (``Trainer.save_model``, scripts); a training run keeps one :class:`Checkpointer`,
     which is what saves asynchronously. ``async_save`` is refused: the throwaway Checkpointer would never
     publish the save (only :meth:`Checkpointer.finish` does)."""
-    if "async_save" in kwargs:
+    if "async_save" in states:
         raise TypeError("save_checkpoint() is synchronous and takes no async_save; for an async save keep a "
                         "Checkpointer and call Checkpointer.save(..., async_save=True), then Checkpointer.finish()")
-    return Checkpointer().save(ckpt_dir, **kwargs)
+    return Checkpointer(**states).save(ckpt_dir)
 
 
-def _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_state, save_rng) -> Dict[str, bytes]:
+def _small_files(topo, s: CheckpointStates) -> Dict[str, bytes]:
     """The small files, serialised now: the step's RNG, schedule and scaler change right after the save."""
     small: Dict[str, bytes] = {}
-    if save_rng:
+    if s.save_rng:
         coord_name = topo.layout.cell_name(topo.coords)
         small[L.rng_file_name(coord_name)] = rng_mod.dumps(rng_mod.capture_rng_state())
     if topo.rank == 0:
-        small[L.TRAINER_STATE_NAME] = json_bytes(trainer_state or {})
-        if args is not None:
-            small[L.TRAINING_ARGS_NAME] = args_json(args)
-        if lr_scheduler is not None:
-            small[L.SCHEDULER_NAME] = json_bytes(lr_scheduler.state_dict())
-        if scaler is not None:
-            small[L.SCALER_NAME] = json_bytes(scaler.state_dict())
-        if data_state is not None:
-            small[L.DATA_STATE_NAME] = json_bytes(data_state)
-        cfg = model_config_dict(model)
+        small[L.TRAINER_STATE_NAME] = json_bytes(s.trainer_state or {})
+        if s.args is not None:
+            small[L.TRAINING_ARGS_NAME] = args_json(s.args)
+        if s.lr_scheduler is not None:
+            small[L.SCHEDULER_NAME] = json_bytes(s.lr_scheduler.state_dict())
+        if s.scaler is not None:
+            small[L.SCALER_NAME] = json_bytes(s.scaler.state_dict())
+        if s.data_state is not None:
+            small[L.DATA_STATE_NAME] = json_bytes(s.data_state)
+        cfg = model_config_dict(s.model)
         if cfg is not None:
             small[L.CONFIG_NAME] = json_bytes(cfg)
     return small
@@ -360,7 +367,7 @@ def _small_files(topo, model, lr_scheduler, scaler, trainer_state, args, data_st
 
 def _publish_and_rotate(p: _PendingSave, all_records: list) -> Optional[L.CheckpointError]:
     """Rank 0's part of :meth:`Checkpointer.finish`: index, marker, rename, rotation. Never raises: a failure
-    comes back as a :class:`~.layout.CheckpointError` naming the file, for every rank to raise."""
+    comes back as a :class:`~.placement.CheckpointError` naming the file, for every rank to raise."""
     try:
         files: Dict[str, Dict[str, int]] = {}
         for r in all_records:
@@ -411,9 +418,9 @@ def _add_hf_weights_index(tmp_dir: str, index: dict) -> None:
 
 
 def refuse_foreign_target(ckpt_dir: str) -> None:
-    """Raise :class:`~.layout.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
+    """Raise :class:`~.placement.CheckpointError` when ``ckpt_dir`` exists and is not a checkpoint of ours (marker and
     index): a PaddleNLP checkpoint, a user's directory or file there is never replaced, moved or deleted. A checkpoint
-    of ours is refused too when it holds an entry our writer never makes (:func:`.files.foreign_entries`). An empty
+    of ours is refused too when it holds an entry our writer never makes (:func:`.discovery.foreign_entries`). An empty
     directory holds nothing to lose: the save takes its place."""
     if os.path.lexists(ckpt_dir) and is_our_checkpoint(ckpt_dir):
         extra = foreign_entries(ckpt_dir)
@@ -434,7 +441,7 @@ def refuse_foreign_target(ckpt_dir: str) -> None:
 
 def _publish_or_error(tmp_dir: str, ckpt_dir: str, index: dict) -> Optional[L.CheckpointError]:
     """Index, then the marker LAST, then an atomic rename (:func:`_rename_into_place`). Any failure comes back as
-    a :class:`~.layout.CheckpointError` naming the file, for the caller to raise once every rank knows; earlier
+    a :class:`~.placement.CheckpointError` naming the file, for the caller to raise once every rank knows; earlier
     checkpoints are untouched. When writing the index or marker failed (disk full, quota, read-only filesystem)
     the unpublished tmp dir is removed (it is ours, and the space may be what is missing); when the rename
     failed it is kept: it holds the complete save (the next save removes it as stale)."""

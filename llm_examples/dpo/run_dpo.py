@@ -63,7 +63,7 @@ class ModelArguments:
 
 @dataclass
 class DataArguments:
-    train_pairs: int = field(default=2000, metadata={"help": "Preference pairs from the first N train reviews (0: all)."})
+    train_pairs: int = field(default=0, metadata={"help": "Preference pairs from the first N train reviews (0: all)."})
     eval_pairs: int = field(default=200, metadata={"help": "Pairs from the first N dev reviews for evaluate() (0: all)."})
     test_reviews: int = field(default=0, metadata={"help": "Test reviews scored for the accuracy (0: all 1,774)."})
     max_review_chars: int = field(default=120, metadata={"help": "Review characters kept in a prompt (the SFT example's)."})

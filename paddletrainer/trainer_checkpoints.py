@@ -24,11 +24,11 @@ from .checkpoint.discovery import (ResumeChoice, is_paddlenlp_checkpoint, is_pad
                                    newest_sound_checkpoint, remove_stale_tmp_dirs, resolve_resume, set_aside_damaged)
 from .checkpoint.placement import (DATA_STATE_NAME, PREFIX_CHECKPOINT_DIR, SCALER_NAME, SCHEDULER_NAME,
                                    TRAINER_STATE_NAME, TRAINING_ARGS_NAME, checkpoint_dir_name, parse_checkpoint_step)
-from .checkpoint.read import read_index, read_json
+from .checkpoint.read import read_index, read_valid_json
 from .checkpoint.save import CheckpointStates
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
-from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_batch_args, validate_data_state, validate_trainer_state
+from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_trainer_state
 from .data.collate import forward_argument_names
 from .data.sampling import resume_position
 from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
@@ -391,15 +391,13 @@ def _saved_global_batch(checkpoint_dir: str) -> Optional[int]:
     layout its index records. Every value read is checked (``checkpoint.validate``: integers >= 1), so a
     damaged file is an error naming it and its field, never an accumulation of 0 steps."""
     index = read_index(checkpoint_dir)  # its ``topology`` degrees are checked there
-    data_state = read_json(checkpoint_dir, index, DATA_STATE_NAME)
+    data_state = read_valid_json(checkpoint_dir, index, DATA_STATE_NAME)
     if data_state is not None:
-        data_state = validate_data_state(data_state, os.path.join(checkpoint_dir, DATA_STATE_NAME))
         if "global_batch_size" in data_state:
             return data_state["global_batch_size"]
-    saved_args = read_json(checkpoint_dir, index, TRAINING_ARGS_NAME)
+    saved_args = read_valid_json(checkpoint_dir, index, TRAINING_ARGS_NAME)
     if saved_args is None:
         return None  # saved without args: no record of it, nothing to keep
-    saved_args = validate_batch_args(saved_args, os.path.join(checkpoint_dir, TRAINING_ARGS_NAME))
     if len(saved_args.keys() & BATCH_ARGS_SCHEMA.fields.keys()) < 2:
         return None
     layout = index.get("topology") or {}

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
-from typing import Dict, List, Optional, Tuple
-
-import numpy as np
+from typing import Dict, List, Optional
 
 from . import placement as L
 from . import peft
 from . import rng as rng_mod
-from . import validate as V
-from .read import from_json, read_index, read_json, read_small, read_verified
-from .local_state import (LocalTensor, dtype_name, ensure_accumulators, layout_dict, model_tensors,
-                          offload_master_weights, optimizer_tensors, stepped_parameter_names, topology_info,
-                          writable_host_view)
+from .read import from_json, read_index, read_small, read_valid_json, read_verified
+from .local_state import LocalTensor, RankTensors, direct_views, dtype_name, rank_tensors
 from .reshard import read_placement
 
 
@@ -59,43 +53,44 @@ def load_checkpoint(
     local tensor to go to (another optimizer or precision than the checkpoint's), are not restored and are
     listed in a warning (``LoadedCheckpoint.warnings``).
     """
-    topo = topology_info(topology)
     index = read_index(ckpt_dir)
     warnings: List[str] = []
-    targets, masters, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topo, warnings)
-    _read_tensors(ckpt_dir, index, targets, masters)
+    rank, plan, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topology, warnings)
+    _read_tensors(ckpt_dir, index, plan, {**rank.models, **rank.optims}, rank.masters)
     trainer_state, data_state = _restore_small_state(ckpt_dir, index, lr_scheduler, scaler, warnings)
-    rng_restored = _restore_rng(ckpt_dir, index, topo, warnings) if load_rng else False
+    rng_restored = _restore_rng(ckpt_dir, index, rank, warnings) if load_rng else False
     for w in warnings:
         logging.getLogger(__name__).warning(w)
     return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
 
 
-def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topo, warnings: List[str]):
-    """Plan: this rank's tensors to fill (model, then optimizer states when the checkpoint holds them) checked
-    against the index; raises :class:`~.placement.CheckpointMismatchError` listing every misfit. Returns
-    ``(targets by key, offload master weights, optimizer_restored)``."""
+def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topology, warnings: List[str]):
+    """Plan: this rank's tensors to fill (model, then optimizer states when the checkpoint holds them), gathered
+    by :func:`~.local_state.rank_tensors` and checked against the index; raises
+    :class:`~.placement.CheckpointMismatchError` listing every misfit. Returns ``(RankTensors, the
+    placement.LoadPlan of what to read, optimizer_restored)``.
+    Optimizer states the checkpoint holds for parameters this optimizer updates but which have no local tensor
+    to go to are listed in a warning."""
     peft.check_index_for_model(ckpt_dir, index, model)
-    models, by_param = model_tensors(model, topo)
-    models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, its base is the user's
-    targets = dict(models)
-    problems = L.compare_to_index(
-        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in models.items()},
-        complete_model=topo.pp_degree == 1, elsewhere=other_ranks_expert(models, topo.layout.ep),
-    )
-    # Sharding offload trains host master weights; one the checkpoint lacks (saved without offload, or
-    # without optimizer state) starts from the loaded weight, as Paddle's offload starts from the model.
-    masters = offload_master_weights(model, by_param)
-    optimizer_restored = False
-    if optimizer is not None:
-        if any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
-            problems += _optimizer_targets(index, optimizer, by_param, models, masters, targets, warnings)
-            optimizer_restored = True
-        else:
-            warnings.append("checkpoint has no optimizer state; the optimizer starts fresh")
-    if problems:
-        raise L.CheckpointMismatchError(problems)
-    return targets, masters, optimizer_restored
+    restore_optimizer = optimizer is not None and any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"])
+    if optimizer is not None and not restore_optimizer:
+        warnings.append("checkpoint has no optimizer state; the optimizer starts fresh")
+    # a PEFT model: its adapters only, its base is the user's
+    rank = rank_tensors(model, optimizer if restore_optimizer else None, topology, index["tensors"],
+                        peft.checkpoint_tensors)
+    plan = L.plan_load(index, rank.model_targets, rank.optim_targets, complete_model=rank.topo.pp_degree == 1,
+                       elsewhere=other_ranks_expert(rank.models, rank.topo.layout.ep),
+                       stepped=rank.stepped if restore_optimizer else None)
+    if plan.unplaced:
+        warnings.append(
+            f"{len(plan.unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
+            f"although its optimizer updates their parameters, and are not restored: "
+            f"{', '.join(plan.unplaced[:8])}{' ...' if len(plan.unplaced) > 8 else ''} (a different optimizer "
+            "or precision than the checkpoint's, or states this optimizer has not created)"
+        )
+    if plan.problems:
+        raise L.CheckpointMismatchError(plan.problems)
+    return rank, plan, restore_optimizer
 
 
 _EXPERT_KEY = re.compile(r"^(.*\.experts\.)(\d+)(\..*)$")
@@ -126,40 +121,14 @@ def other_ranks_expert(models: Dict[str, LocalTensor], ep: int):
     return elsewhere
 
 
-def _optimizer_targets(index: dict, optimizer, by_param, models, masters, targets, warnings: List[str]) -> list:
-    """Add the optimizer's states (and offload master weights the checkpoint holds) to ``targets``; returns the
-    misfits against the index. States the checkpoint holds for parameters this optimizer updates but which have
-    no local tensor to go to are listed in a warning."""
-    ensure_accumulators(optimizer)
-    optims = optimizer_tensors(optimizer, by_param)
-    optims.update({k: m for k, (m, _) in masters.items() if k in index["tensors"]})
-    problems = L.compare_to_index(
-        index, {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()},
-        complete_model=False, prefix=L.OPTIM_PREFIX,
-    )
-    targets.update(optims)
-    unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), targets)
-    if unplaced:
-        warnings.append(
-            f"{len(unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
-            f"although its optimizer updates their parameters, and are not restored: "
-            f"{', '.join(unplaced[:8])}{' ...' if len(unplaced) > 8 else ''} (a different optimizer or "
-            "precision than the checkpoint's, or states this optimizer has not created)"
-        )
-    return problems
-
-
-def _read_tensors(ckpt_dir: str, index: dict, targets: Dict[str, LocalTensor], masters: dict) -> None:
-    """Read: the stored pieces overlapping each target, from files whose size and crc32 are verified; bytes go
-    straight into the tensors a stored piece fills exactly, the rest is assembled or converted from the buffers.
-    Offload master weights the checkpoint lacks start from their loaded weight."""
-    wanted = {k: lt.placement for k, lt in targets.items()}
-    direct, keep_alive = _direct_targets(index, targets)
-    needed: Dict[str, set] = {}
-    for key, target in wanted.items():
-        for piece in L.pieces_for(index, key, target) if key in index["tensors"] else ():
-            needed.setdefault(piece["file"], set()).add(L.stored_key(piece, key))
-    files = read_verified(ckpt_dir, index, sorted(needed), direct, needed)
+def _read_tensors(ckpt_dir: str, index: dict, plan: L.LoadPlan, targets: Dict[str, LocalTensor],
+                  masters: dict) -> None:
+    """Read: the stored pieces overlapping each target (``plan.needed``), from files whose size and crc32 are
+    verified; bytes go straight into the tensors a stored piece fills exactly (``plan.whole``), the rest is
+    assembled or converted from the buffers. Offload master weights the checkpoint lacks start from their loaded
+    weight, as Paddle's offload starts from the model."""
+    direct, keep_alive = direct_views(plan.whole, targets)
+    files = read_verified(ckpt_dir, index, sorted(plan.needed), direct, plan.needed)
     for key, lt in targets.items():
         if key not in keep_alive:  # the rest: slices of the verified file buffers, assembled or converted
             lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])
@@ -171,31 +140,31 @@ def _read_tensors(ckpt_dir: str, index: dict, targets: Dict[str, LocalTensor], m
 
 def _restore_small_state(ckpt_dir: str, index: dict, lr_scheduler, scaler, warnings: List[str]):
     """The schedule and the loss scaler restored in place; returns ``(trainer_state, data_state)`` (each JSON file
-    checked by its schema)."""
+    checked by its schema, :func:`~.read.read_valid_json`)."""
     if lr_scheduler is not None:
-        raw = _read_valid(ckpt_dir, index, L.SCHEDULER_NAME)
+        raw = read_valid_json(ckpt_dir, index, L.SCHEDULER_NAME)
         if raw is None:
             warnings.append("checkpoint has no LR scheduler state")
         else:
             lr_scheduler.set_state_dict(from_json(raw))
     if scaler is not None:
-        raw = _read_valid(ckpt_dir, index, L.SCALER_NAME)
+        raw = read_valid_json(ckpt_dir, index, L.SCALER_NAME)
         state = from_json(raw) if raw else {}
         if state:
             scaler.load_state_dict(state)
-    return _read_valid(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}, _read_valid(ckpt_dir, index, L.DATA_STATE_NAME)
+    return read_valid_json(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}, read_valid_json(ckpt_dir, index, L.DATA_STATE_NAME)
 
 
-def _restore_rng(ckpt_dir: str, index: dict, topo, warnings: List[str]) -> bool:
+def _restore_rng(ckpt_dir: str, index: dict, rank: RankTensors, warnings: List[str]) -> bool:
     """This rank's RNG state when the checkpoint has one for this layout; whether it was restored (a layout change
     or an older checkpoint's pickled RNG state: skipped with a warning)."""
     if not index.get("rng_files"):
         return False
-    coords = topo.layout.cell_name(topo.coords)
+    coords = rank.topo.layout.cell_name(rank.topo.coords)
     name = L.rng_file_name(coords)
-    if index.get("topology") != layout_dict(topo):
+    if index.get("topology") != rank.layout:
         warnings.append(
-            f"RNG state skipped: saved with layout {index.get('topology')}, loading with {layout_dict(topo)}"
+            f"RNG state skipped: saved with layout {index.get('topology')}, loading with {rank.layout}"
         )
         return False
     if name not in index["files"] and L.legacy_rng_file_name(coords) in index["files"]:
@@ -211,34 +180,3 @@ def _restore_rng(ckpt_dir: str, index: dict, topo, warnings: List[str]) -> bool:
         raise L.CheckpointError(f"{ckpt_dir}: the index lists RNG files but not {name}")
     rng_mod.restore_rng_state(rng_mod.loads(raw, source=f"{ckpt_dir}/{name}"))
     return True
-
-
-_VALIDATORS = {L.SCHEDULER_NAME: V.validate_scheduler_state, L.SCALER_NAME: V.validate_scaler_state,
-               L.TRAINER_STATE_NAME: V.validate_trainer_state, L.DATA_STATE_NAME: V.validate_data_state}
-
-
-def _read_valid(ckpt_dir: str, index: dict, name: str):
-    """JSON file ``name`` (None when the index lacks it), every field checked by its kind's schema
-    (:mod:`.validate`) before anything uses it."""
-    doc = read_json(ckpt_dir, index, name)
-    return None if doc is None else _VALIDATORS[name](doc, os.path.join(ckpt_dir, name))
-
-
-def _direct_targets(index: dict, targets: Dict[str, LocalTensor]) -> Tuple[Dict[str, Dict[str, np.ndarray]], dict]:
-    """``{file: {in-file key: the tensor's own memory}}`` for every target that one stored piece fills exactly
-    (same box, same dtype, a dense host tensor without padding): those bytes are read straight into the
-    tensor. Also returns the tensors by key, to keep them alive while their memory is written."""
-    direct: Dict[str, Dict[str, np.ndarray]] = {}
-    alive = {}
-    for key, lt in targets.items():
-        info, target = index["tensors"][key], lt.placement
-        if target.flat is not None or info["dtype"] != dtype_name(lt.tensor) or lt.storage_numel != target.local_numel:
-            continue
-        whole = [p for p in info["pieces"] if not p.get("flat") and tuple(p["offsets"]) == tuple(target.offsets)
-                 and tuple(p["shape"]) == tuple(target.shape)]
-        view = writable_host_view(lt.tensor) if whole else None
-        if view is None:
-            continue
-        direct.setdefault(whole[0]["file"], {})[L.stored_key(whole[0], key)] = view
-        alive[key] = lt.tensor
-    return direct, alive

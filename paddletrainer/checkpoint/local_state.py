@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-from typing import Dict, Optional, Tuple
+from typing import Callable, Container, Dict, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -33,8 +33,8 @@ from ..paddle_contract import creates_accumulators, optimizer_accumulators, opti
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
 from ..parallel.wrappers import unwrap_model, unwrap_optimizer
-from .placement import (MODEL_PREFIX, CheckpointError, Placement, flat_placement, model_key, optim_key, replicated,
-                     tp_placement)
+from .placement import (MODEL_PREFIX, CheckpointError, LoadTarget, Placement, flat_placement, model_key, optim_key,
+                        replicated, tp_placement)
 
 MASTER_WEIGHT = "master_weight"
 POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
@@ -346,3 +346,60 @@ def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -
         add(pname, MASTER_WEIGHT, t)
     return out
 
+
+
+# ------------------------------------------------------------------------------------- a load's targets
+@dataclasses.dataclass
+class RankTensors:
+    """Everything a checkpoint load fills on this rank, gathered in one pass (:func:`rank_tensors`): a load asks
+    this module once for its targets, and once more, while reading, for their memory (:func:`direct_views`,
+    :meth:`LocalTensor.assign`)."""
+
+    topo: Topology
+    layout: Dict[str, int]  # :func:`layout_dict` of ``topo``
+    models: Dict[str, LocalTensor]
+    masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # :func:`offload_master_weights`
+    optims: Dict[str, LocalTensor]  # states and stored offload masters; empty without an optimizer to restore
+    stepped: set  # :func:`stepped_parameter_names`; empty without an optimizer to restore
+    model_targets: Dict[str, LoadTarget]  # key -> (placement, dtype name, storage numel): what a load plans for
+    optim_targets: Dict[str, LoadTarget]
+
+
+def rank_tensors(model, optimizer, topology, stored: Container[str],
+                 select: Callable[[object, Dict[str, LocalTensor]], Dict[str, LocalTensor]]) -> RankTensors:
+    """This rank's load targets: the model's tensors as ``select(model, tensors)`` keeps them (a PEFT model:
+    its adapters), the offload master weights, and, when ``optimizer`` is given, its states with their
+    accumulators created first and the offload masters the checkpoint holds (``stored``: its keys)."""
+    topo = topology_info(topology)
+    models, by_param = model_tensors(model, topo)
+    models = select(model, models)
+    masters = offload_master_weights(model, by_param)
+    optims: Dict[str, LocalTensor] = {}
+    stepped: set = set()
+    if optimizer is not None:
+        ensure_accumulators(optimizer)
+        optims = optimizer_tensors(optimizer, by_param)
+        optims.update({k: m for k, (m, _) in masters.items() if k in stored})
+        stepped = stepped_parameter_names(optimizer, by_param, models)
+
+    def planned(tensors):
+        return {k: (lt.placement, dtype_name(lt.tensor), lt.storage_numel) for k, lt in tensors.items()}
+
+    return RankTensors(topo, layout_dict(topo), models, masters, optims, stepped, planned(models), planned(optims))
+
+
+
+def direct_views(whole: Dict[str, Tuple[str, str]], targets: Dict[str, LocalTensor]):
+    """``{file: {in-file key: the tensor's own memory}}`` for every target one stored piece fills exactly
+    (``whole``: key -> (file, in-file key), :attr:`~.placement.LoadPlan.whole`) that is a dense host tensor: a
+    load reads those bytes straight into the tensor. Also returns the tensors by key, to keep them alive while
+    their memory is written."""
+    direct: Dict[str, Dict[str, np.ndarray]] = {}
+    alive = {}
+    for key, (file, in_file) in whole.items():
+        view = writable_host_view(targets[key].tensor)
+        if view is None:
+            continue
+        direct.setdefault(file, {})[in_file] = view
+        alive[key] = targets[key].tensor
+    return direct, alive

@@ -419,6 +419,53 @@ def unplaced_optimizer_states(index: dict, stepped: Iterable[str], placed: Itera
             and split_optim_key(key)[0] in stepped]
 
 
+
+@dataclasses.dataclass
+class LoadPlan:
+    """What one rank's load needs from a checkpoint, planned once from its index (:func:`plan_load`)."""
+
+    problems: List[str]  # every target that does not fit the index: the load refuses them all at once
+    unplaced: List[str]  # :func:`unplaced_optimizer_states`
+    needed: Dict[str, set]  # file -> in-file keys of the stored pieces overlapping a target (empty on problems)
+    whole: Dict[str, Tuple[str, str]]  # target key -> (file, in-file key) of the one stored piece it equals
+
+
+# a load target as the plan sees it: (where it sits, its dtype name, its storage's element count)
+LoadTarget = Tuple[Placement, str, int]
+
+
+def plan_load(index: dict, models: Dict[str, LoadTarget], optims: Dict[str, LoadTarget], *, complete_model: bool,
+              elsewhere=None, stepped: Optional[Iterable[str]] = None) -> LoadPlan:
+    """Plan a load of ``models`` and, when ``stepped`` (the global names of the parameters this rank's optimizer
+    updates) is given, of ``optims`` from a checkpoint with ``index``: their misfits (:func:`compare_to_index`;
+    ``complete_model``, ``elsewhere`` as there), the unplaced optimizer states, and, when everything fits, the
+    stored pieces to read per file and the targets one stored piece fills exactly (same box, same dtype, no
+    flat slice or padding: their bytes can be read straight into the tensor)."""
+    def shapes(targets):
+        return {k: (placement.global_shape, dtype) for k, (placement, dtype, _) in targets.items()}
+
+    problems = compare_to_index(index, shapes(models), complete_model=complete_model, elsewhere=elsewhere)
+    unplaced: List[str] = []
+    if stepped is not None:
+        problems += compare_to_index(index, shapes(optims), complete_model=False, prefix=OPTIM_PREFIX)
+        unplaced = unplaced_optimizer_states(index, stepped, [*models, *optims])
+    if problems:
+        return LoadPlan(problems, unplaced, {}, {})
+    needed: Dict[str, set] = {}
+    whole: Dict[str, Tuple[str, str]] = {}
+    for key, (target, dtype, storage_numel) in {**models, **optims}.items():
+        info = index["tensors"][key]
+        for piece in pieces_for(index, key, target):
+            needed.setdefault(piece["file"], set()).add(stored_key(piece, key))
+        if target.flat is not None or info["dtype"] != dtype or storage_numel != target.local_numel:
+            continue
+        same = [p for p in info["pieces"] if not p.get("flat") and tuple(p["offsets"]) == tuple(target.offsets)
+                and tuple(p["shape"]) == tuple(target.shape)]
+        if same:
+            whole[key] = (same[0]["file"], stored_key(same[0], key))
+    return LoadPlan(problems, unplaced, needed, whole)
+
+
 # ------------------------------------------------------------------------------------- rotation
 def select_checkpoints_to_delete(
     steps: Sequence[int], save_total_limit: Optional[int], best_step: Optional[int] = None, keep: Iterable[int] = ()

@@ -36,7 +36,8 @@ Only the safetensors layout is parsed (8-byte header length, JSON header, raw li
 that is not one (a planted pickle, say) is refused as corrupt, never handed to another loader.
 
 Small files: :func:`read_index` (the index, checked field by field), :func:`read_small`/:func:`read_json` (a file the
-index lists, its size and crc32 compared first). Nothing here unpickles: a checkpoint is safetensors + JSON, and
+index lists, its size and crc32 compared first), :func:`read_valid_json` (one of our JSON files, also checked by its
+kind's schema: the one place a JSON document of ours is validated). Nothing here unpickles: a checkpoint is safetensors + JSON, and
 :func:`read_json` refuses a pickle planted in place of a JSON file (:class:`UnsafeCheckpointFileError`) instead of
 handing it to any loader.
 """
@@ -56,7 +57,9 @@ from ..errors import CheckpointError
 from . import placement as L
 from .checksum import crc32
 from .placement import HEADER_PART, CheckpointCorruptError
-from .validate import InvalidCheckpointFileError, plain_name_problem, safetensors_entries, validate_index
+from .validate import (InvalidCheckpointFileError, plain_name_problem, safetensors_entries, validate_batch_args,
+                       validate_data_state, validate_index, validate_scaler_state, validate_scheduler_state,
+                       validate_trainer_state)
 
 MAX_INDEX_BYTES = 1 << 30  # an index describes tensors and files in a few hundred bytes each
 MAX_SMALL_FILE_BYTES = 1 << 30  # JSON states (a long run's log_history) and RNG states stay far below
@@ -450,7 +453,7 @@ def read_index(ckpt_dir: str) -> dict:
     except FileNotFoundError:
         raise L.CheckpointError(f"{source} is missing although {ckpt_dir} has its completion marker "
                                 f"{L.CHECKPOINT_COMPLETE_MARKER}: the checkpoint is damaged; resume from another one") from None
-    return validate_index(_parse_json(raw, source), source)
+    return _checked(_parse_json(raw, source), L.INDEX_NAME, source)
 
 
 def read_small(ckpt_dir: str, index: dict, name: str):
@@ -483,6 +486,24 @@ def read_json(ckpt_dir: str, index: dict, name: str):
     if raw is None:
         return None
     return _parse_json(raw, os.path.join(ckpt_dir, name))
+
+
+def read_valid_json(ckpt_dir: str, index: dict, name: str):
+    """Our JSON file ``name`` (the schedule, the scaler, the trainer state, the data state, the batch fields of the
+    training arguments), verified, parsed and checked field by field by its kind's schema (:mod:`.validate`) before
+    anything uses it; None when the index lacks it."""
+    doc = read_json(ckpt_dir, index, name)
+    return None if doc is None else _checked(doc, name, os.path.join(ckpt_dir, name))
+
+
+# every JSON document read from a checkpoint of ours passes one gate, its kind's schema, before anything uses it
+_SCHEMAS = {L.INDEX_NAME: validate_index, L.SCHEDULER_NAME: validate_scheduler_state,
+            L.SCALER_NAME: validate_scaler_state, L.TRAINER_STATE_NAME: validate_trainer_state,
+            L.DATA_STATE_NAME: validate_data_state, L.TRAINING_ARGS_NAME: validate_batch_args}
+
+
+def _checked(doc, name: str, source: str):
+    return _SCHEMAS[name](doc, source)
 
 
 def _parse_json(raw: bytes, source: str):

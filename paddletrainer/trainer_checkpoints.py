@@ -21,14 +21,15 @@ from . import checkpoint as ckpt
 from .trainer_callback import TrainerState
 from .checkpoint import peft
 from .checkpoint.discovery import (ResumeChoice, is_paddlenlp_checkpoint, is_paddlenlp_unified_checkpoint,
-                                   newest_sound_checkpoint, remove_stale_tmp_dirs, resolve_resume, set_aside_damaged)
-from .checkpoint.placement import (DATA_STATE_NAME, PREFIX_CHECKPOINT_DIR, SCALER_NAME, SCHEDULER_NAME,
-                                   TRAINER_STATE_NAME, TRAINING_ARGS_NAME, checkpoint_dir_name, parse_checkpoint_step)
-from .checkpoint.read import read_index, read_valid_json
+                                   newest_sound_checkpoint, remove_stale_tmp_dirs, resolve_resume, saved_global_batch,
+                                   set_aside_damaged)
+from .checkpoint.placement import (PREFIX_CHECKPOINT_DIR, SCALER_NAME, SCHEDULER_NAME,
+                                   TRAINER_STATE_NAME, checkpoint_dir_name, parse_checkpoint_step)
+from .checkpoint.read import read_index
 from .checkpoint.save import CheckpointStates
 from .checkpoint.paddlenlp_interop import load_paddlenlp_checkpoint
 from .checkpoint.paddlenlp_unified import load_paddlenlp_unified_checkpoint
-from .checkpoint.validate import BATCH_ARGS_SCHEMA, validate_trainer_state
+from .checkpoint.validate import validate_trainer_state
 from .data.collate import forward_argument_names
 from .data.sampling import resume_position
 from .checkpoint.output_lock import OutputDirLock, OutputDirLockedError
@@ -201,7 +202,7 @@ class TrainerCheckpoints:
         args, topo = self.args, self.topology
         if checkpoint_dir is None or args.ignore_load_lr_and_optim or is_paddlenlp_checkpoint(checkpoint_dir):
             return
-        saved, asked = _saved_global_batch(checkpoint_dir), args.global_batch_size
+        saved, asked = saved_global_batch(checkpoint_dir), args.global_batch_size
         if saved is None or saved == asked:
             return
         per_step = args.per_device_train_batch_size * topo.data_world_size
@@ -380,26 +381,6 @@ def _not_overwritten(failed: str, fallback: str) -> Optional[str]:
                     if n in (SCHEDULER_NAME, SCALER_NAME) or n.startswith("rng_state"))
     if tensors or states:
         return "it lacks " + ", ".join((tensors + states)[:5]) + (" …" if len(tensors) + len(states) > 5 else "")
-    if _saved_global_batch(failed) != _saved_global_batch(fallback):
+    if saved_global_batch(failed) != saved_global_batch(fallback):
         return "it was trained with another global batch"
     return None
-
-
-def _saved_global_batch(checkpoint_dir: str) -> Optional[int]:
-    """The global batch a checkpoint of ours was trained with: recorded in its data state, or (written before
-    it was) per-device batch × accumulation from its training arguments × the data ranks (dp × sharding) of the
-    layout its index records. Every value read is checked (``checkpoint.validate``: integers >= 1), so a
-    damaged file is an error naming it and its field, never an accumulation of 0 steps."""
-    index = read_index(checkpoint_dir)  # its ``topology`` degrees are checked there
-    data_state = read_valid_json(checkpoint_dir, index, DATA_STATE_NAME)
-    if data_state is not None:
-        if "global_batch_size" in data_state:
-            return data_state["global_batch_size"]
-    saved_args = read_valid_json(checkpoint_dir, index, TRAINING_ARGS_NAME)
-    if saved_args is None:
-        return None  # saved without args: no record of it, nothing to keep
-    if len(saved_args.keys() & BATCH_ARGS_SCHEMA.fields.keys()) < 2:
-        return None
-    layout = index.get("topology") or {}
-    return (saved_args["per_device_train_batch_size"] * saved_args["gradient_accumulation_steps"]
-            * layout.get("dp_degree", 1) * layout.get("sharding_degree", 1))

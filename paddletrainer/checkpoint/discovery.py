@@ -25,7 +25,8 @@ from ..errors import CheckpointError
 from . import placement as L
 from .output_lock import describe, live_holder
 from .placement import CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME, parse_checkpoint_step
-from .read import CheckpointPathError, member_path, read_index
+from .read import CheckpointPathError, member_path, read_index, read_valid_json
+from .validate import BATCH_ARGS_SCHEMA
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def checkpoint_problem(ckpt_dir: str) -> Optional[str]:
     out of it: loading refuses those) with the listed size. (Checksums are compared
     while a load reads the files; this check is what every rank can run alike before choosing one.)"""
     try:
-        index = read_index(ckpt_dir)
+        index, _ = _read_ours(ckpt_dir)
         records = index["files"].items()
         expected = {name: int(record["size"]) for name, record in records}
     except (OSError, ValueError, TypeError, KeyError, AttributeError, L.CheckpointError) as e:
@@ -290,6 +291,32 @@ def checkpoint_problem(ckpt_dir: str) -> Optional[str]:
         if st.st_size != size:
             return f"{name} has {st.st_size} bytes, its index says {size}"
     return None
+
+
+def _read_ours(ckpt_dir: str, document: Optional[str] = None):
+    """``(index, document)``: a checkpoint of ours' index and, when named, one of its JSON documents (checked by its
+    schema, :func:`~.read.read_valid_json`; None when the index lacks it) -- what finding checkpoints reads."""
+    index = read_index(ckpt_dir)
+    return index, (read_valid_json(ckpt_dir, index, document) if document else None)
+
+
+def saved_global_batch(ckpt_dir: str) -> Optional[int]:
+    """The global batch a checkpoint of ours was trained with: recorded in its data state, or (written before
+    it was) per-device batch × accumulation from its training arguments × the data ranks (dp × sharding) of the
+    layout its index records. Every value read is checked (``checkpoint.validate``: integers >= 1), so a
+    damaged file is an error naming it and its field, never an accumulation of 0 steps."""
+    index, data_state = _read_ours(ckpt_dir, L.DATA_STATE_NAME)  # the index's ``topology`` degrees are checked there
+    if data_state is not None:
+        if "global_batch_size" in data_state:
+            return data_state["global_batch_size"]
+    _, saved_args = _read_ours(ckpt_dir, L.TRAINING_ARGS_NAME)
+    if saved_args is None:
+        return None  # saved without args: no record of it, nothing to keep
+    if len(saved_args.keys() & BATCH_ARGS_SCHEMA.fields.keys()) < 2:
+        return None
+    layout = index.get("topology") or {}
+    return (saved_args["per_device_train_batch_size"] * saved_args["gradient_accumulation_steps"]
+            * layout.get("dp_degree", 1) * layout.get("sharding_degree", 1))
 
 
 def newest_sound_checkpoint(folder: str, before: Optional[int] = None) -> Tuple[Optional[str], List[Tuple[str, str]]]:

@@ -21,8 +21,8 @@ from typing import Dict, Optional
 import numpy as np
 
 from . import placement as L
-from .reshard import PieceReader, read_placement
-from .read import read_index, read_verified
+from .reshard import read_placement
+from .read import PieceReader, read_index, read_verified
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 PADDLE_WEIGHTS_NAME = "model_state.pdparams"

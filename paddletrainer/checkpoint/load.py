@@ -56,9 +56,18 @@ def load_checkpoint(
     index = read_index(ckpt_dir)
     warnings: List[str] = []
     rank, plan, optimizer_restored = _plan_targets(ckpt_dir, index, model, optimizer, topology, warnings)
-    _read_tensors(ckpt_dir, index, plan, {**rank.models, **rank.optims}, rank.masters)
-    trainer_state, data_state = _restore_small_state(ckpt_dir, index, lr_scheduler, scaler, warnings)
-    rng_restored = _restore_rng(ckpt_dir, index, rank, warnings) if load_rng else False
+    rng_file, rng_skipped = _rng_file_to_restore(index, rank, plan) if load_rng else (None, None)
+    documents = [name for name, wanted in ((L.SCHEDULER_NAME, lr_scheduler is not None),
+                                           (L.SCALER_NAME, scaler is not None), (L.TRAINER_STATE_NAME, True),
+                                           (L.DATA_STATE_NAME, True)) if wanted]
+    targets = {**rank.models, **rank.optims}
+    direct, keep_alive = direct_views(plan.whole, targets)
+    files, docs, rng_raw = _read(ckpt_dir, index, plan, direct, documents, rng_file)
+    _assign_tensors(index, files, targets, keep_alive, rank.masters)
+    del keep_alive
+    trainer_state, data_state = _restore_small_state(docs, lr_scheduler, scaler, warnings)
+    warnings += [rng_skipped] if rng_skipped else []
+    rng_restored = _restore_rng(ckpt_dir, rng_file, rng_raw) if rng_file else False
     for w in warnings:
         logging.getLogger(__name__).warning(w)
     return LoadedCheckpoint(trainer_state, data_state, rng_restored, optimizer_restored, warnings)
@@ -80,7 +89,8 @@ def _plan_targets(ckpt_dir: str, index: dict, model, optimizer, topology, warnin
                         peft.checkpoint_tensors)
     plan = L.plan_load(index, rank.model_targets, rank.optim_targets, complete_model=rank.topo.pp_degree == 1,
                        elsewhere=other_ranks_expert(rank.models, rank.topo.layout.ep),
-                       stepped=rank.stepped if restore_optimizer else None)
+                       stepped=rank.stepped if restore_optimizer else None,
+                       rng_cell=rank.topo.layout.cell_name(rank.topo.coords))
     if plan.unplaced:
         warnings.append(
             f"{len(plan.unplaced)} optimizer state(s) in the checkpoint have no tensor to go to on this rank "
@@ -121,61 +131,66 @@ def other_ranks_expert(models: Dict[str, LocalTensor], ep: int):
     return elsewhere
 
 
-def _read_tensors(ckpt_dir: str, index: dict, plan: L.LoadPlan, targets: Dict[str, LocalTensor],
-                  masters: dict) -> None:
-    """Read: the stored pieces overlapping each target (``plan.needed``), from files whose size and crc32 are
-    verified; bytes go straight into the tensors a stored piece fills exactly (``plan.whole``), the rest is
-    assembled or converted from the buffers. Offload master weights the checkpoint lacks start from their loaded
-    weight, as Paddle's offload starts from the model."""
-    direct, keep_alive = direct_views(plan.whole, targets)
+def _read(ckpt_dir: str, index: dict, plan: L.LoadPlan, direct: dict, documents: List[str],
+          rng_file: Optional[str]):
+    """Everything the load reads besides the index, in one place: the stored pieces overlapping the targets
+    (``plan.needed``) from files whose size and crc32 are verified, bytes read straight into the tensors of
+    ``direct``; the JSON ``documents`` (each checked by its schema, :func:`~.read.read_valid_json`; the schedule's
+    and the scaler's arrays decoded); the RNG file's verified bytes. Returns ``(files, {name: document or None},
+    rng bytes or None)``."""
     files = read_verified(ckpt_dir, index, sorted(plan.needed), direct, plan.needed)
+    docs = {name: read_valid_json(ckpt_dir, index, name) for name in documents}
+    docs.update({name: from_json(docs[name]) for name in (L.SCHEDULER_NAME, L.SCALER_NAME) if docs.get(name)})
+    return files, docs, (read_small(ckpt_dir, index, rng_file) if rng_file else None)
+
+
+def _assign_tensors(index: dict, files: dict, targets: Dict[str, LocalTensor], direct_filled, masters: dict) -> None:
+    """The targets not read straight into (``direct_filled``): slices of the verified file buffers, assembled or
+    converted. Offload master weights the checkpoint lacks start from their loaded weight, as Paddle's offload
+    starts from the model."""
     for key, lt in targets.items():
-        if key not in keep_alive:  # the rest: slices of the verified file buffers, assembled or converted
+        if key not in direct_filled:
             lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])
-    del keep_alive
     for key, (master, mastered) in masters.items():
         if key not in targets:
             master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
 
 
-def _restore_small_state(ckpt_dir: str, index: dict, lr_scheduler, scaler, warnings: List[str]):
-    """The schedule and the loss scaler restored in place; returns ``(trainer_state, data_state)`` (each JSON file
-    checked by its schema, :func:`~.read.read_valid_json`)."""
+def _restore_small_state(docs: dict, lr_scheduler, scaler, warnings: List[str]):
+    """The schedule and the loss scaler restored in place from their read documents; returns ``(trainer_state,
+    data_state)``."""
     if lr_scheduler is not None:
-        raw = read_valid_json(ckpt_dir, index, L.SCHEDULER_NAME)
-        if raw is None:
+        if docs[L.SCHEDULER_NAME] is None:
             warnings.append("checkpoint has no LR scheduler state")
         else:
-            lr_scheduler.set_state_dict(from_json(raw))
+            lr_scheduler.set_state_dict(docs[L.SCHEDULER_NAME])
     if scaler is not None:
-        raw = read_valid_json(ckpt_dir, index, L.SCALER_NAME)
-        state = from_json(raw) if raw else {}
+        state = docs[L.SCALER_NAME] or {}
         if state:
             scaler.load_state_dict(state)
-    return read_valid_json(ckpt_dir, index, L.TRAINER_STATE_NAME) or {}, read_valid_json(ckpt_dir, index, L.DATA_STATE_NAME)
+    return docs[L.TRAINER_STATE_NAME] or {}, docs[L.DATA_STATE_NAME]
 
 
-def _restore_rng(ckpt_dir: str, index: dict, rank: RankTensors, warnings: List[str]) -> bool:
-    """This rank's RNG state when the checkpoint has one for this layout; whether it was restored (a layout change
-    or an older checkpoint's pickled RNG state: skipped with a warning)."""
+def _rng_file_to_restore(index: dict, rank: RankTensors, plan: L.LoadPlan):
+    """``(this rank's RNG file to restore or None, the warning why it is skipped or None)``: only when the
+    checkpoint has one for this layout (a layout change or an older checkpoint's pickled RNG state: skipped)."""
     if not index.get("rng_files"):
-        return False
-    coords = rank.topo.layout.cell_name(rank.topo.coords)
-    name = L.rng_file_name(coords)
+        return None, None
+    name, legacy = plan.rng_files
     if index.get("topology") != rank.layout:
-        warnings.append(
-            f"RNG state skipped: saved with layout {index.get('topology')}, loading with {rank.layout}"
-        )
-        return False
-    if name not in index["files"] and L.legacy_rng_file_name(coords) in index["files"]:
+        return None, f"RNG state skipped: saved with layout {index.get('topology')}, loading with {rank.layout}"
+    if name not in index["files"] and legacy in index["files"]:
         # an older checkpoint of ours: its RNG state is a pickle, which is never loaded (it could run code)
-        warnings.append(
-            f"RNG state skipped: {L.legacy_rng_file_name(coords)} is a pickle (written by an older paddletrainer) "
+        return None, (
+            f"RNG state skipped: {legacy} is a pickle (written by an older paddletrainer) "
             "and pickles are never loaded; training resumes with fresh random streams (dropout and other random "
             "ops differ from an uninterrupted run; weights, optimizer, schedule and data order are restored)"
         )
-        return False
-    raw = read_small(ckpt_dir, index, name)
+    return name, None
+
+
+def _restore_rng(ckpt_dir: str, name: str, raw: Optional[bytes]) -> bool:
+    """This rank's RNG state restored from its file's verified bytes (``raw``, None when the index lacks it)."""
     if raw is None:
         raise L.CheckpointError(f"{ckpt_dir}: the index lists RNG files but not {name}")
     rng_mod.restore_rng_state(rng_mod.loads(raw, source=f"{ckpt_dir}/{name}"))

@@ -18,8 +18,8 @@ files — so a checkpoint whose weights are whole is also a PaddleNLP/HF sharded
 in-file key is the global key (:func:`stored_key`).
 A *piece* is the part of the global tensor one file stores: a box (``offsets`` + ``shape``) and, for
 flat-sliced storage (sharding stage 3), a ``flat`` range ``[start, stop)`` inside that box's row-major
-flattening. Loading in another layout only needs :func:`box_overlap` / :func:`flat_rows` between the
-pieces and the slice the loading rank owns — no collectives.
+flattening. Loading in another layout only needs :func:`box_overlap` (and :mod:`.reshard`'s flat-range arithmetic) between
+the pieces and the slice the loading rank owns — no collectives.
 """
 
 from __future__ import annotations
@@ -229,28 +229,6 @@ def box_overlap(
     return tuple(offs), tuple(shape)
 
 
-def relative_slices(offsets: Sequence[int], shape: Sequence[int], origin: Sequence[int]) -> Tuple[slice, ...]:
-    """Slices selecting the global box (offsets, shape) inside an array whose [0,..] is at ``origin``."""
-    return tuple(slice(o - g, o - g + s) for o, s, g in zip(offsets, shape, origin))
-
-
-def flat_rows(piece_shape: Sequence[int], flat: Tuple[int, int], row_lo: int, row_hi: int) -> Optional[Tuple[int, int]]:
-    """Which part of a flat piece falls in rows ``[row_lo, row_hi)`` (dim 0) of its box.
-
-    Returns ``(lo, hi)`` as flat positions inside the box (so ``lo - flat[0]`` indexes the stored 1-D
-    array, ``lo - row_lo * row_width`` indexes a buffer holding those rows), or None.
-    """
-    row_width = math.prod(piece_shape[1:]) if len(piece_shape) > 1 else 1
-    lo, hi = max(row_lo * row_width, flat[0]), min(row_hi * row_width, flat[1])
-    return (lo, hi) if lo < hi else None
-
-
-def row_block_of_flat(shape: Sequence[int], flat: Tuple[int, int]) -> Tuple[int, int]:
-    """Smallest row range ``[r0, r1)`` (dim 0) of a box whose flattening covers ``flat``."""
-    row_width = math.prod(shape[1:]) if len(shape) > 1 else 1
-    return flat[0] // row_width, -(-flat[1] // row_width)
-
-
 # ---------------------------------------------------------------------------------------- pieces
 @dataclasses.dataclass(frozen=True)
 class PieceEntry:
@@ -428,6 +406,8 @@ class LoadPlan:
     unplaced: List[str]  # :func:`unplaced_optimizer_states`
     needed: Dict[str, set]  # file -> in-file keys of the stored pieces overlapping a target (empty on problems)
     whole: Dict[str, Tuple[str, str]]  # target key -> (file, in-file key) of the one stored piece it equals
+    # this rank's RNG file and where an older checkpoint kept it as a pickle (None, None: no cell given)
+    rng_files: Tuple[Optional[str], Optional[str]] = (None, None)
 
 
 # a load target as the plan sees it: (where it sits, its dtype name, its storage's element count)
@@ -435,12 +415,15 @@ LoadTarget = Tuple[Placement, str, int]
 
 
 def plan_load(index: dict, models: Dict[str, LoadTarget], optims: Dict[str, LoadTarget], *, complete_model: bool,
-              elsewhere=None, stepped: Optional[Iterable[str]] = None) -> LoadPlan:
+              elsewhere=None, stepped: Optional[Iterable[str]] = None, rng_cell: Optional[str] = None) -> LoadPlan:
     """Plan a load of ``models`` and, when ``stepped`` (the global names of the parameters this rank's optimizer
     updates) is given, of ``optims`` from a checkpoint with ``index``: their misfits (:func:`compare_to_index`;
     ``complete_model``, ``elsewhere`` as there), the unplaced optimizer states, and, when everything fits, the
     stored pieces to read per file and the targets one stored piece fills exactly (same box, same dtype, no
-    flat slice or padding: their bytes can be read straight into the tensor)."""
+    flat slice or padding: their bytes can be read straight into the tensor). ``rng_cell``: this rank's cell
+    name (:meth:`~..parallel.layout.Layout.cell_name`), whose RNG file names the plan carries."""
+    rng_files = (rng_file_name(rng_cell), legacy_rng_file_name(rng_cell)) if rng_cell is not None else (None, None)
+
     def shapes(targets):
         return {k: (placement.global_shape, dtype) for k, (placement, dtype, _) in targets.items()}
 
@@ -450,7 +433,7 @@ def plan_load(index: dict, models: Dict[str, LoadTarget], optims: Dict[str, Load
         problems += compare_to_index(index, shapes(optims), complete_model=False, prefix=OPTIM_PREFIX)
         unplaced = unplaced_optimizer_states(index, stepped, [*models, *optims])
     if problems:
-        return LoadPlan(problems, unplaced, {}, {})
+        return LoadPlan(problems, unplaced, {}, {}, rng_files)
     needed: Dict[str, set] = {}
     whole: Dict[str, Tuple[str, str]] = {}
     for key, (target, dtype, storage_numel) in {**models, **optims}.items():
@@ -463,7 +446,7 @@ def plan_load(index: dict, models: Dict[str, LoadTarget], optims: Dict[str, Load
                 and tuple(p["shape"]) == tuple(target.shape)]
         if same:
             whole[key] = (same[0]["file"], stored_key(same[0], key))
-    return LoadPlan(problems, unplaced, needed, whole)
+    return LoadPlan(problems, unplaced, needed, whole, rng_files)
 
 
 # ------------------------------------------------------------------------------------- rotation

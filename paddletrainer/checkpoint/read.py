@@ -22,7 +22,7 @@ from start to end exactly once, in 16 MiB chunks:
 
 * a tensor that fills a host tensor exactly (same layout as saved, same dtype) is read straight into that
   tensor's memory (``direct``); everything else goes into one host buffer per file, whose NumPy views
-  the slice reads of :mod:`.reshard` then use (:class:`MemoryFile`) — no assembly copy for a piece stored
+  the slice reads of :mod:`.reshard` then use (:class:`~.reshard.MemoryFile`) — no assembly copy for a piece stored
   whole;
 * a second thread per file computes the crc32 of each chunk right after it is read (``read``/``readinto``
   release the GIL, so reading and checksumming overlap; :mod:`.checksum`), and files are read in parallel;
@@ -52,10 +52,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO, Dict, List, Optional, Set, Tuple
 
 import numpy as np
+from safetensors import safe_open
 
 from ..errors import CheckpointError
 from . import placement as L
 from .checksum import crc32
+from .reshard import MemoryFile
 from .placement import HEADER_PART, CheckpointCorruptError
 from .validate import (InvalidCheckpointFileError, plain_name_problem, safetensors_entries, validate_batch_args,
                        validate_data_state, validate_index, validate_scaler_state, validate_scheduler_state,
@@ -118,6 +120,30 @@ def open_member(ckpt_dir: str, name: str) -> Tuple[BinaryIO, int]:
     except BaseException:
         os.close(fd)
         raise
+
+
+class PieceReader:
+    """Opens each file of a checkpoint once (lazily) for slice reads (:func:`~.reshard.read_placement`'s
+    ``open_file``): only a regular file inside the checkpoint (:func:`open_member`)."""
+
+    def __init__(self, ckpt_dir: str):
+        self.ckpt_dir = ckpt_dir
+        self._open: Dict[str, object] = {}
+
+    def __call__(self, file: str):
+        h = self._open.get(file)
+        if h is None:
+            f, _ = open_member(self.ckpt_dir, file)  # a regular file inside the checkpoint, or an error naming it
+            f.close()
+            try:
+                h = safe_open(member_path(self.ckpt_dir, file), framework="np")
+            except Exception as e:  # safetensors' own errors (SafetensorError: a bad header) name no file
+                raise CheckpointError(f"{os.path.join(self.ckpt_dir, file)}: not a safetensors file ({e})") from None
+            self._open[file] = h
+        return h
+
+    def close(self) -> None:
+        self._open.clear()
 
 
 def read_exactly(f: BinaryIO, size: int) -> bytes:
@@ -204,24 +230,6 @@ MAX_PARALLEL_FILES = 4
 _NP_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
               "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32,
               "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
-
-
-class MemoryFile:
-    """A safetensors file held in memory, with ``safe_open``'s reading interface (views, no copies)."""
-
-    def __init__(self, header: Dict[str, dict], data: Dict[str, np.ndarray]):
-        self._header = header
-        self._data = data
-
-    def keys(self) -> List[str]:
-        return [k for k in self._header if k != "__metadata__"]
-
-    def get_tensor(self, key: str) -> np.ndarray:
-        if key not in self._data:
-            raise KeyError(f"{key} was read directly into its tensor, or is not in the file")
-        return self._data[key]
-
-    get_slice = get_tensor  # NumPy slicing of the view is the slice read
 
 
 def _open(ckpt_dir: str, name: str):

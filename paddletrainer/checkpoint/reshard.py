@@ -2,7 +2,8 @@
 
 A loading rank describes what it holds with a :class:`Placement` (box, maybe a flat range in it); the
 index says which pieces exist; :mod:`layout` computes the overlaps; this module reads just those slices
-with ``safetensors.safe_open(...).get_slice`` from the shared filesystem. No collectives, so it works the
+from open files (``safetensors.safe_open(...).get_slice``, :class:`~.read.PieceReader`) or from a verified
+file held in memory (:class:`MemoryFile`). No collectives, so it works the
 same in 1 process, on CPU, and in any new layout. A coverage mask makes a hole in the checkpoint an error
 naming the tensor instead of silently leaving uninitialised memory.
 """
@@ -10,47 +11,60 @@ naming the tensor instead of silently leaving uninitialised memory.
 from __future__ import annotations
 
 import math
-import os
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from safetensors import safe_open
 
 from .placement import (
     CheckpointError,
     Placement,
     box_overlap,
-    flat_rows,
-    relative_slices,
-    row_block_of_flat,
     stored_key,
 )
-from .read import member_path, open_member
 
 _NP_DTYPES = {"bfloat16": "uint16"}  # numpy has no bfloat16: stored as its bit pattern
 
 
-class PieceReader:
-    """Opens each file of a checkpoint once (lazily) for slice reads."""
+def relative_slices(offsets: Sequence[int], shape: Sequence[int], origin: Sequence[int]) -> Tuple[slice, ...]:
+    """Slices selecting the global box (offsets, shape) inside an array whose [0,..] is at ``origin``."""
+    return tuple(slice(o - g, o - g + s) for o, s, g in zip(offsets, shape, origin))
 
-    def __init__(self, ckpt_dir: str):
-        self.ckpt_dir = ckpt_dir
-        self._open: Dict[str, object] = {}
 
-    def __call__(self, file: str):
-        h = self._open.get(file)
-        if h is None:
-            f, _ = open_member(self.ckpt_dir, file)  # a regular file inside the checkpoint, or an error naming it
-            f.close()
-            try:
-                h = safe_open(member_path(self.ckpt_dir, file), framework="np")
-            except Exception as e:  # safetensors' own errors (SafetensorError: a bad header) name no file
-                raise CheckpointError(f"{os.path.join(self.ckpt_dir, file)}: not a safetensors file ({e})") from None
-            self._open[file] = h
-        return h
+def flat_rows(piece_shape: Sequence[int], flat: Tuple[int, int], row_lo: int, row_hi: int) -> Optional[Tuple[int, int]]:
+    """Which part of a flat piece falls in rows ``[row_lo, row_hi)`` (dim 0) of its box.
 
-    def close(self) -> None:
-        self._open.clear()
+    Returns ``(lo, hi)`` as flat positions inside the box (so ``lo - flat[0]`` indexes the stored 1-D
+    array, ``lo - row_lo * row_width`` indexes a buffer holding those rows), or None.
+    """
+    row_width = math.prod(piece_shape[1:]) if len(piece_shape) > 1 else 1
+    lo, hi = max(row_lo * row_width, flat[0]), min(row_hi * row_width, flat[1])
+    return (lo, hi) if lo < hi else None
+
+
+def row_block_of_flat(shape: Sequence[int], flat: Tuple[int, int]) -> Tuple[int, int]:
+    """Smallest row range ``[r0, r1)`` (dim 0) of a box whose flattening covers ``flat``."""
+    row_width = math.prod(shape[1:]) if len(shape) > 1 else 1
+    return flat[0] // row_width, -(-flat[1] // row_width)
+
+
+
+class MemoryFile:
+    """A safetensors file held in memory (a verified file :func:`~.read.read_verified` returns), with ``safe_open``'s
+    reading interface (views, no copies): what :func:`read_box` reads besides an open file."""
+
+    def __init__(self, header: Dict[str, dict], data: Dict[str, np.ndarray]):
+        self._header = header
+        self._data = data
+
+    def keys(self) -> List[str]:
+        return [k for k in self._header if k != "__metadata__"]
+
+    def get_tensor(self, key: str) -> np.ndarray:
+        if key not in self._data:
+            raise KeyError(f"{key} was read directly into its tensor, or is not in the file")
+        return self._data[key]
+
+    get_slice = get_tensor  # NumPy slicing of the view is the slice read
 
 
 def read_box(info: dict, key: str, offsets, shape, open_file: Callable[[str], object]) -> np.ndarray:

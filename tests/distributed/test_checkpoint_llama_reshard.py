@@ -19,7 +19,8 @@ from ckpt_workers.launcher import HERE, launch  # noqa: E402
 
 from paddletrainer.checkpoint import placement as L  # noqa: E402
 from paddletrainer.checkpoint import read_index  # noqa: E402
-from paddletrainer.checkpoint.reshard import PieceReader, read_placement  # noqa: E402
+from paddletrainer.checkpoint.read import PieceReader  # noqa: E402
+from paddletrainer.checkpoint.reshard import read_placement  # noqa: E402
 
 WORKER = "llama_layouts.py"
 LAYOUT_FLAGS = {

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from paddletrainer.checkpoint import placement as L
+from paddletrainer.checkpoint import reshard
 from paddletrainer.parallel.layout import Layout
 
 
@@ -50,17 +51,17 @@ def test_column_pieces_reassemble_into_row_slices_by_overlap_math():
         out = np.full(t_shape, -1)
         for p_off, p_shape in pieces:
             ov = L.box_overlap(p_off, p_shape, t_off, t_shape)
-            stored = full[L.relative_slices(p_off, p_shape, (0, 0))]
-            out[L.relative_slices(*ov, t_off)] = stored[L.relative_slices(*ov, p_off)]
+            stored = full[reshard.relative_slices(p_off, p_shape, (0, 0))]
+            out[reshard.relative_slices(*ov, t_off)] = stored[reshard.relative_slices(*ov, p_off)]
         np.testing.assert_array_equal(out, full[t_off[0]: t_off[0] + 4])
 
 
 def test_flat_rows_selects_the_flat_part_inside_a_row_range():
     # box [4, 5] flattened; piece holds [7, 13): rows 1..2 hold flat 5..15
-    assert L.flat_rows((4, 5), (7, 13), 1, 3) == (7, 13)
-    assert L.flat_rows((4, 5), (7, 13), 0, 1) is None  # row 0 is 0..5, before the piece
-    assert L.flat_rows((4, 5), (7, 13), 2, 4) == (10, 13)
-    assert L.row_block_of_flat((4, 5), (7, 13)) == (1, 3)
+    assert reshard.flat_rows((4, 5), (7, 13), 1, 3) == (7, 13)
+    assert reshard.flat_rows((4, 5), (7, 13), 0, 1) is None  # row 0 is 0..5, before the piece
+    assert reshard.flat_rows((4, 5), (7, 13), 2, 4) == (10, 13)
+    assert reshard.row_block_of_flat((4, 5), (7, 13)) == (1, 3)
     assert L.flat_placement(L.replicated((4, 5)), 15, 40).flat == (15, 20)  # clipped: stage-3 padding
 
 

@@ -4,7 +4,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from paddletrainer.checkpoint import placement as L
-from paddletrainer.checkpoint.reshard import PieceReader, read_placement
+from paddletrainer.checkpoint.read import PieceReader
+from paddletrainer.checkpoint.reshard import read_placement, relative_slices
 
 FULL = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
 
@@ -13,7 +14,7 @@ def write_pieces(tmp_path, pieces):
     """pieces: [(file, Placement)] of FULL; returns the index built by the real build_index."""
     entries = []
     for i, (fname, pl) in enumerate(pieces):
-        box = FULL[L.relative_slices(pl.offsets, pl.shape, (0, 0))]
+        box = FULL[relative_slices(pl.offsets, pl.shape, (0, 0))]
         data = box.reshape(-1)[pl.flat[0]: pl.flat[1]] if pl.flat else box
         save_file({L.file_key("model/w"): np.ascontiguousarray(data)}, str(tmp_path / fname))
         entries.append(L.PieceEntry("model/w", "float32", pl, i, fname))

@@ -60,11 +60,7 @@ def load_checkpoint(
     documents = [name for name, wanted in ((L.SCHEDULER_NAME, lr_scheduler is not None),
                                            (L.SCALER_NAME, scaler is not None), (L.TRAINER_STATE_NAME, True),
                                            (L.DATA_STATE_NAME, True)) if wanted]
-    targets = {**rank.models, **rank.optims}
-    direct, keep_alive = direct_views(plan.whole, targets)
-    files, docs, rng_raw = _read(ckpt_dir, index, plan, direct, documents, rng_file)
-    _assign_tensors(index, files, targets, keep_alive, rank.masters)
-    del keep_alive
+    docs, rng_raw = _read_into_targets(ckpt_dir, index, plan, rank, documents, rng_file)
     trainer_state, data_state = _restore_small_state(docs, lr_scheduler, scaler, warnings)
     warnings += [rng_skipped] if rng_skipped else []
     rng_restored = _restore_rng(ckpt_dir, rng_file, rng_raw) if rng_file else False
@@ -139,21 +135,31 @@ def _read(ckpt_dir: str, index: dict, plan: L.LoadPlan, direct: dict, documents:
     and the scaler's arrays decoded); the RNG file's verified bytes. Returns ``(files, {name: document or None},
     rng bytes or None)``."""
     files = read_verified(ckpt_dir, index, sorted(plan.needed), direct, plan.needed)
-    docs = {name: read_valid_json(ckpt_dir, index, name) for name in documents}
-    docs.update({name: from_json(docs[name]) for name in (L.SCHEDULER_NAME, L.SCALER_NAME) if docs.get(name)})
+    docs = {}
+    for name in documents:
+        doc = read_valid_json(ckpt_dir, index, name)
+        # the schedule's and the scaler's arrays are stored as JSON objects: decoded here
+        docs[name] = from_json(doc) if doc and name in (L.SCHEDULER_NAME, L.SCALER_NAME) else doc
     return files, docs, (read_small(ckpt_dir, index, rng_file) if rng_file else None)
 
 
-def _assign_tensors(index: dict, files: dict, targets: Dict[str, LocalTensor], direct_filled, masters: dict) -> None:
-    """The targets not read straight into (``direct_filled``): slices of the verified file buffers, assembled or
-    converted. Offload master weights the checkpoint lacks start from their loaded weight, as Paddle's offload
-    starts from the model."""
+def _read_into_targets(ckpt_dir: str, index: dict, plan: L.LoadPlan, rank: RankTensors, documents: List[str],
+                       rng_file: Optional[str]):
+    """Fill this rank's targets from the checkpoint (:func:`_read`): bytes straight into the tensors a stored piece
+    fills exactly (``plan.whole``), the rest slices of the verified file buffers, assembled or converted. Offload
+    master weights the checkpoint lacks start from their loaded weight, as Paddle's offload starts from the model.
+    Returns ``(the documents read, the RNG bytes or None)``."""
+    targets = {**rank.models, **rank.optims}
+    direct, keep_alive = direct_views(plan.whole, targets)
+    files, docs, rng_raw = _read(ckpt_dir, index, plan, direct, documents, rng_file)
     for key, lt in targets.items():
-        if key not in direct_filled:
+        if key not in keep_alive:
             lt.assign(read_placement(index, key, lt.placement, files.__getitem__), index["tensors"][key]["dtype"])
-    for key, (master, mastered) in masters.items():
+    del keep_alive
+    for key, (master, mastered) in rank.masters.items():
         if key not in targets:
             master.assign(mastered.host_array(copy=False), dtype_name(mastered.tensor))  # on the master's place
+    return docs, rng_raw
 
 
 def _restore_small_state(docs: dict, lr_scheduler, scaler, warnings: List[str]):

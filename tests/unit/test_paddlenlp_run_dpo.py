@@ -8,14 +8,11 @@ without it.
 """
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 
 import pytest
+from paddlenlp_runs import ROOT, script_step_losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLM_DIR = os.environ.get("PADDLENLP_LLM_DIR", "")
 SCRIPT_DIR = os.path.join(LLM_DIR, "alignment", "dpo")
 NEEDS_SCRIPT = pytest.mark.skipif(not os.path.isfile(os.path.join(SCRIPT_DIR, "run_dpo.py")),
@@ -26,7 +23,6 @@ SWAPS = {"run_dpo.py": [("from paddlenlp.trainer import PdArgumentParser", "from
                               "from paddletrainer import TrainingArguments"),
                              ("from paddlenlp.trainer.trainer_utils", "from paddletrainer.trainer_utils"),
                              ("from paddlenlp.trainer.utils.doc", "from paddletrainer.utils.doc")]}
-STEP_LOSS = re.compile(r"\bloss: ([0-9.]+), learning_rate: [^,]+, global_step: (\d+)")
 
 
 def script_copy(directory, swap: bool):
@@ -70,17 +66,7 @@ def run(scratch, script, name, dpo_options):
                   lr_scheduler_type="constant", seed=7, do_train=True, save_strategy="no", report_to="none",
                   disable_tqdm=True, device="cpu", unified_checkpoint=False, tensor_parallel_output=False,
                   **dpo_options)
-    path = scratch / f"{name}.json"
-    path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, script, str(path)], cwd=os.path.dirname(script), env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-    steps = {}
-    for loss, step in STEP_LOSS.findall(proc.stdout + proc.stderr):
-        steps[int(step)] = float(loss)
-    return [steps[s] for s in sorted(steps)]
+    return script_step_losses(script, scratch / f"{name}.json", config)
 
 
 def test_save_model_takes_paddlenlps_merge_tensor_parallel(tmp_path):

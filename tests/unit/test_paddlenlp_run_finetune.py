@@ -8,21 +8,17 @@ parameter the script hands ``set_optimizer_grouped_parameters``), LoRA, zero pad
 """
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 
 import pytest
+from paddlenlp_runs import ROOT, script_step_losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LLM_DIR = os.environ.get("PADDLENLP_LLM_DIR", "")
 NEEDS_SCRIPT = pytest.mark.skipif(not os.path.isfile(os.path.join(LLM_DIR, "run_finetune.py")),
                                 reason="PADDLENLP_LLM_DIR (PaddleNLP's llm/, with run_finetune.py) not set")
 SWAPS = [("from paddlenlp.trainer import PdArgumentParser", "from paddletrainer import PdArgumentParser"),
          ("from paddlenlp.trainer.trainer_callback import", "from paddletrainer.trainer_callback import"),
          ("from paddlenlp.trl import DataConfig", "from paddletrainer.trl import DataConfig")]
-STEP_LOSS = re.compile(r"\bloss: ([0-9.]+), learning_rate: [^,]+, global_step: (\d+)")
 # Rows of packed pairs are few: one row per batch keeps every batch full (PaddleNLP trains an epoch's short last
 # batch as it is; ours fills it from the epoch's start, so a short batch would differ by design).
 CASES = {"sft": dict(weight_decay=0.1), "lora": dict(lora=True, lora_rank=4),
@@ -71,15 +67,7 @@ def step_losses(scratch, script, name, options):
                   do_train=True, save_strategy="no", report_to="none", disable_tqdm=True, device="cpu",
                   unified_checkpoint=False, tensor_parallel_output=False, overwrite_output_dir=True)
     config.update(options)
-    path = scratch / f"{name}.json"
-    path.write_text(json.dumps(config))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PADDLE_")}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, script, str(path)], cwd=os.path.dirname(script), env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
-    steps = {int(step): float(loss) for loss, step in STEP_LOSS.findall(proc.stdout + proc.stderr)}
-    return [steps[s] for s in sorted(steps)]
+    return script_step_losses(script, scratch / f"{name}.json", config)
 
 
 @NEEDS_SCRIPT

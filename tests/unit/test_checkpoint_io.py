@@ -417,7 +417,7 @@ def test_offload_masters_missing_from_a_checkpoint_start_from_the_loaded_weights
 def test_a_load_reads_each_file_once_checksumming_the_bytes_it_uses(tmp_path, monkeypatch):
     # One pass per file: the bytes that are checksummed are the bytes loaded (no verify pass, then a
     # second read through safetensors); same-layout tensors are read straight into their memory.
-    from paddletrainer.checkpoint import read, reshard
+    from paddletrainer.checkpoint import read
 
     model, opt, sched = make()
     train(model, opt, sched, 2)
@@ -429,7 +429,7 @@ def test_a_load_reads_each_file_once_checksumming_the_bytes_it_uses(tmp_path, mo
         return real_open(ckpt_dir, name)
 
     monkeypatch.setattr(read, "open_member", counting_open)
-    monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
+    monkeypatch.setattr(read, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, _ = make(seed=99)
     load_checkpoint(ckpt, model=model2, optimizer=opt2)
     shards = sorted(f for f in os.listdir(ckpt) if f.endswith(".safetensors"))
@@ -446,7 +446,7 @@ def test_small_files_and_exported_shards_are_read_once_and_verified_as_read(tmp_
     # bytes used), and a corrupt small file is still refused.
     import builtins
 
-    from paddletrainer.checkpoint import read, reshard
+    from paddletrainer.checkpoint import read
     from paddletrainer.checkpoint.export import export_for_from_pretrained
 
     model, opt, sched = make()
@@ -465,7 +465,7 @@ def test_small_files_and_exported_shards_are_read_once_and_verified_as_read(tmp_
 
     monkeypatch.setattr(builtins, "open", counting_open)
     monkeypatch.setattr(read, "open_member", counting_open_member)
-    monkeypatch.setattr(reshard, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
+    monkeypatch.setattr(read, "safe_open", lambda *a, **k: pytest.fail("a second read through safe_open"))
     model2, opt2, sched2 = make(seed=99)
     res = load_checkpoint(ckpt, model=model2, optimizer=opt2, lr_scheduler=sched2)
     small = [f for f in read_index(ckpt)["files"] if not f.endswith(".safetensors") and f in opened]

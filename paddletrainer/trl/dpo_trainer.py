@@ -17,13 +17,14 @@ Under sep each rank holds a segment of every row; the criterion sums each pair's
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import paddle
 import paddle.nn.functional as F
 
 from ..parallel import pipeline
 from ..parallel.collectives import sum_over_data_group
+from ..parallel.layout import Layout
 from ..parallel.packed_attention import install_packed_attention
 from ..parallel.segment import has_sep_path
 from ..trainer import Trainer
@@ -45,8 +46,10 @@ def disable_dropout_in_model(model: paddle.nn.Layer) -> None:
             layer.p = 0
 
 
-def check_dpo_setup(dpo_config, ref_model, args) -> None:
-    """Refuse a DPO setup PaddleNLP refuses, and the layouts this trainer does not run, before any group exists."""
+def check_dpo_setup(dpo_config, ref_model, layout: Optional[Layout] = None,
+                    model_with_dpo_criterion: bool = False) -> None:
+    """Refuse a DPO setup PaddleNLP refuses, and the layouts this trainer does not run (``layout``: the arguments'
+    resolved one, None before there are arguments), before any group exists."""
     if dpo_config is None:
         raise ValueError("DPOTrainer needs dpo_config (a paddletrainer.trl.DPOConfig)")
     if dpo_config.loss_type not in DPO_LOSS_TYPES:
@@ -62,13 +65,17 @@ def check_dpo_setup(dpo_config, ref_model, args) -> None:
             raise ValueError(f"DPOConfig.loss_type={dpo_config.loss_type!r} takes no ref_model: set reference_free=True")
     elif not dpo_config.lora:
         raise ValueError("DPOTrainer needs ref_model, or DPOConfig.reference_free=True, or DPOConfig.lora=True")
-    if args is not None:
-        if getattr(args, "context_parallel_degree", 1) > 1:
-            raise ValueError("DPOTrainer does not run with context_parallel_degree > 1 yet; use data, tensor, "
-                             "pipeline, sharding or sep (sep_parallel_degree) parallel")
-        if getattr(args, "pipeline_parallel_degree", 1) > 1 and getattr(args, "sep_parallel_degree", 1) > 1:
-            raise ValueError("DPOTrainer does not run with pipeline_parallel_degree > 1 and sep_parallel_degree > 1 "
-                             "together yet; use one of them")
+    if layout is None:
+        return
+    if layout.cp > 1:
+        raise ValueError("DPOTrainer does not run with context_parallel_degree > 1 yet; use data, tensor, "
+                         "pipeline, sharding or sep (sep_parallel_degree) parallel")
+    if layout.pp > 1 and layout.sep > 1:
+        raise ValueError("DPOTrainer does not run with pipeline_parallel_degree > 1 and sep_parallel_degree > 1 "
+                         "together yet; use one of them")
+    if model_with_dpo_criterion and layout.sep > 1:
+        raise ValueError("model_with_dpo_criterion=True does not run with sep_parallel_degree > 1 (the model's "
+                         "criterion would sum log-probs of one segment only); leave it False")
 
 
 def set_lora_enabled(model, enabled: bool) -> None:
@@ -98,10 +105,9 @@ class DPOTrainer(Trainer):
     def __init__(self, model, data_collator, dpo_criterion=None, ref_model=None, dpo_config=None,
                  disable_dropout: bool = True, padding_value: int = 0, model_with_dpo_criterion: bool = False,
                  ignore_eos_token: bool = False, **kwargs):
-        check_dpo_setup(dpo_config, ref_model, kwargs.get("args"))
-        if model_with_dpo_criterion and getattr(kwargs.get("args"), "sep_parallel_degree", 1) > 1:
-            raise ValueError("model_with_dpo_criterion=True does not run with sep_parallel_degree > 1 (the model's "
-                             "criterion would sum log-probs of one segment only); leave it False")
+        args = kwargs.get("args")
+        check_dpo_setup(dpo_config, ref_model, args.parallel_config.layout if args is not None else None,
+                        model_with_dpo_criterion)
         if dpo_criterion is not None and not isinstance(dpo_criterion, DPOCriterion):
             raise ValueError(f"dpo_criterion must be None or a DPOCriterion, got {type(dpo_criterion).__name__}")
         if kwargs.get("compute_metrics") is not None:

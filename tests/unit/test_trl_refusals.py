@@ -4,10 +4,12 @@ from types import SimpleNamespace
 
 import pytest
 
+from paddletrainer.parallel.layout import Layout
+
 from paddletrainer.trl import DPOConfig, DPOCriterion
 from paddletrainer.trl.dpo_trainer import check_dpo_setup
 
-ONE_PROCESS = SimpleNamespace(pipeline_parallel_degree=1, sep_parallel_degree=1, context_parallel_degree=1)
+ONE_PROCESS = Layout(world_size=1)
 
 
 @pytest.mark.parametrize("config,ref_model,message", [
@@ -23,15 +25,19 @@ def test_a_dpo_setup_paddlenlp_refuses_is_refused_with_the_option_named(config, 
         check_dpo_setup(config, ref_model, ONE_PROCESS)
 
 
-@pytest.mark.parametrize("options,message", [
-    ({"context_parallel_degree": 2}, "DPOTrainer does not run with context_parallel_degree > 1"),
-    ({"pipeline_parallel_degree": 2, "sep_parallel_degree": 2},
+@pytest.mark.parametrize("layout,model_with_dpo_criterion,message", [
+    (Layout(world_size=2, cp=2), False, "DPOTrainer does not run with context_parallel_degree > 1"),
+    (Layout(world_size=4, pp=2, sep=2), False,
      "DPOTrainer does not run with pipeline_parallel_degree > 1 and sep_parallel_degree > 1 together"),
+    (Layout(world_size=2, sep=2), True, "model_with_dpo_criterion=True does not run with sep_parallel_degree > 1"),
 ])
-def test_dpo_on_an_unsupported_layout_is_refused_naming_its_options(options, message):
-    args = SimpleNamespace(**{**vars(ONE_PROCESS), **options})
+def test_dpo_on_an_unsupported_layout_is_refused_naming_its_options(layout, model_with_dpo_criterion, message):
     with pytest.raises(ValueError, match=message):
-        check_dpo_setup(DPOConfig(), object(), args)
+        check_dpo_setup(DPOConfig(), object(), layout, model_with_dpo_criterion)
+
+
+def test_the_model_computing_its_dpo_criterion_runs_without_sep():
+    check_dpo_setup(DPOConfig(), object(), Layout(world_size=2, pp=2), model_with_dpo_criterion=True)
 
 
 def test_a_fused_head_config_is_refused_by_the_criterion():

@@ -68,7 +68,7 @@ def reference_logps(reference_model, batches: List[Dict], criterion, last_stage:
     take_records(criterion)
     pipeline.eval_batch(reference_model, [with_reference(b, (None, None)) for b in batches])
     if not last_stage:
-        return [(paddle.zeros([pair_count(b)]), paddle.zeros([pair_count(b)])) for b in batches]
+        return zero_reference(batches)
     records = take_records(criterion)
     if len(records) != len(batches):
         raise RuntimeError(f"the reference pass recorded {len(records)} micro-batches of {len(batches)}")
@@ -76,5 +76,5 @@ def reference_logps(reference_model, batches: List[Dict], criterion, last_stage:
 
 
 def zero_reference(batches: List[Dict]) -> List[Tuple]:
-    """Reference-free DPO: log-probs of 0 for every pair."""
+    """Log-probs of 0 for every pair: reference-free DPO's reference, and what a stage before the last holds."""
     return [(paddle.zeros([pair_count(b)]), paddle.zeros([pair_count(b)])) for b in batches]

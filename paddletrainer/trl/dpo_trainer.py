@@ -16,11 +16,13 @@ Under sep each rank holds a segment of every row; the criterion sums each pair's
 """
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
 from typing import Any, Dict, Optional
 
 import paddle
 import paddle.nn.functional as F
+from paddle.distributed import fleet
 
 from ..parallel import pipeline
 from ..parallel.collectives import sum_over_data_group
@@ -83,6 +85,21 @@ def set_lora_enabled(model, enabled: bool) -> None:
     for layer in model.sublayers(include_self=True):
         if hasattr(layer, "disable_lora") and hasattr(layer, "lora_A"):
             layer.disable_lora = not enabled
+
+
+@contextlib.contextmanager
+def policy_as_reference(model):
+    """``model`` without its LoRA and in eval mode, as the reference of a LoRA policy; LoRA and the training mode
+    are restored after."""
+    was_training = model.training
+    set_lora_enabled(model, False)
+    model.eval()
+    try:
+        yield model
+    finally:
+        set_lora_enabled(model, True)
+        if was_training:
+            model.train()
 
 
 class DPOTrainer(Trainer):
@@ -226,22 +243,12 @@ class DPOTrainer(Trainer):
     def _reference_logps(self, ref_model, model, inputs, labels):
         if self.dpo_config.reference_free:
             return paddle.zeros([1]), paddle.zeros([1])
-        reference = ref_model if ref_model is not None else model
-        was_training = model.training
-        with paddle.no_grad():
-            if ref_model is None:  # the policy without its LoRA is the reference
-                set_lora_enabled(model, False)
-                model.eval()
-            try:
-                if self.model_with_dpo_criterion:
-                    chosen, rejected = reference(**inputs, **dict(zip(PAIR_LABELS, labels)))
-                else:
-                    chosen, rejected = self.dpo_criterion(reference(**inputs), labels + (None, None))
-            finally:
-                if ref_model is None:
-                    set_lora_enabled(model, True)
-                    if was_training:
-                        model.train()
+        as_reference = contextlib.nullcontext(ref_model) if ref_model is not None else policy_as_reference(model)
+        with paddle.no_grad(), as_reference as reference:
+            if self.model_with_dpo_criterion:
+                chosen, rejected = reference(**inputs, **dict(zip(PAIR_LABELS, labels)))
+            else:
+                chosen, rejected = self.dpo_criterion(reference(**inputs), labels + (None, None))
         return chosen.detach(), rejected.detach()
 
     def _pipeline_reference(self, batches):
@@ -252,19 +259,10 @@ class DPOTrainer(Trainer):
         with paddle.no_grad(), self.autocast_smart_context_manager():
             if self.ref_model is not None:
                 if self._reference_pipeline is None:
-                    from paddle.distributed import fleet
-
                     self._reference_pipeline = fleet.distributed_model(self.ref_model)
                 return dpo_pipeline.reference_logps(self._reference_pipeline, batches, self.dpo_criterion, last)
-            was_training = self.model.training  # the policy without its LoRA is the reference
-            set_lora_enabled(self.model, False)
-            self.model.eval()
-            try:
+            with policy_as_reference(self.model):
                 return dpo_pipeline.reference_logps(self.model_wrapped, batches, self.dpo_criterion, last)
-            finally:
-                set_lora_enabled(self.model, True)
-                if was_training:
-                    self.model.train()
 
     def _record_pipeline(self, batches, references, train_eval) -> None:
         """The metrics of a pipeline pass: the last stage records its criterion's results, every stage the pairs."""

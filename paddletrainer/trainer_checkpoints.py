@@ -44,6 +44,7 @@ class TrainerCheckpoints:
     """Resume, save, load and export for the Trainer (see the module docstring)."""
 
     _named_checkpoint: Optional[str] = None  # the resume path the user gave (set by _resolve_resume)
+    _auto_resume: bool = False  # resume_from_checkpoint was "auto" (set by _resolve_resume)
 
     def _is_named_checkpoint(self, path: str) -> bool:
         return self._named_checkpoint is not None and os.path.realpath(path) == os.path.realpath(self._named_checkpoint)
@@ -87,7 +88,7 @@ class TrainerCheckpoints:
         with a warning, as long as that one holds every tensor and state file the failed load may have written
         (so all of it is overwritten again); otherwise the error is raised. Any other failure on a rank is
         raised on every rank."""
-        if not getattr(self, "_auto_resume", False):
+        if not self._auto_resume:
             self._load_checkpoint(checkpoint_dir)
             return checkpoint_dir
         passed_over: list = []  # (checkpoint, problem): set aside once every rank is past reading them

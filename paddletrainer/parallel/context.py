@@ -51,7 +51,7 @@ def shard_context(inputs: Dict[str, Any], degree: int, rank: int) -> Dict[str, A
     if degree == 1:
         return inputs
     return cut_batch(inputs, option="context_parallel_degree", degree=degree, pieces=2 * degree,
-                     cut=lambda value: split_load_balanced(value, rank, degree, axis=1))
+                     cut=lambda value: split_load_balanced(value, rank, degree, axis=1), turns_positions=False)
 
 
 def gather_context(value, group):

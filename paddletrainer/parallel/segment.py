@@ -57,7 +57,9 @@ def shard_sequence(inputs: Dict[str, Any], degree: int, rank: int) -> Dict[str, 
         piece = int(value.shape[1]) // degree
         return value[:, rank * piece:(rank + 1) * piece]
 
-    return cut_batch(inputs, option="sep_parallel_degree", degree=degree, pieces=degree, cut=segment)
+    # packed_attention turns the attention's rope to whole position_ids under sep, so they may restart anywhere
+    return cut_batch(inputs, option="sep_parallel_degree", degree=degree, pieces=degree, cut=segment,
+                     turns_positions=True)
 
 
 def gather_sequence(value, group):

@@ -51,14 +51,15 @@ def _positions_shift_scores(positions: np.ndarray, ends: np.ndarray) -> bool:
     return bool(np.any(changes & (reach > index[None, 1:])))
 
 
-def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) -> Tuple[Dict[str, Any], set]:
+def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool,
+                       turns_positions: bool) -> Tuple[Dict[str, Any], set]:
     """A micro-batch made ready for the cut, and the keys the cut keeps whole. A mask that is causal with every
     key seen by a contiguous run of rows from its own (a block-diagonal ``attention_mask`` of packed documents, or
     PaddleNLP's preference rows, where the rejected response sees the prompt but not the chosen one) becomes the
     key ends (:data:`DOCUMENT_ENDS`, ``[B, S]``, kept whole). ``position_ids`` under which rope at the sequence
     index would change a score (:func:`_positions_shift_scores`: positions restarting inside what a query sees)
-    are kept whole under sep off a CUDA device, where :mod:`.packed_attention` turns the attention's rope to them,
-    and refused by name elsewhere. A batch without these keys comes back unchanged (no host read); a packed one is
+    are kept whole when the axis ``turns_positions`` (sep: :mod:`.packed_attention` turns the attention's rope to
+    them) off a CUDA device, and refused by name elsewhere. A batch without these keys comes back unchanged (no host read); a packed one is
     read on the host once per micro-batch. Also refused by name: a ``[batch, seq]`` padding mask, another mask,
     and packed rows under context parallel on a CUDA device (PaddleNLP's ``RingFlashAttention`` takes no mask)."""
     mask, ends, positions = (inputs.get(key) for key in ("attention_mask", DOCUMENT_ENDS, "position_ids"))
@@ -82,7 +83,7 @@ def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) ->
         host_ends = (out[DOCUMENT_ENDS].numpy() if ends is not None
                      else np.full(host_positions.shape, host_positions.shape[1], "int64"))
         if _positions_shift_scores(host_positions, host_ends):
-            if not option.startswith("sep") or on_cuda:
+            if not turns_positions or on_cuda:
                 raise ValueError(f"{option}: position_ids must count up by one across everything a token attends to "
                                  f"(restarting at each packed document is fine); other positions are supported only "
                                  f"with sep_parallel_degree off a CUDA device")
@@ -91,14 +92,15 @@ def documents_of_batch(inputs: Dict[str, Any], *, option: str, on_cuda: bool) ->
 
 
 def cut_batch(inputs: Dict[str, Any], *, option: str, degree: int, pieces: int,
-              cut: Callable[[paddle.Tensor], paddle.Tensor]) -> Dict[str, Any]:
+              cut: Callable[[paddle.Tensor], paddle.Tensor], turns_positions: bool) -> Dict[str, Any]:
     """Every ``[batch, seq]`` tensor of ``inputs`` through ``cut`` (this rank's part of the sequence); the document
-    ends (:data:`DOCUMENT_ENDS`, made by :func:`documents_of_batch`) and the positions it keeps stay whole. Other values
-    unchanged. One-line
+    ends (:data:`DOCUMENT_ENDS`, made by :func:`documents_of_batch`) and the positions it keeps stay whole
+    (``turns_positions``: the axis's attention turns rope to whole positions). Other values unchanged. One-line
     ``ValueError`` naming ``option`` for a tensor that is not 2-D or a sequence length ``pieces`` does not
     divide."""
     out = {}
-    batch, whole = documents_of_batch(inputs, option=option, on_cuda=on_cuda_device())
+    batch, whole = documents_of_batch(inputs, option=option, on_cuda=on_cuda_device(),
+                                      turns_positions=turns_positions)
     for key, value in batch.items():
         if value is None or not isinstance(value, paddle.Tensor) or key in whole:
             out[key] = value

@@ -225,14 +225,15 @@ def test_a_block_mask_travels_as_document_ends_and_positions_are_checked_per_doc
     positions = np.array([[0, 1, 2, 0, 1, 2, 3, 4]])
     batch = {"input_ids": paddle.zeros([1, 8], "int64"), "attention_mask": paddle.to_tensor(mask),
              "position_ids": paddle.to_tensor(positions)}
-    out, whole = documents_of_batch(batch, option="sep_parallel_degree", on_cuda=False)
+    out, whole = documents_of_batch(batch, option="sep_parallel_degree", on_cuda=False, turns_positions=True)
     assert "attention_mask" not in out and whole == {"attn_mask_startend_row_indices"}
     np.testing.assert_array_equal(out["attn_mask_startend_row_indices"].numpy(), ends)
     batch["position_ids"] = paddle.to_tensor(np.array([[0, 1, 2, 0, 2, 3, 4, 5]]))
-    for option, on_cuda in (("sep_parallel_degree", True), ("context_parallel_degree", False)):
+    for option, on_cuda, turns in (("sep_parallel_degree", True, True), ("context_parallel_degree", False, False)):
         with pytest.raises(ValueError, match="position_ids must count up by one across everything"):
-            documents_of_batch(batch, option=option, on_cuda=on_cuda)
-    assert "position_ids" in documents_of_batch(batch, option="sep_parallel_degree", on_cuda=False)[1]
+            documents_of_batch(batch, option=option, on_cuda=on_cuda, turns_positions=turns)
+    assert "position_ids" in documents_of_batch(batch, option="sep_parallel_degree", on_cuda=False,
+                                                turns_positions=True)[1]
     with pytest.raises(ValueError, match="RingFlashAttention does not take"):
         documents_of_batch({"attn_mask_startend_row_indices": paddle.to_tensor(ends)},
-                           option="context_parallel_degree", on_cuda=True)
+                           option="context_parallel_degree", on_cuda=True, turns_positions=False)

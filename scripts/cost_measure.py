@@ -180,7 +180,7 @@ def measure_worker(a) -> None:
     import paddle
 
     from paddletrainer import Trainer, TrainerCallback, TrainingArguments
-    from paddletrainer.checkpoint.local_state import model_tensors, topology_info
+    from paddletrainer.checkpoint.local_state import rank_state
     from paddletrainer.parallel.wrappers import unwrap_optimizer
 
     logging.disable(logging.WARNING)
@@ -241,8 +241,7 @@ def measure_worker(a) -> None:
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[Window()])
     trainer.train()
-    topo = topology_info(trainer.topology)
-    models, _ = model_tensors(trainer.model_wrapped, topo)
+    models = rank_state(trainer.model_wrapped, None, trainer.topology).models
     param_bytes = sum(lt.storage_numel * lt.tensor.element_size() for lt in models.values())
     inner = unwrap_optimizer(trainer.optimizer)
     optim_bytes = sum(int(t.numel()) * t.element_size() for accs in (inner._accumulators or {}).values()

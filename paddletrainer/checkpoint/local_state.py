@@ -1,4 +1,5 @@
-"""What this rank holds: its model and optimizer tensors, each with a global key and a :class:`Placement`.
+"""What this rank holds: its model and optimizer tensors, found through Paddle (:func:`rank_state`), each with
+the global key and :class:`~.placement.Placement` that :func:`~.placement.place_rank` gives it in one call.
 
 This is the only place that knows how Paddle's wrappers and optimizers store things:
 
@@ -15,7 +16,7 @@ This is the only place that knows how Paddle's wrappers and optimizers store thi
 * optimizer: :func:`~paddletrainer.parallel.wrappers.unwrap_optimizer` gives the Paddle optimizer, whose
   ``_accumulators`` hold exactly the states this rank owns (under sharding stage 1/2 only its parameters' states).
 * sharding offload: the fp32 master weights live on the parameters (``param.master_weight``), not in the
-  optimizer; they are saved as the parameters' ``master_weight`` states (:func:`offload_master_weights`).
+  optimizer; they are saved as the parameters' ``master_weight`` states (:func:`_offload_masters`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-from typing import Callable, Container, Dict, Optional, Tuple
+from typing import Callable, Container, Dict, List, Optional, Tuple
 
 import numpy as np
 import paddle
@@ -33,11 +34,9 @@ from ..paddle_contract import creates_accumulators, optimizer_accumulators, opti
 from ..parallel.layout import AXES
 from ..parallel.topology import Topology
 from ..parallel.wrappers import unwrap_model, unwrap_optimizer
-from .placement import (MODEL_PREFIX, CheckpointError, LoadTarget, Placement, flat_placement, model_key, optim_key,
-                        replicated, tp_placement)
+from .placement import (MASTER_WEIGHT, CheckpointError, HeldState, HeldTensor, Holdings, LoadTarget, Placement,
+                        place_rank)
 
-MASTER_WEIGHT = "master_weight"
-POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb accumulator kinds beta1_pow_acc, beta2_pow_acc
 _FILE = "paddletrainer/checkpoint/local_state.py"  # named by the private reads it makes through paddle_contract
 
 
@@ -144,20 +143,6 @@ def set_in_place(tensor, arr: np.ndarray) -> None:
 
 
 # ---------------------------------------------------------------------------------------- model
-def tensor_placement(t, topo: Topology, name: str = "") -> Placement:
-    declared = getattr(t, "ckpt_placement", None)
-    if declared is not None:
-        return declared
-    if getattr(t, "is_distributed", False) and topo.tp_degree > 1:
-        axis = getattr(t, "split_axis", None)
-        if axis is None:
-            raise CheckpointError(
-                f"{name} is tensor-parallel (is_distributed) but has no split_axis; set it or a ckpt_placement"
-            )
-        return tp_placement(t.shape, int(axis), topo.tp_rank, topo.tp_degree)
-    return replicated(t.shape)
-
-
 @dataclasses.dataclass
 class LocalTensor:
     """A tensor this rank holds and where it sits. ``storage`` may be longer than the placement says
@@ -190,16 +175,14 @@ class LocalTensor:
             value = padded
         set_in_place(self.tensor, value.reshape(self.tensor.shape))
 
-
-def _stage3_slice(t, topo) -> Optional[LocalTensor]:
-    """A parameter sliced by GroupShardedStage3: its ``fw_storage`` holds flat range
-    ``[r·n, (r+1)·n)`` of the (padded) flattened parameter, r = sharding rank, n = slice length.
-    The parameter itself may be released between steps, so the slice is what gets saved and loaded."""
+def _stage3_slice(t, topo):
+    """The ``fw_storage`` of a parameter sliced by GroupShardedStage3 (None for any other tensor): flat range
+    ``[r·n, (r+1)·n)`` of the (padded) flattened parameter, r = sharding rank, n = slice length. The parameter
+    itself may be released between steps, so the slice is what gets saved and loaded."""
     fw = getattr(t, "fw_storage", None)
     if fw is None or topo.sharding_degree <= 1 or not isinstance(fw, paddle.Tensor):
         return None
-    n = int(np.prod(fw.shape))
-    return LocalTensor(fw, flat_placement(tensor_placement(t, topo), topo.sharding_rank * n, (topo.sharding_rank + 1) * n))
+    return fw
 
 
 def _forward_may_write(t) -> bool:
@@ -208,35 +191,39 @@ def _forward_may_write(t) -> bool:
     return not isinstance(t, EagerParamBase) or bool(t.stop_gradient)
 
 
-def model_tensors(model, topo) -> Tuple[Dict[str, LocalTensor], Dict[str, LocalTensor]]:
-    """``{global key: LocalTensor}`` and, for the optimizer, ``{param (or slice) name: (name, LocalTensor)}``."""
-    inner = unwrap_model(model)
-    out: Dict[str, LocalTensor] = {}
-    by_param: Dict[str, Tuple[str, LocalTensor]] = {}
-    for name, t in inner.state_dict().items():
-        lt = _stage3_slice(t, topo) or LocalTensor(t, tensor_placement(t, topo, name),
-                                                   forward_may_write=_forward_may_write(t))
-        out[model_key(name)] = lt
-        # tied weights: the first name wins for the optimizer; both model keys are saved
-        by_param.setdefault(t.name, (name, lt))
-        by_param.setdefault(lt.tensor.name, (name, lt))  # stage 3: accumulators are keyed "slice@<name>"
-    return out, by_param
+def _model_holdings(model, topo) -> List[Tuple[HeldTensor, object, bool]]:
+    """The model's tensors as this rank holds them: ``(HeldTensor, the tensor saved and loaded, whether the
+    forward may write it)`` per ``state_dict()`` entry."""
+    found = []
+    for name, t in unwrap_model(model).state_dict().items():
+        declared = getattr(t, "ckpt_placement", None)
+        split_axis = None
+        if declared is None and getattr(t, "is_distributed", False) and topo.tp_degree > 1:
+            split_axis = getattr(t, "split_axis", None)
+            if split_axis is None:
+                raise CheckpointError(
+                    f"{name} is tensor-parallel (is_distributed) but has no split_axis; set it or a ckpt_placement")
+            split_axis = int(split_axis)
+        slice_ = _stage3_slice(t, topo)
+        stored = t if slice_ is None else slice_
+        n = int(np.prod(stored.shape))
+        flat = None if slice_ is None else (topo.sharding_rank * n, (topo.sharding_rank + 1) * n)
+        # stage 3: the optimizer keys the slice's accumulators "slice@<name>", the slice's own name
+        held = HeldTensor(name, tuple(t.shape), (t.name, stored.name), n, split_axis, declared, flat)
+        found.append((held, stored, slice_ is None and _forward_may_write(t)))
+    return found
 
 
-def offload_master_weights(model, by_param) -> Dict[str, Tuple[LocalTensor, LocalTensor]]:
-    """Sharding offload's fp32 master weights: ``{optim/<param>/master_weight: (master, what it masters)}``.
-
-    Paddle's stage 3 offload keeps them as ``param.master_weight`` (a slice's master for a sliced parameter)
-    and trains them, copying them into the parameters after each step; the second element is the
-    parameter's (or slice's) LocalTensor, which has the same element count and placement.
-    """
-    out: Dict[str, Tuple[LocalTensor, LocalTensor]] = {}
+def _offload_masters(model) -> List[Tuple[str, object]]:
+    """Sharding offload's fp32 master weights, ``(parameter name, master)``: Paddle's stage 3 offload keeps them as
+    ``param.master_weight`` (a slice's master for a sliced parameter) and trains them, copying them into the
+    parameters after each step; each has its parameter's (or slice's) element count and placement."""
+    found = []
     for param in unwrap_model(model).parameters():
         master = getattr(param, "master_weight", None)
-        if isinstance(master, paddle.Tensor) and master._is_initialized() and param.name in by_param:
-            gname, plt = by_param[param.name]
-            out[optim_key(gname, MASTER_WEIGHT)] = (LocalTensor(master, plt.placement), plt)
-    return out
+        if isinstance(master, paddle.Tensor) and master._is_initialized():
+            found.append((param.name, master))
+    return found
 
 
 # ------------------------------------------------------------------------------------ optimizer
@@ -269,26 +256,6 @@ def _stepped_parameters(inner) -> list:
     return [p for p in params if not p.stop_gradient
             and (p._is_initialized() or isinstance(getattr(p, "fw_storage", None), paddle.Tensor))]
 
-
-def stepped_parameter_names(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]],
-                            models: Dict[str, LocalTensor]) -> set:
-    """Global names of the parameters whose optimizer states belong on this rank: the ones this rank's
-    optimizer updates (under sharding stage 1/2 only its own; a split_param slice holding only the
-    buffer's padding has no state to keep), and every parameter this rank holds a non-empty stage-3 slice
-    of (stage 3 steps each rank's slice of every parameter; told from the model, not from the optimizer,
-    so a slice whose states were never created is still noticed)."""
-    names = {key[len(MODEL_PREFIX):] for key, lt in models.items()
-             if lt.placement.flat is not None and lt.placement.local_numel}
-    for p in _stepped_parameters(unwrap_optimizer(optimizer)):
-        if p.name not in by_param:
-            continue
-        gname, plt = by_param[p.name]
-        flat = getattr(p, "ckpt_flat_range", None)
-        if flat is None or flat_placement(plt.placement, *flat).local_numel:
-            names.add(gname)
-    return names
-
-
 def _host_device():
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
@@ -309,43 +276,57 @@ def _optimized_tensor(param):
     stand_in.regularizer = param.regularizer
     return stand_in
 
-
-def optimizer_tensors(optimizer, by_param: Dict[str, Tuple[str, LocalTensor]]) -> Dict[str, LocalTensor]:
-    """This rank's optimizer states keyed ``optim/<param global name>/<kind>``.
-
-    Multi-precision optimizers key moments by the master weight's name, hence the reverse map.
-    A state with the parameter's element count shares its placement; others (beta powers) are replicated.
-    """
+def _optimizer_holdings(optimizer):
+    """This rank's optimizer states as ``(HeldState, tensor)`` (multi-precision optimizers key moments by the
+    master weight's name, hence the reverse map), the split_param slices' flat ranges by name, and the parameters
+    the optimizer updates with their flat ranges: the :class:`~.placement.Holdings` fields of the optimizer."""
     inner = unwrap_optimizer(optimizer)
     masters = optimizer_master_weights(inner, _FILE)
     master_to_param = {mw.name: pname for pname, mw in masters.items()}
     flat_ranges = {p.name: p.ckpt_flat_range for p in (inner._parameter_list or [])
                    if not isinstance(p, dict) and hasattr(p, "ckpt_flat_range")}
-    out: Dict[str, LocalTensor] = {}
+    states = [(HeldState(master_to_param.get(owner, owner), kind, tuple(t.shape)), t)
+              for kind, accs in optimizer_accumulators(inner, _FILE).items() for owner, t in accs.items()]
+    states += [(HeldState(pname, MASTER_WEIGHT, tuple(t.shape)), t) for pname, t in masters.items()]
+    stepped = [(p.name, getattr(p, "ckpt_flat_range", None)) for p in _stepped_parameters(inner)]
+    return states, flat_ranges, stepped
 
-    def add(pname: str, kind: str, t):
-        if pname not in by_param:
-            raise CheckpointError(f"optimizer state {kind} of {pname} belongs to no parameter of the model")
-        gname, plt = by_param[pname]
-        # beta powers hold one value per parameter: never a slice of it, even when the parameter (or its
-        # split_param slice) has a single element and the element counts agree
-        per_param = kind.endswith(POW_ACC_SUFFIX)
-        flat = None if per_param else flat_ranges.get(pname)
-        if flat is not None and int(np.prod(t.shape)) == flat[1] - flat[0]:  # a split_param slice's state
-            placement = flat_placement(plt.placement, *flat)
-            if placement.local_numel:  # else the slice holds only the buffer's padding: nothing to keep
-                out[optim_key(gname, kind)] = LocalTensor(t, placement)
-            return
-        same = not per_param and int(np.prod(t.shape)) == plt.storage_numel
-        out[optim_key(gname, kind)] = LocalTensor(t, plt.placement if same else replicated(t.shape))
 
-    for kind, accs in optimizer_accumulators(inner, _FILE).items():
-        for acc_owner, t in accs.items():
-            add(master_to_param.get(acc_owner, acc_owner), kind, t)
-    for pname, t in masters.items():
-        add(pname, MASTER_WEIGHT, t)
-    return out
+# ------------------------------------------------------------------------------------- what this rank holds
+@dataclasses.dataclass
+class RankState:
+    """What this rank holds, named and placed (:func:`rank_state`)."""
 
+    topo: Topology
+    models: Dict[str, LocalTensor]  # model key -> tensor (a stage-3 parameter: its slice)
+    optims: Dict[str, LocalTensor]  # optim/<param global name>/<kind> -> state; empty without an optimizer
+    masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # offload master weights: key -> (master, what it masters)
+    stepped: set  # global names of the parameters whose optimizer states belong here; empty without an optimizer
+
+
+def rank_state(model, optimizer=None, topology=None, *, create_accumulators: bool = False) -> RankState:
+    """Find what this rank holds through Paddle (the model's state dict and stage-3 slices, the offload master
+    weights, the optimizer's states when ``optimizer`` is given, created first with ``create_accumulators``) and
+    have :func:`~.placement.place_rank` name and place all of it."""
+    topo = topology_info(topology)
+    tensors, offloaded = _model_holdings(model, topo), _offload_masters(model)
+    states, flat_ranges, stepped = [], {}, []
+    if optimizer is not None:
+        if create_accumulators:
+            ensure_accumulators(optimizer)
+        states, flat_ranges, stepped = _optimizer_holdings(optimizer)
+    placed = place_rank(Holdings([h for h, _, _ in tensors], [s for s, _ in states], flat_ranges, stepped,
+                                 [name for name, _ in offloaded], topo.tp_rank, topo.tp_degree))
+    held = [LocalTensor(t, p, forward_may_write=w) for (_, p), (_, t, w) in zip(placed.tensors, tensors)]
+    optims = {}
+    for where, (_, t) in zip(placed.states, states):
+        if where is not None:
+            optims[where[0]] = LocalTensor(t, where[1])
+    masters = {}
+    for where, (_, master) in zip(placed.offloaded, offloaded):
+        if where is not None:
+            masters[where[0]] = (LocalTensor(master, held[where[1]].placement), held[where[1]])
+    return RankState(topo, {key: lt for (key, _), lt in zip(placed.tensors, held)}, optims, masters, placed.stepped)
 
 
 # ------------------------------------------------------------------------------------- a load's targets
@@ -358,9 +339,9 @@ class RankTensors:
     topo: Topology
     layout: Dict[str, int]  # :func:`layout_dict` of ``topo``
     models: Dict[str, LocalTensor]
-    masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # :func:`offload_master_weights`
+    masters: Dict[str, Tuple[LocalTensor, LocalTensor]]  # :attr:`RankState.masters`
     optims: Dict[str, LocalTensor]  # states and stored offload masters; empty without an optimizer to restore
-    stepped: set  # :func:`stepped_parameter_names`; empty without an optimizer to restore
+    stepped: set  # :attr:`RankState.stepped`; empty without an optimizer to restore
     model_targets: Dict[str, LoadTarget]  # key -> (placement, dtype name, storage numel): what a load plans for
     optim_targets: Dict[str, LoadTarget]
 
@@ -370,23 +351,17 @@ def rank_tensors(model, optimizer, topology, stored: Container[str],
     """This rank's load targets: the model's tensors as ``select(model, tensors)`` keeps them (a PEFT model:
     its adapters), the offload master weights, and, when ``optimizer`` is given, its states with their
     accumulators created first and the offload masters the checkpoint holds (``stored``: its keys)."""
-    topo = topology_info(topology)
-    models, by_param = model_tensors(model, topo)
-    models = select(model, models)
-    masters = offload_master_weights(model, by_param)
-    optims: Dict[str, LocalTensor] = {}
-    stepped: set = set()
+    held = rank_state(model, optimizer, topology, create_accumulators=True)
+    models = select(model, held.models)
+    optims = dict(held.optims)
     if optimizer is not None:
-        ensure_accumulators(optimizer)
-        optims = optimizer_tensors(optimizer, by_param)
-        optims.update({k: m for k, (m, _) in masters.items() if k in stored})
-        stepped = stepped_parameter_names(optimizer, by_param, models)
+        optims.update({k: m for k, (m, _) in held.masters.items() if k in stored})
 
     def planned(tensors):
         return {k: (lt.placement, dtype_name(lt.tensor), lt.storage_numel) for k, lt in tensors.items()}
 
-    return RankTensors(topo, layout_dict(topo), models, masters, optims, stepped, planned(models), planned(optims))
-
+    return RankTensors(held.topo, layout_dict(held.topo), models, held.masters, optims, held.stepped,
+                       planned(models), planned(optims))
 
 
 def direct_views(whole: Dict[str, Tuple[str, str]], targets: Dict[str, LocalTensor]):

@@ -30,8 +30,7 @@ import numpy as np
 
 from . import placement as L
 from .load import LoadedCheckpoint
-from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_tensors, optimizer_tensors,
-                          stepped_parameter_names, topology_info)
+from .local_state import RankState, dtype_name, rank_state
 from .read import open_safetensors, read_weight_map
 from .paddlenlp_interop import load_paddlenlp_extras
 from .peft import BASE_PREFIX, checkpoint_tensors
@@ -82,7 +81,7 @@ def _our_key(index_name: str, name: str, prefix: str) -> str:
     if index_name in (MODEL_INDEX, PEFT_INDEX):
         return L.model_key(prefix + name)
     if index_name == MASTER_INDEX:
-        return L.optim_key(prefix + name, MASTER_WEIGHT)
+        return L.optim_key(prefix + name, L.MASTER_WEIGHT)
     param, sep, state = name.rpartition("/")
     if not sep:
         raise L.CheckpointError(f"{OPTIMIZER_INDEX}: optimizer key {name!r} is not '<parameter>/<state>'")
@@ -133,29 +132,25 @@ def _kind_problems(index: dict, expected: Dict[str, Tuple[tuple, str]]) -> List[
             if key in stored and _number_kind(stored[key]["dtype"]) != _number_kind(dtype)]
 
 
-def _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings: List[str]):
-    """This rank's optimizer tensors to fill, and the mismatches against the checkpoint."""
-    if not any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"]):
-        warnings.append(f"{ckpt_dir} holds no optimizer state ({OPTIMIZER_INDEX} missing)")
-        return {}, []
-    ensure_accumulators(optimizer)
-    optims = optimizer_tensors(optimizer, by_param)
+def _optimizer_problems(index: dict, held: RankState, warnings: List[str]) -> List[str]:
+    """The mismatches of this rank's optimizer states (``held.optims``) against the checkpoint; the states of
+    parameters this optimizer updates that have no tensor to go to are listed in a warning."""
     # This run keeps fp32 master weights (fp16/bf16 O2) that the checkpoint lacks (an fp32 run): they start from
     # the loaded weights, as a fresh multi-precision optimizer starts from the model, never from the weights the
-    # model had before the load (ensure_accumulators made them from those).
-    for key in [k for k in optims if k.endswith("/" + MASTER_WEIGHT) and k not in index["tensors"]]:
+    # model had before the load (the accumulators were created from those).
+    for key in [k for k in held.optims if k.endswith("/" + L.MASTER_WEIGHT) and k not in index["tensors"]]:
         weight = L.model_key(L.split_optim_key(key)[0])
         if weight in index["tensors"]:
             index["tensors"][key] = index["tensors"][weight]
-    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in optims.items()}
+    expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in held.optims.items()}
     problems = L.compare_to_index(index, expected, complete_model=False, prefix=L.OPTIM_PREFIX)
     problems += _kind_problems(index, expected)
-    unplaced = L.unplaced_optimizer_states(index, stepped_parameter_names(optimizer, by_param, models), optims)
+    unplaced = L.unplaced_optimizer_states(index, held.stepped, held.optims)
     if unplaced:
         shown = ", ".join(unplaced[:8]) + (" ..." if len(unplaced) > 8 else "")
         warnings.append(f"{len(unplaced)} optimizer state(s) of the PaddleNLP checkpoint have no tensor to go to on "
                         f"this rank and are not restored: {shown}")
-    return optims, problems
+    return problems
 
 
 def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, lr_scheduler=None, scaler=None,
@@ -166,21 +161,21 @@ def load_paddlenlp_unified_checkpoint(ckpt_dir: str, *, model, optimizer=None, l
 
     Raises :class:`~.placement.CheckpointMismatchError` listing every name/shape that does not fit the model.
     """
-    topo = topology_info(topology)
     index, files = unified_checkpoint_index(ckpt_dir)
     warnings: List[str] = []
-    models, by_param = model_tensors(model, topo)
-    saved = checkpoint_tensors(model, models)  # a LoRAModel: its adapters only (the base is the user's)
+    restore_optimizer = optimizer is not None and any(k.startswith(L.OPTIM_PREFIX) for k in index["tensors"])
+    if optimizer is not None and not restore_optimizer:
+        warnings.append(f"{ckpt_dir} holds no optimizer state ({OPTIMIZER_INDEX} missing)")
+    held = rank_state(model, optimizer if restore_optimizer else None, topology, create_accumulators=True)
+    saved = checkpoint_tensors(model, held.models)  # a LoRAModel: its adapters only (the base is the user's)
     targets = dict(saved)
     expected = {k: (lt.placement.global_shape, dtype_name(lt.tensor)) for k, lt in saved.items()}
-    problems = L.compare_to_index(index, expected, complete_model=topo.pp_degree == 1)
+    problems = L.compare_to_index(index, expected, complete_model=held.topo.pp_degree == 1)
     problems += _kind_problems(index, expected)
-    optimizer_restored = False
-    if optimizer is not None:
-        optims, optim_problems = _optimizer_targets(ckpt_dir, index, optimizer, models, by_param, warnings)
-        problems += optim_problems
-        targets.update(optims)
-        optimizer_restored = bool(optims)
+    if restore_optimizer:
+        problems += _optimizer_problems(index, held, warnings)
+        targets.update(held.optims)
+    optimizer_restored = bool(held.optims)
     if problems:
         raise L.CheckpointMismatchError([f"{ckpt_dir} (PaddleNLP unified): {p}" for p in problems])
     for key, lt in targets.items():

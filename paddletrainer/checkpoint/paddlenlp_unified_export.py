@@ -26,7 +26,6 @@ import numpy as np
 
 from . import placement as L
 from .read import from_json, read_index, read_json, read_verified
-from .local_state import MASTER_WEIGHT
 from .reshard import read_placement
 
 __all__ = ["export_paddlenlp_unified"]
@@ -80,7 +79,7 @@ def _merged(ckpt_dir: str, index: dict):
             model[key[len(L.MODEL_PREFIX):]] = value
             continue
         param, kind = L.split_optim_key(key)
-        if kind == MASTER_WEIGHT:
+        if kind == L.MASTER_WEIGHT:
             master[param] = value
         else:  # a fresh PaddleNLP process names each accumulator <parameter>_<state>_0
             optim[f"{param}/{kind}_0"] = value

@@ -100,7 +100,7 @@ def peft_type(model) -> Optional[str]:
 
 def checkpoint_tensors(model, models: Dict[str, object]) -> Dict[str, object]:
     """The model tensors a checkpoint holds (``models``: ``{model key: LocalTensor}`` of
-    ``local_state.model_tensors``): for a PEFT model only its trainable ones, else all of them."""
+    ``local_state.rank_state``): for a PEFT model only its trainable ones, else all of them."""
     if peft_type(model) is None:
         return models
     trainable = {L.model_key(n) for n, t in unwrap_model(model).state_dict().items() if not t.stop_gradient}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from ..errors import CheckpointError  # noqa: F401 (defined there, free of this package; re-exported here)
 
@@ -72,6 +72,8 @@ _OUR_SMALL_FILES = frozenset({TRAINER_STATE_NAME, TRAINING_ARGS_NAME, SCHEDULER_
 
 MODEL_PREFIX = "model/"
 OPTIM_PREFIX = "optim/"
+MASTER_WEIGHT = "master_weight"  # the state kind of a parameter's fp32 master weight
+POW_ACC_SUFFIX = "_pow_acc"  # Adam/AdamW/Lamb state kinds beta1_pow_acc, beta2_pow_acc: one value per parameter
 
 _TMP_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+){re.escape(TMP_INFIX)}.+$")
 
@@ -209,6 +211,92 @@ def flat_placement(box: Placement, start: int, stop: int) -> Placement:
     n = math.prod(box.shape)
     start, stop = max(0, min(start, n)), max(0, min(stop, n))
     return dataclasses.replace(box, flat=(start, stop))
+
+
+# ------------------------------------------------------------------------ a rank's tensors, named and placed
+@dataclasses.dataclass(frozen=True)
+class HeldTensor:
+    """A model tensor this rank holds, as Paddle describes it (:mod:`.local_state` finds it)."""
+    name: str  # its state_dict name
+    shape: Tuple[int, ...]  # the parameter's local shape
+    owners: Tuple[str, ...]  # the names its optimizer states are kept under: the parameter's, a stage-3 slice's
+    storage_numel: int  # the elements of what is saved and loaded (a stage-3 slice: padded)
+    split_axis: Optional[int] = None  # tensor parallel: the axis split evenly over the tp ranks
+    declared: Optional[Placement] = None  # a placement the tensor declares (``ckpt_placement``)
+    flat: Optional[Tuple[int, int]] = None  # sharding stage 3: the flat range of its box this rank's slice holds
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldState:
+    """An optimizer state this rank holds: of the parameter the optimizer knows as ``owner``, its kind and shape."""
+    owner: str
+    kind: str
+    shape: Tuple[int, ...]
+
+
+@dataclasses.dataclass
+class Holdings:
+    """Everything a rank holds, in Paddle's terms, for :func:`place_rank` to name and place."""
+    tensors: List[HeldTensor]
+    states: List[HeldState] = dataclasses.field(default_factory=list)
+    # split_param: the flat range of its parameter that each slice parameter (by name) covers
+    flat_ranges: Dict[str, Tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # the parameters this rank's optimizer updates (by name), each with its split_param flat range or None
+    stepped: List[Tuple[str, Optional[Tuple[int, int]]]] = dataclasses.field(default_factory=list)
+    offloaded: List[str] = dataclasses.field(default_factory=list)  # parameters with an offload master weight
+    tp_rank: int = 0
+    tp_degree: int = 1
+
+
+@dataclasses.dataclass
+class RankPlacements:
+    """The global keys and placements of a rank's :class:`Holdings`, each list in the order held."""
+    tensors: List[Tuple[str, Placement]]  # (model key, placement)
+    states: List[Optional[Tuple[str, Placement]]]  # None: a split_param slice of padding only, nothing to keep
+    offloaded: List[Optional[Tuple[str, int]]]  # (optim key, index of the tensor it masters); None: not held
+    stepped: Set[str]  # global names of the parameters whose optimizer states belong to this rank
+
+
+def place_rank(held: Holdings) -> RankPlacements:
+    """Name and place what a rank holds. A model tensor's box: the placement it declares, else its tp slice, else
+    the whole tensor; a stage-3 slice is a flat range of it. Optimizer states are keyed by their parameter's global
+    name (tied weights: its first name) to reshard like it: beta powers replicated (one value per parameter, even
+    a one-element one), a split_param slice's state its flat range, a state of the parameter's element count its
+    placement, others replicated; an offload master weight its parameter's placement. Stepped: the parameters the
+    optimizer updates (not a split_param slice of padding only) and every non-empty stage-3 slice this rank holds
+    (told from the model: a slice whose states were never created counts)."""
+    tensors = [(model_key(h.name), _box(h, held.tp_rank, held.tp_degree)) for h in held.tensors]
+    owner: Dict[str, int] = {}
+    for i, h in enumerate(held.tensors):
+        for name in h.owners:
+            owner.setdefault(name, i)
+
+    def place_state(s: HeldState) -> Optional[Tuple[str, Placement]]:
+        if s.owner not in owner:
+            raise CheckpointError(f"optimizer state {s.kind} of {s.owner} belongs to no parameter of the model")
+        i = owner[s.owner]
+        key, box, numel = optim_key(held.tensors[i].name, s.kind), tensors[i][1], math.prod(s.shape)
+        per_param = s.kind.endswith(POW_ACC_SUFFIX)
+        flat = None if per_param else held.flat_ranges.get(s.owner)
+        if flat is not None and numel == flat[1] - flat[0]:
+            placement = flat_placement(box, *flat)
+            return (key, placement) if placement.local_numel else None
+        same = not per_param and numel == held.tensors[i].storage_numel
+        return key, box if same else replicated(s.shape)
+
+    stepped = {h.name for h, (_, p) in zip(held.tensors, tensors) if p.flat is not None and p.local_numel}
+    for name, flat in held.stepped:
+        if name in owner and (flat is None or flat_placement(tensors[owner[name]][1], *flat).local_numel):
+            stepped.add(held.tensors[owner[name]].name)
+    offloaded = [(optim_key(held.tensors[owner[n]].name, MASTER_WEIGHT), owner[n]) if n in owner else None
+                 for n in held.offloaded]
+    return RankPlacements(tensors, [place_state(s) for s in held.states], offloaded, stepped)
+
+
+def _box(h: HeldTensor, tp_rank: int, tp_degree: int) -> Placement:
+    box = h.declared if h.declared is not None else (
+        tp_placement(h.shape, h.split_axis, tp_rank, tp_degree) if h.split_axis is not None else replicated(h.shape))
+    return box if h.flat is None else flat_placement(box, *h.flat)
 
 
 # ------------------------------------------------------------------------------------- overlaps
@@ -395,7 +483,6 @@ def unplaced_optimizer_states(index: dict, stepped: Iterable[str], placed: Itera
     stepped, placed = set(stepped), set(placed)
     return [key for key in sorted(index["tensors"]) if key.startswith(OPTIM_PREFIX) and key not in placed
             and split_optim_key(key)[0] in stepped]
-
 
 
 @dataclasses.dataclass

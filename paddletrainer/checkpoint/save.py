@@ -55,8 +55,7 @@ from . import rng as rng_mod
 from .async_writer import AsyncWriter
 from .discovery import (foreign_entries, is_empty_dir, is_our_checkpoint, is_our_staging_dir, remove_stale_tmp_dirs,
                         rotate_checkpoints)
-from .local_state import (dtype_name, layout_dict, model_tensors, offload_master_weights, optimizer_tensors,
-                          topology_info)
+from .local_state import dtype_name, layout_dict, rank_state, topology_info
 from .snapshot import HostSnapshot
 from .write import args_json, fsync_dir, json_bytes, model_config_dict, write_file, write_safetensors
 
@@ -315,11 +314,11 @@ def _plan_pieces(ckpt_dir: str, topo, model, optimizer):
             uid = f"{int(time.time())}-{uuid.uuid4().hex[:8]}"
             refuse_foreign_target(ckpt_dir)  # before anything is written; every rank learns it at the gather
             check_still_held(parent)  # output_dir's lock taken over by another run: save no more
-        models, by_param = model_tensors(model, topo)
-        models = peft.checkpoint_tensors(model, models)  # a PEFT model: its adapters only, not the frozen base
-        optims = optimizer_tensors(optimizer, by_param) if optimizer is not None else {}
+        held = rank_state(model, optimizer, topo)
+        models = peft.checkpoint_tensors(model, held.models)  # a PEFT model: its adapters only, not the frozen base
+        optims = dict(held.optims)
         if optimizer is not None:
-            optims.update({k: master for k, (master, _) in offload_master_weights(model, by_param).items()})
+            optims.update({k: master for k, (master, _) in held.masters.items()})
         local = {**models, **optims}
         mine = [
             L.PieceEntry(k, dtype_name(lt.tensor), lt.placement, topo.rank,

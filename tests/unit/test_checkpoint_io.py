@@ -363,19 +363,19 @@ def test_stage3_slice_states_the_optimizer_never_created_are_reported_as_unplace
     import types
 
     from paddletrainer.checkpoint.placement import unplaced_optimizer_states
-    from paddletrainer.checkpoint.local_state import model_tensors, stepped_parameter_names, topology_info
+    from paddletrainer.checkpoint.local_state import rank_state
 
     model = paddle.nn.Linear(4, 3, bias_attr=False)
     model.weight.fw_storage = paddle.zeros([6])  # sharding rank 0's half of the 12 elements
-    topo = topology_info(types.SimpleNamespace(rank=0, dp_degree=1, dp_rank=0, sharding_degree=2, sharding_rank=0,
-                                               tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0))
-    models, by_param = model_tensors(model, topo)
+    topo = types.SimpleNamespace(rank=0, dp_degree=1, dp_rank=0, sharding_degree=2, sharding_rank=0,
+                                 tp_degree=1, tp_rank=0, pp_degree=1, pp_rank=0)
     # an optimizer that (wrongly) skipped the released stage-3 parameter holds nothing for it
     lost = paddle.optimizer.AdamW(learning_rate=0.1, parameters=[paddle.create_parameter([1], "float32")])
-    stepped = stepped_parameter_names(lost, by_param, models)
-    assert stepped == {"weight"}
+    held = rank_state(model, lost, topo)
+    assert held.stepped == {"weight"}
     index = {"tensors": {"model/weight": {}, "optim/weight/moment1": {}, "optim/weight/beta1_pow_acc": {}}}
-    assert unplaced_optimizer_states(index, stepped, models) == ["optim/weight/beta1_pow_acc", "optim/weight/moment1"]
+    assert unplaced_optimizer_states(index, held.stepped, held.models) == ["optim/weight/beta1_pow_acc",
+                                                                            "optim/weight/moment1"]
 
 
 def with_offload_masters(model, value=None):

@@ -3,7 +3,7 @@ parameter, its beta powers stay per-parameter scalars, even when the slice has o
 import paddle
 from paddle.base.framework import EagerParamBase
 
-from paddletrainer.checkpoint.local_state import ensure_accumulators, model_tensors, optimizer_tensors, topology_info
+from paddletrainer.checkpoint.local_state import ensure_accumulators, rank_state
 
 
 def model_and_one_element_slice(start=5):
@@ -21,8 +21,7 @@ def model_and_one_element_slice(start=5):
 
 def test_one_element_slice_keeps_beta_powers_per_parameter_and_moments_as_its_flat_range():
     model, opt = model_and_one_element_slice()
-    _, by_param = model_tensors(model, topology_info(None))
-    placed = {key.rsplit("/", 1)[1]: lt.placement for key, lt in optimizer_tensors(opt, by_param).items()}
+    placed = {key.rsplit("/", 1)[1]: lt.placement for key, lt in rank_state(model, opt).optims.items()}
     for kind in ("beta1_pow_acc", "beta2_pow_acc"):
         assert placed[kind].flat is None and tuple(placed[kind].global_shape) == (1,), kind
     for kind in ("moment1", "moment2"):

@@ -37,6 +37,36 @@ def test_tp_placement_for_column_and_row_splits():
         L.tp_placement((4,), split_axis=1, tp_rank=0, tp_degree=2)
 
 
+def test_place_rank_keys_states_by_the_first_tied_name_and_places_them_by_their_rules():
+    w = L.HeldTensor("lm.w", (8, 3), ("w0",), 24, split_axis=1)  # tp rank 1's column half of a [8, 6] weight
+    tied = L.HeldTensor("head.w", (8, 3), ("w0",), 24, split_axis=1)
+    s3 = L.HeldTensor("b", (4,), ("b0", "slice@b0"), 2, flat=(2, 4))  # stage 3: sharding rank 1's half
+    held = L.Holdings([w, tied, s3], [L.HeldState("w0", "moment1", (8, 3)), L.HeldState("w0", "beta1_pow_acc", (1,)),
+                                      L.HeldState("slice@b0", "moment1", (2,)), L.HeldState("w0", "other", (5,))],
+                      stepped=[("w0", None)], offloaded=["slice@b0", "not_held"], tp_rank=1, tp_degree=2)
+    placed = L.place_rank(held)
+    (wkey, wbox), (tkey, _), (bkey, bbox) = placed.tensors
+    assert (wkey, tkey, bkey) == ("model/lm.w", "model/head.w", "model/b")
+    assert wbox == L.tp_placement((8, 3), 1, 1, 2) and bbox == L.flat_placement(L.replicated((4,)), 2, 4)
+    assert placed.states == [("optim/lm.w/moment1", wbox), ("optim/lm.w/beta1_pow_acc", L.replicated((1,))),
+                             ("optim/b/moment1", bbox), ("optim/lm.w/other", L.replicated((5,)))]
+    assert placed.offloaded == [("optim/b/master_weight", 2), None]
+    assert placed.stepped == {"lm.w", "b"}  # the optimizer's, and the stage-3 slice it holds
+
+
+def test_place_rank_places_split_param_states_as_flat_ranges_and_drops_padding_only_slices():
+    w = L.HeldTensor("w", (4, 3), ("w",), 12)
+    states = [L.HeldState("w", "moment1", (2,)), L.HeldState("w", "beta1_pow_acc", (1,))]
+    kept = L.place_rank(L.Holdings([w], states, flat_ranges={"w": (5, 7)}, stepped=[("w", (5, 7))]))
+    assert kept.states == [("optim/w/moment1", L.flat_placement(L.replicated((4, 3)), 5, 7)),
+                           ("optim/w/beta1_pow_acc", L.replicated((1,)))]
+    assert kept.stepped == {"w"}
+    padding = L.place_rank(L.Holdings([w], states[:1], flat_ranges={"w": (12, 14)}, stepped=[("w", (12, 14))]))
+    assert padding.states == [None] and padding.stepped == set()
+    with pytest.raises(L.CheckpointError, match="moment1 of ghost belongs to no parameter"):
+        L.place_rank(L.Holdings([w], [L.HeldState("ghost", "moment1", (12,))]))
+
+
 def test_box_overlap_intersections_and_empty_cases():
     assert L.box_overlap((0, 3), (8, 3), (2, 0), (4, 6)) == ((2, 3), (4, 3))
     assert L.box_overlap((0, 0), (4, 6), (4, 0), (4, 6)) is None  # touching, not overlapping

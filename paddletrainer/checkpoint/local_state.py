@@ -310,12 +310,12 @@ def rank_state(model, optimizer=None, topology=None, *, create_accumulators: boo
     have :func:`~.placement.place_rank` name and place all of it."""
     topo = topology_info(topology)
     tensors, offloaded = _model_holdings(model, topo), _offload_masters(model)
-    states, flat_ranges, stepped = [], {}, []
+    states, flat_ranges, stepping = [], {}, []
     if optimizer is not None:
         if create_accumulators:
             ensure_accumulators(optimizer)
-        states, flat_ranges, stepped = _optimizer_holdings(optimizer)
-    placed = place_rank(Holdings([h for h, _, _ in tensors], [s for s, _ in states], flat_ranges, stepped,
+        states, flat_ranges, stepping = _optimizer_holdings(optimizer)
+    placed = place_rank(Holdings([h for h, _, _ in tensors], [s for s, _ in states], flat_ranges, stepping,
                                  [name for name, _ in offloaded], topo.tp_rank, topo.tp_degree))
     held = [LocalTensor(t, p, forward_may_write=w) for (_, p), (_, t, w) in zip(placed.tensors, tensors)]
     optims = {}
@@ -326,7 +326,8 @@ def rank_state(model, optimizer=None, topology=None, *, create_accumulators: boo
     for where, (_, master) in zip(placed.offloaded, offloaded):
         if where is not None:
             masters[where[0]] = (LocalTensor(master, held[where[1]].placement), held[where[1]])
-    return RankState(topo, {key: lt for (key, _), lt in zip(placed.tensors, held)}, optims, masters, placed.stepped)
+    stepped = placed.stepped if optimizer is not None else set()
+    return RankState(topo, {key: lt for (key, _), lt in zip(placed.tensors, held)}, optims, masters, stepped)
 
 
 # ------------------------------------------------------------------------------------- a load's targets

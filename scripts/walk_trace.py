@@ -14,7 +14,8 @@ under ``paddletrainer/`` (Paddle's and PaddleNLP's frames are not traced, and ne
   of the option appear as their ``<module>`` function ("import by import").
 * **Files crossed**: the files holding a walk function.
 * **Entered**: a file is entered once for each function of another library file that first called one of its walk
-  functions (the caller looked up through the standard library's ``contextlib``/``functools`` frames); one caller
+  functions (the caller looked up through the standard library's ``contextlib``/``functools`` frames and Paddle's
+  ``@paddle.no_grad()`` wrapper); one caller
   calling several of the file's functions for its job is one entry, so a module of helpers used by one function is
   not inflated. Counted before the first ``Trainer._train_step`` (parse, set-up, checkpoint load) and in the steps.
   Repeated calls (the loop's later steps, one call per parameter) add nothing, and neither do calls within the file
@@ -57,6 +58,9 @@ REPO = Path(os.environ.get("WALK_TRACE_REPO") or Path(__file__).resolve().parent
 PACKAGE = str(REPO / "paddletrainer") + os.sep
 STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 LOCK = "/tmp/paddletrainer-mp.lock"
+# ``@paddle.no_grad()`` calls the decorated function from this frame of Paddle's (paddle 3.3.1)
+PADDLE_DECORATOR_FILE = os.path.join("paddle", "base", "dygraph", "base.py")
+PADDLE_DECORATOR_FRAMES = frozenset({"_decorate_function"})
 STEP = ("trainer.py", "_train_step")  # the walk's functions first called after this one's first call are the steps'
 SIZE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=64)
 SEQ = 16
@@ -111,12 +115,20 @@ class Tracer:
         return rows
 
 
+def is_pass_through(code) -> bool:
+    """A frame between a caller and the function it calls that is nobody's decision: the standard library
+    (``contextlib``'s ``__enter__``, ``functools``) or Paddle's ``@paddle.no_grad()`` wrapper, which runs the
+    decorated library function on its caller's behalf."""
+    return code.co_filename.startswith(STDLIB) or (
+        code.co_name in PADDLE_DECORATOR_FRAMES and code.co_filename.endswith(PADDLE_DECORATOR_FILE))
+
+
 def library_caller(frame) -> str:
-    """``file::function`` (file relative to the package) of the frame that called ``frame``, looking through the standard library
-    (``contextlib``'s ``__enter__``, ``functools``): "" when that caller is not library code (Paddle calling back,
+    """``file::function`` (file relative to the package) of the frame that called ``frame``, looking through the
+    pass-through frames (:func:`is_pass_through`): "" when that caller is not library code (Paddle calling back,
     or the script)."""
     caller = frame.f_back
-    while caller is not None and caller.f_code.co_filename.startswith(STDLIB):
+    while caller is not None and is_pass_through(caller.f_code):
         caller = caller.f_back
     if caller is None or not caller.f_code.co_filename.startswith(PACKAGE):
         return ""

@@ -34,3 +34,17 @@ def test_a_file_is_entered_once_per_calling_function_of_another_file_split_by_ph
     assert "t: 2 files; most entries into one file 3" in table
     assert ("| 2 | `b.py` | 2 | 1 | 2 | 1 | g ← a.py, helper, h ← a.py, k ← a.py, step ← c.py, hook ← Paddle/script |"
             in table)
+
+
+def test_the_caller_of_a_no_grad_decorated_library_function_is_the_library_function_that_called_it():
+    import sys
+
+    import paddle
+
+    source = ("def callee():\n    return library_caller(sys._getframe())\n"
+              "def caller():\n    return decorated()\n")
+    scope = {"library_caller": walk_trace.library_caller, "sys": sys}
+    exec(compile(source, walk_trace.PACKAGE + "fake_module.py", "exec"), scope)
+    scope["decorated"] = paddle.no_grad()(scope["callee"])
+    assert scope["caller"]() == "fake_module.py::caller"  # not "" (Paddle's wrapper is not a caller)
+    assert scope["decorated"]() == ""  # called from this test: not library code

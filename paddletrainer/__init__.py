@@ -6,10 +6,10 @@ public names are resolved on first use (PEP 562), so ``import paddletrainer`` st
 can be imported on its own. Paddle is not a declared dependency (pick the CPU or the CUDA build): the first
 ``import paddle`` after this import says how to install it when it is missing (``runtime.paddle_requirement``).
 """
-import importlib
 import logging
 from typing import TYPE_CHECKING
 
+from .lazy_exports import lazy_attributes
 from .runtime import paddle_requirement
 
 __version__ = "0.1.0"  # the package's one version string (pyproject.toml reads it)
@@ -70,16 +70,4 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
     from .training_args import TrainingArguments
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'paddletrainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # cache: the next lookup is a plain attribute
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _EXPORTS)

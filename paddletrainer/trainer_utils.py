@@ -8,7 +8,6 @@ importing the arguments must stay cheap; everything else in the package may impo
 """
 
 import datetime
-import importlib
 import logging
 import os
 import socket
@@ -25,6 +24,7 @@ from .checkpoint.discovery import (PADDLENLP_UNIFIED_INDEXES, RESUME_AUTO, forei
                                    sorted_checkpoints)
 from .checkpoint.placement import (CHECKPOINT_COMPLETE_MARKER, CHECKPOINT_INDEX_NAME,  # noqa: F401
                                    PREFIX_CHECKPOINT_DIR, checkpoint_dir_name, parse_checkpoint_step)
+from .lazy_exports import lazy_attributes
 
 __all__ = [
     "ExplicitEnum",
@@ -327,16 +327,4 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
     save_metrics = TrainerResults.save_metrics
     save_state = TrainerCheckpoints.save_state
 
-
-def __getattr__(name):
-    if name in _PADDLE_NAMES:
-        module, path = _PADDLE_NAMES[name]
-        obj = importlib.import_module(f"{__package__}.{module}")
-        for attr in path.split("."):
-            obj = getattr(obj, attr)
-        return obj
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_PADDLE_NAMES))
+__getattr__, __dir__ = lazy_attributes(globals(), _PADDLE_NAMES)

@@ -5,7 +5,8 @@ Construction reads the launch environment (``PADDLE_TRAINERS_NUM``, ``PADDLE_RAN
 via ``parallel.layout``) so that parallel degrees are checked before any process group exists; it never creates
 one. It exposes the typed config of each subsystem (``parallel_config``, whose construction runs every layout
 check and is redone when a script changes a field it is built from; ``amp_config``, ``rollback_config``,
-``metrics_config``), built by :mod:`paddletrainer.config.builders`. Degree fields keep the values given.
+``metrics_config``: read-only attributes of :mod:`paddletrainer.config.derived_values`), built by
+:mod:`paddletrainer.config.builders`. Degree fields keep the values given.
 
 Ranks (``tensor_parallel_rank`` ...) need the real process groups: the first lookup in a multi-process run calls
 ``paddletrainer.parallel.topology.init_topology(self.parallel_config)``. That function-level import (in
@@ -17,7 +18,6 @@ checks of :mod:`paddletrainer.config.paddlenlp_options`; the layout rules: :mod:
 """
 
 import logging
-import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -29,10 +29,12 @@ from .argparser import RAW_VALUE
 # re-exported: these names have been importable from here
 from .config.paddlenlp_options import (PIPELINE_PARALLEL_OPTIONS, REFUSED_PARALLEL_OPTIONS, SHARDING_PARALLEL_OPTIONS,  # noqa: F401
                      TENSOR_PARALLEL_OPTIONS, UNIFIED_CHECKPOINT_OPTIONS, parse_parallel_config, parse_sharding)
-from .config.builders import (amp_settings_of, metrics_config_of, parallel_config_of, parallel_inputs,
-                      replica_check_config_of, rollback_config_of)
+from .config.builders import parallel_config_of, parallel_inputs
+# re-exported: the builders of the derived configs (config.derived_values uses them) have been importable from here
+from .config.builders import amp_settings_of, metrics_config_of, replica_check_config_of, rollback_config_of  # noqa: F401
+from .config.derived_values import DerivedValues
 from .config.hf_options import HFOptions
-from .config.arguments_base import ArgumentsRanksAndSerialization, view as _view
+from .config.arguments_base import ArgumentsRanksAndSerialization
 from .parallel.config import STAGE3_DEFAULT_SEGMENT_SIZE, resolve_layout
 from .parallel.layout import DEFAULT_TOPO_ORDER, Layout, launch_local_rank, launch_world_size, option_axes
 from .checkpoint.discovery import check_resume_value
@@ -86,10 +88,11 @@ def _help(text: str, **extra) -> Dict[str, Any]:
 
 
 @dataclass
-class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
-    """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; see the module docstring
-    for the derived values (``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes)
-    and the rank properties. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
+class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization, DerivedValues):
+    """Options of the training loop, as in ``paddlenlp.trainer.TrainingArguments``; the derived values
+    (``parallel_config``, ``parallel_degrees``, ``sharding_stage``, ``*_parallel_options``, batch sizes) come from
+    :class:`~paddletrainer.config.derived_values.DerivedValues`, the rank properties from
+    :class:`~paddletrainer.config.arguments_base.ArgumentsRanksAndSerialization`. ``PdArgumentParser(TrainingArguments)`` turns every field into ``--field``."""
     _option_aliases = {**paddlenlp_options.PADDLEFORMERS_NAMES, "sharding_degree": "sharding_parallel_degree"}  # errors name them
 
     # ---------------------------------------------------------------- run, phases
@@ -544,52 +547,6 @@ class TrainingArguments(HFOptions, ArgumentsRanksAndSerialization):
         self._unified_checkpoint_options = paddlenlp_options.parse_unified_checkpoint_options(self, self._parallel.sharding_stage)
         self.report_to = normalize_report_to(self.report_to)
         self.refined_recompute = paddlenlp_options.parse_refined_recompute(self.refined_recompute, self._parallel.layout.tp)
-
-    # ================================================================ derived values (read-only attributes)
-    parallel_config = _view(_parallel_config, "The typed :class:`ParallelConfig` the parallel package takes; "
-                            "rebuilt and re-checked when a field it is built from has changed.")
-    amp_config = _view(amp_settings_of, "The mixed precision asked for (``config.builders.AmpSettings``).")
-    rollback_config = _view(rollback_config_of, "``config.builders.RollbackConfig``; None unless nan_inf_policy='rollback'.")
-    replica_check_config = _view(replica_check_config_of, "``config.builders.ReplicaCheckConfig`` (replica_check_steps).")
-    metrics_config = _view(metrics_config_of, "``config.builders.MetricsConfig``: the writers, logging_dir, run_name.")
-    parallel_degrees = _view(lambda self: self.parallel_config.layout, "The resolved :class:`Layout`.")
-    use_hybrid_parallel = _view(lambda self: self.parallel_config.layout.use_hybrid,
-                                "PaddleNLP's flag: sharding, tensor or pipeline parallel is active.")
-    data_parallel_degree = _view(lambda self: self.parallel_config.layout.dp, "The resolved data-parallel degree "
-                                 "(PaddleNLP sets this attribute in ``__post_init__``).")
-    sharding_stage = _view(lambda self: self.parallel_config.sharding_stage, "0 when sharding is off, else 1, 2 or 3.")
-    sharding_offload = _view(lambda self: self.parallel_config.sharding_offload,
-                             "Whether sharded state is kept in host memory.")
-    pipeline_parallel_options = _view(lambda self: self.parallel_config.pipeline_options,
-                                      "The names given in ``pipeline_parallel_config`` (a frozenset).")
-    sharding_parallel_options = _view(lambda self: self.parallel_config.sharding_options,
-                                      "The names given in ``sharding_parallel_config`` (a frozenset).")
-    tensor_parallel_options = _view(lambda self: self.parallel_config.tensor_options,
-                                    "The names given in ``tensor_parallel_config`` (a frozenset).")
-    unified_checkpoint_options = _view(lambda self: self._unified_checkpoint_options, "The names given in "
-                                       "``unified_checkpoint_config`` (empty unless ``unified_checkpoint``).")
-    train_batch_size = _view(lambda self: self.per_device_train_batch_size,
-                             "Samples per process per micro-step (as PaddleNLP: ``per_device_train_batch_size``).")
-    eval_batch_size = _view(lambda self: self.per_device_eval_batch_size,
-                            "Samples per process per evaluation step.")
-    global_batch_size = _view(lambda self: self.per_device_train_batch_size * self.gradient_accumulation_steps
-                              * self.dataset_world_size,
-                              "Samples per optimizer step over all processes: batch × accumulation × dp × sharding.")
-    world_size = _view(lambda self: self.parallel_config.layout.world_size,
-                       "Number of processes (from the launch environment; equals the topology's).")
-    dataset_world_size = _view(lambda self: self.parallel_config.layout.data_world_size,
-                               "Number of distinct data streams: dp × sharding (tensor/pipeline ranks share one).")
-
-    def schedule_decay_steps(self, num_training_steps: int) -> int:
-        """Steps the LR schedule decays over: PaddleNLP's llm scripts add a ``decay_steps`` option to their own
-        arguments class (read here when a subclass has it and it is set), else ``num_training_steps``."""
-        return getattr(self, "decay_steps", 0) or num_training_steps
-
-    def get_warmup_steps(self, num_training_steps: int) -> int:
-        """``warmup_steps`` if set, else ``ceil(warmup_ratio × num_training_steps)``."""
-        if self.warmup_steps > 0:
-            return self.warmup_steps
-        return math.ceil(num_training_steps * self.warmup_ratio)
 
     def __str__(self) -> str:
         lines = [f"  parallel_degrees={self._parallel_config().layout}"]

@@ -54,8 +54,9 @@ The names are resolved on first use (PEP 562): importing a paddle-free submodule
 :mod:`.placement`, :mod:`.read`) does not import paddle.
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_attributes
 
 # public name -> submodule that defines it
 _EXPORTS = {
@@ -93,16 +94,4 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
     from .validate import InvalidCheckpointFileError
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value  # cache: the next lookup is a plain attribute
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_attributes(globals(), _EXPORTS)

@@ -26,16 +26,14 @@ import os
 import re
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
-
 from . import placement as L
 from .load import LoadedCheckpoint
 from .local_state import (MASTER_WEIGHT, dtype_name, ensure_accumulators, model_tensors, optimizer_tensors,
                           stepped_parameter_names, topology_info)
-from .read import open_safetensors, read_weight_map
+from .read import map_safetensors, read_weight_map
 from .paddlenlp_interop import load_paddlenlp_extras
 from .peft import BASE_PREFIX, checkpoint_tensors
-from .reshard import read_placement
+from .reshard import MemoryFile, read_placement
 
 __all__ = ["load_paddlenlp_unified_checkpoint", "unified_checkpoint_index", "UNIFIED_INDEX_NAMES"]
 
@@ -45,28 +43,10 @@ OPTIMIZER_INDEX = "optimizer.safetensors.index.json"
 MASTER_INDEX = "master_weights.safetensors.index.json"
 UNIFIED_INDEX_NAMES = (MODEL_INDEX, PEFT_INDEX, OPTIMIZER_INDEX, MASTER_INDEX)
 
-# safetensors dtype tags -> (our dtype name, the numpy dtype its bytes are read as)
-_DTYPES = {"F64": ("float64", "<f8"), "F32": ("float32", "<f4"), "F16": ("float16", "<f2"),
-           "BF16": ("bfloat16", "<u2"), "I64": ("int64", "<i8"), "I32": ("int32", "<i4"), "I16": ("int16", "<i2"),
-           "I8": ("int8", "i1"), "U8": ("uint8", "u1"), "BOOL": ("bool", "?")}
+# the safetensors dtype tags read -> our dtype name (the bytes are viewed as read.SAFETENSORS_NP_DTYPES says)
+_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+           "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
 _STATE_NUMBER = re.compile(r"_\d+$")  # PaddleNLP's "moment1_0": the accumulator's generated-name counter
-
-
-class _Tensors:
-    """Read-only views of the tensors of one safetensors file (``get_tensor``/``get_slice``, as ``safe_open``)."""
-
-    def __init__(self, path: str, header: dict, data_start: int, f):
-        self.path, self.header, self.data_start = path, header, data_start
-        with f:
-            self._map = np.memmap(f, dtype=np.uint8, mode="r")
-
-    def get_tensor(self, key: str) -> np.ndarray:
-        entry = self.header[key]
-        lo, hi = entry["data_offsets"]
-        raw = self._map[self.data_start + lo: self.data_start + hi]
-        return raw.view(np.dtype(_DTYPES[entry["dtype"]][1])).reshape(entry["shape"])
-
-    get_slice = get_tensor  # a numpy view slices like safe_open's slice object
 
 
 def _weight_map(ckpt_dir: str, index_name: str) -> Optional[Dict[str, str]]:
@@ -89,20 +69,19 @@ def _our_key(index_name: str, name: str, prefix: str) -> str:
     return L.optim_key(prefix + param, _STATE_NUMBER.sub("", state))
 
 
-def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
+def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, MemoryFile]]:
     """Our checkpoint index (``{"tensors": {key: {shape, dtype, pieces}}}``) for a PaddleNLP unified checkpoint,
-    every tensor one whole piece of the file its index names, and the opened files."""
+    every tensor one whole piece of the file its index names, and the files (memory-mapped)."""
     tensors: Dict[str, dict] = {}
-    files: Dict[str, _Tensors] = {}
+    files: Dict[str, MemoryFile] = {}
     prefix = BASE_PREFIX if os.path.isfile(os.path.join(ckpt_dir, PEFT_INDEX)) else ""
     for index_name in UNIFIED_INDEX_NAMES:
         for name, file in sorted((_weight_map(ckpt_dir, index_name) or {}).items()):
             if file not in files:
                 try:
-                    header, data_start, f = open_safetensors(ckpt_dir, file)
+                    files[file] = map_safetensors(ckpt_dir, file)
                 except FileNotFoundError:
                     raise L.CheckpointError(f"{ckpt_dir}: {index_name} names {file}, which is missing") from None
-                files[file] = _Tensors(os.path.join(ckpt_dir, file), header, data_start, f)
             entry = files[file].header.get(name)
             if entry is None:
                 raise L.CheckpointError(f"{ckpt_dir}: {index_name} puts {name} in {file}, which does not hold it")
@@ -111,7 +90,7 @@ def unified_checkpoint_index(ckpt_dir: str) -> Tuple[dict, Dict[str, _Tensors]]:
                                         f"(valid: {', '.join(_DTYPES)})")
             shape = list(entry["shape"])
             tensors[_our_key(index_name, name, prefix)] = {
-                "shape": shape, "dtype": _DTYPES[entry["dtype"]][0],
+                "shape": shape, "dtype": _DTYPES[entry["dtype"]],
                 "pieces": [{"file": file, "key": name, "offsets": [0] * len(shape), "shape": shape}]}
     if not any(k.startswith(L.MODEL_PREFIX) for k in tensors):
         raise L.CheckpointError(f"{ckpt_dir} is a PaddleNLP unified checkpoint without model weights (neither "

@@ -33,7 +33,7 @@ from paddle.distributed.fleet.meta_parallel import PipelineLayer
 from ..parallel.wrappers import unwrap_model
 from . import placement as L
 from .export import PADDLE_WEIGHTS_NAME, merged_model_state
-from .read import MAX_SMALL_FILE_BYTES, open_safetensors, read_exactly, read_index, read_member, read_weight_map
+from .read import MAX_SMALL_FILE_BYTES, map_safetensors, read_index, read_member, read_weight_map
 from .restricted_pickle import load_pickle
 
 __all__ = ["UnsupportedPeftModelError", "peft_type", "checkpoint_tensors", "index_entry", "check_index_for_model",
@@ -45,9 +45,8 @@ SAFE_PEFT_WEIGHTS_FILE = "peft_model-00001-of-00001.safetensors"  # PaddleNLP's 
 INDEX_KEY = "peft"
 BASE_PREFIX = "model."  # LoRAModel keeps the base in ``.model``: its state_dict names start with this
 
-# safetensors dtype -> numpy's (no bfloat16: numpy cannot compute the merge in it)
-_NUMPY_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-                 "U8": "u1", "BOOL": "?"}
+# the safetensors dtypes of a base model that are read (no bfloat16: numpy cannot compute the merge in it)
+_MERGED_DTYPES = ("F64", "F32", "F16", "I64", "I32", "I16", "I8", "U8", "BOOL")
 _PEFT_MODULE = "paddlenlp.peft"
 _REFUSED_TYPES = ("PrefixModelForCausalLM", "VeRAModel", "LoKrModel", "ReFTModel")
 _REFUSED_LORA_OPTIONS = {  # LoRAConfig field: why its adapters are not A @ B trained on the user's base
@@ -261,18 +260,14 @@ def read_base_weights(base_dir: str) -> Dict[str, np.ndarray]:
     out: Dict[str, np.ndarray] = {}
     for name in files:
         try:
-            header, data_start, f = open_safetensors(base_dir, name)
+            mapped = map_safetensors(base_dir, name)
         except FileNotFoundError:
             raise L.CheckpointError(f"--base-model {base_dir}: {name} is missing (its index names it)") from None
-        with f:
-            for key, meta in header.items():
-                if meta["dtype"] not in _NUMPY_DTYPES:
-                    raise L.CheckpointError(f"{os.path.join(base_dir, name)}: {key} has dtype {meta['dtype']}, which is not read (valid: "
-                                            f"{', '.join(_NUMPY_DTYPES)})")
-                lo, hi = meta["data_offsets"]
-                f.seek(data_start + lo)
-                out[key] = np.frombuffer(read_exactly(f, hi - lo), dtype=_NUMPY_DTYPES[meta["dtype"]]).reshape(
-                    meta["shape"]).copy()
+        for key, meta in mapped.header.items():
+            if meta["dtype"] not in _MERGED_DTYPES:
+                raise L.CheckpointError(f"{os.path.join(base_dir, name)}: {key} has dtype {meta['dtype']}, which is not "
+                                        f"read (valid: {', '.join(_MERGED_DTYPES)})")
+            out[key] = mapped.get_tensor(key).copy()
     return out
 
 

@@ -13,7 +13,8 @@ the caller checks against the index (or a cap) before reading.
 
 PaddleNLP's checkpoints (:mod:`.paddlenlp_unified`, :mod:`.paddlenlp_interop`) and a LoRA merge's base model
 (:mod:`.peft`) are read by the same rule: their indexes (:func:`read_weight_map`, size-bounded, every file name
-checked) and safetensors headers (:func:`open_safetensors`, every entry checked) come through here too.
+checked) and safetensors headers (:func:`open_safetensors`, every entry checked; :func:`map_safetensors` maps such a
+file) come through here too.
 
 Reading once: Read checkpoint files once: every byte is checksummed as it arrives, and lands where it is used.
 
@@ -67,6 +68,10 @@ MAX_INDEX_BYTES = 1 << 30  # an index describes tensors and files in a few hundr
 MAX_SMALL_FILE_BYTES = 1 << 30  # JSON states (a long run's log_history) and RNG states stay far below
 MAX_WEIGHT_MAP_BYTES = 64 << 20  # a PaddleNLP/Hugging Face index: ~100 bytes a tensor, room for 600k tensors
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own bound on a header
+# safetensors dtype code -> the numpy dtype its bytes are read as (bfloat16 as its uint16 bit pattern)
+SAFETENSORS_NP_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+                         "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32,
+                         "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 
 
 class CheckpointPathError(CheckpointError):
@@ -197,6 +202,21 @@ def open_safetensors(ckpt_dir: str, file: str) -> Tuple[dict, int, BinaryIO]:
     return header, 8 + n, f
 
 
+def map_safetensors(ckpt_dir: str, file: str) -> MemoryFile:
+    """Safetensors file ``file`` of ``ckpt_dir`` (opened and its header checked by :func:`open_safetensors`) as a
+    :class:`~.reshard.MemoryFile` of read-only views of the file's memory map: nothing is read until a view is
+    (bfloat16 as its bit pattern). Raises as :func:`open_safetensors`."""
+    header, data_start, f = open_safetensors(ckpt_dir, file)
+    with f:
+        mapped = np.memmap(f, dtype=np.uint8, mode="r")
+    views = {}
+    for key, entry in header.items():
+        lo, hi = entry["data_offsets"]
+        views[key] = mapped[data_start + lo: data_start + hi].view(SAFETENSORS_NP_DTYPES[entry["dtype"]]).reshape(
+            entry["shape"])
+    return MemoryFile(header, views)
+
+
 def read_weight_map(ckpt_dir: str, index_name: str) -> Dict[str, str]:
     """The ``weight_map`` of a PaddleNLP/Hugging Face index ``index_name`` of ``ckpt_dir``: tensor name -> plain file
     name, from a regular file inside ``ckpt_dir`` of at most :data:`MAX_WEIGHT_MAP_BYTES`. Raises
@@ -227,9 +247,6 @@ def _short(value) -> str:
 # ----------------------------------------------------------------------------------- read once
 CHUNK = 16 << 20
 MAX_PARALLEL_FILES = 4
-_NP_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
-              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U64": np.uint64, "U32": np.uint32,
-              "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_}
 
 
 def _open(ckpt_dir: str, name: str):
@@ -281,7 +298,7 @@ def _read_file(ckpt_dir: str, name: str, expected: dict,
         pos, used = data_start, 0
         for key, meta in entries:
             begin, end = (data_start + o for o in meta["data_offsets"])
-            dtype, shape = _NP_DTYPES[meta["dtype"]], tuple(meta["shape"])
+            dtype, shape = SAFETENSORS_NP_DTYPES[meta["dtype"]], tuple(meta["shape"])
             if begin != pos:
                 crc.result()
                 return f"{name}: not a safetensors file written by paddletrainer (tensor {key})", None
@@ -345,7 +362,7 @@ def _read_parts(ckpt_dir: str, name: str, expected: dict, keys: Set[str],
         for key in sorted(keys, key=lambda k: header[k]["data_offsets"][0]):
             meta = header[key]
             begin, end = (8 + n + o for o in meta["data_offsets"])
-            dtype, shape = _NP_DTYPES[meta["dtype"]], tuple(meta["shape"])
+            dtype, shape = SAFETENSORS_NP_DTYPES[meta["dtype"]], tuple(meta["shape"])
             dst = direct.get(key)
             if dst is None:
                 dst = np.empty(shape, dtype=dtype)

@@ -2,8 +2,8 @@
 
 A loading rank describes what it holds with a :class:`Placement` (box, maybe a flat range in it); the
 index says which pieces exist; :mod:`layout` computes the overlaps; this module reads just those slices
-from open files (``safetensors.safe_open(...).get_slice``, :class:`~.read.PieceReader`) or from a verified
-file held in memory (:class:`MemoryFile`). No collectives, so it works the
+from open files (``safetensors.safe_open(...).get_slice``, :class:`~.read.PieceReader`) or from a file held in
+memory (:class:`MemoryFile`: a verified file, or a memory-mapped one). No collectives, so it works the
 same in 1 process, on CPU, and in any new layout. A coverage mask makes a hole in the checkpoint an error
 naming the tensor instead of silently leaving uninitialised memory.
 """
@@ -49,15 +49,17 @@ def row_block_of_flat(shape: Sequence[int], flat: Tuple[int, int]) -> Tuple[int,
 
 
 class MemoryFile:
-    """A safetensors file held in memory (a verified file :func:`~.read.read_verified` returns), with ``safe_open``'s
-    reading interface (views, no copies): what :func:`read_box` reads besides an open file."""
+    """A safetensors file held in memory, with ``safe_open``'s reading interface (views, no copies): what
+    :func:`read_box` reads besides an open file. Either a verified file :func:`~.read.read_verified` read into
+    buffers, or a file mapped by :func:`~.read.map_safetensors` (PaddleNLP's unified checkpoints), whose views read
+    the disk only when sliced. ``header`` is the file's safetensors header (entry name -> dtype, shape, offsets)."""
 
     def __init__(self, header: Dict[str, dict], data: Dict[str, np.ndarray]):
-        self._header = header
+        self.header = header
         self._data = data
 
     def keys(self) -> List[str]:
-        return [k for k in self._header if k != "__metadata__"]
+        return [k for k in self.header if k != "__metadata__"]
 
     def get_tensor(self, key: str) -> np.ndarray:
         if key not in self._data:

@@ -18,9 +18,9 @@ Typical use (what the Trainer does)::
 paddle); the names below that need paddle are resolved on first use, so importing this package (which Python
 does before any of its modules) stays paddle-free. Every name is also importable from its own module.
 """
-import importlib
 from typing import TYPE_CHECKING
 
+from ..lazy_exports import lazy_attributes
 from .config import ParallelConfig, resolve_layout
 from .layout import AXES, Axis, Layout, coordinates_of
 
@@ -68,12 +68,4 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
                            hybrid_order, init_topology, needs_cpu_backend, reset_for_tests)
 
 __all__ = sorted(_EAGER | set(_SUBMODULES) | set(_PADDLE_NAMES))
-
-
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return importlib.import_module("." + name, __name__)
-    if name in _PADDLE_NAMES:
-        module = importlib.import_module("." + _PADDLE_NAMES[name], __name__)
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(globals(), _PADDLE_NAMES, _SUBMODULES)

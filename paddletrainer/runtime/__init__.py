@@ -10,8 +10,9 @@ The names below resolve on first use (a literal table): ``import paddletrainer``
 ``runtime.paddle_requirement`` before Paddle may be imported at all, so this package must not import its
 paddle-importing modules eagerly.
 """
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy_exports import lazy_attributes
 
 _NAMES = {
     "RobustnessCallback": "callback",
@@ -26,9 +27,4 @@ if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definit
     from .watchdog import CollectiveWatchdog, WATCHDOG_EXIT_CODE
 
 __all__ = sorted(_NAMES)
-
-
-def __getattr__(name):
-    if name in _NAMES:
-        return getattr(importlib.import_module("." + _NAMES[name], __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_attributes(globals(), _NAMES)

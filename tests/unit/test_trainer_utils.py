@@ -56,12 +56,15 @@ def _relative_modules(module) -> set:
 def test_trainer_utils_and_seeding_import_only_stdlib_numpy_and_paddle():
     # leaves of the package's import graph, so every module may import them; trainer_utils (imported by
     # TrainingArguments, which must import without paddle) reaches seeding's names only through its PEP 562 alias,
-    # and imports the paddle-free checkpoint naming and discovery, whose PaddleNLP names it re-exports
+    # and imports the paddle-free checkpoint naming and discovery, whose PaddleNLP names it re-exports, and the
+    # stdlib-only PEP 562 mechanism
+    from paddletrainer import lazy_exports
     from paddletrainer.runtime import seeding
 
     roots = _import_roots(trainer_utils) - set(sys.stdlib_module_names)
     assert {r for r in roots if not r.startswith(".")} <= {"numpy"}
-    assert _relative_modules(trainer_utils) <= {"checkpoint.discovery", "checkpoint.placement"}
+    assert _relative_modules(trainer_utils) <= {"checkpoint.discovery", "checkpoint.placement", "lazy_exports"}
+    assert _import_roots(lazy_exports) <= set(sys.stdlib_module_names)
     assert _import_roots(seeding) - set(sys.stdlib_module_names) <= {"numpy", "paddle"}
     assert trainer_utils.set_seed is seeding.set_seed
 

@@ -50,7 +50,7 @@ from .metrics.startup import StartupTimer, report_startup
 from .metrics.writers import check_report_to
 from .optim.loss import batch_loss, scale_micro_batch_loss
 from .parallel import init_topology, no_sync, parallelize, pipeline, wrap_captures_accumulation
-from .parallel.clipping import GradientClip, check_gradient_clip, clip_gradients, take_gradient_clip
+from .parallel.clipping import GradientClip, check_gradient_clip, clip_named_gradients, take_gradient_clip
 from .parallel.expert import check_expert_model
 from .parallel.lazy_init import check_lazy_model, start_lazy_model
 from .parallel.apply import enable_recompute  # noqa: F401 (public here as paddletrainer.trainer.enable_recompute)
@@ -303,14 +303,16 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerEvaluation, TrainerCheckpoin
             return pipeline.train_batch(self.model_wrapped, batches, self.scaler, self._loop.loss_weights)
 
     def _optimizer_step(self) -> paddle.Tensor:
-        """Unscale the synchronised gradients, clip by the global norm, then step or skip on every rank alike;
+        """Synchronise the gradients, unscale them, clip by the global norm, then step or skip on every rank alike;
         returns the norm, unread. See ``overflow``: the verdict comes from the global norm, so every rank of every
         axis takes the same branch; only skip/rollback/fp16 read it here, and a skipped step holds the LR schedule.
         """
         optimizer = self.optimizer
+        optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
+        gradients = optimizer.named_counted_gradients()  # (name, grad, whether this rank counts it in the norm)
         divisor = overflow.delayed_loss_divisor(self.model_wrapped)
-        found_inf = overflow.unscale_gradients(self.scaler, optimizer, divisor)
-        grad_norm = clip_gradients(optimizer, self.topology, self.gradient_clip, nonfinite=found_inf)
+        found_inf = overflow.unscale_gradients(self.scaler, [grad for _, grad, _ in gradients], divisor)
+        grad_norm = clip_named_gradients(gradients, self.topology, self.gradient_clip, nonfinite=found_inf)
         action = self._loop.nonfinite.decide(grad_norm, self.state)  # may raise NonFiniteLossError
         self._checkpointer.wait_for_snapshot()  # an async save's host copy is taken before the step writes weights
         with self.timers("optimizer"):
@@ -444,8 +446,7 @@ class Trainer(TrainerData, TrainerOptimizer, TrainerEvaluation, TrainerCheckpoin
         with self.timers("forward_backward"):
             step_loss = loop.forward_backward(self, micro_batches)  # grads summed over the micro-batches
         self.control = self.callback_handler.on_optimizer_begin(args, self.state, self.control, scaler=self.scaler)
-        self.optimizer.sync_gradients()  # grads averaged over dp × sharding (reduced to their owners)
-        try:  # g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step
+        try:  # sync; g /= loss scale; norm = sqrt(Σ g²) over tp×pp×sharding; g *= min(1, max_norm/norm); step
             loop.grad_norm = self._optimizer_step()  # no host read unless skip/rollback/fp16
         except NonFiniteLossError as err:  # the same verdict on every rank (global norm)
             if loop.rollback is None:

@@ -181,11 +181,11 @@ class NonfiniteGuard:
 
 
 @paddle.no_grad()
-def unscale_gradients(scaler, optimizer, divisor: float = 1.0) -> Optional[paddle.Tensor]:
-    """Divide the gradients in place by ``loss scale × divisor``; return this rank's inf/NaN flag (bool [1]).
+def unscale_gradients(scaler, grads, divisor: float = 1.0) -> Optional[paddle.Tensor]:
+    """Divide ``grads`` in place by ``loss scale × divisor``; return this rank's inf/NaN flag (bool [1]).
 
-    The gradients are every one ``optimizer`` (a ``ParallelOptimizer``) holds after synchronisation (its
-    ``counted_gradients``, stage-3 slices included). ``divisor`` > 1 is pipeline ``enable_delay_scale_loss``:
+    ``grads``: every gradient this rank holds after synchronisation (a ``ParallelOptimizer``'s
+    ``named_counted_gradients``' gradients, stage-3 slices included). ``divisor`` > 1 is pipeline ``enable_delay_scale_loss``:
     the micro-batch losses were not divided by the accumulation steps, so the gradients are, here.
     Returns None (and touches nothing) without a scaler and with ``divisor`` 1.
     """
@@ -195,7 +195,6 @@ def unscale_gradients(scaler, optimizer, divisor: float = 1.0) -> Optional[paddl
         # GradScaler.scale() turns itself off when it first runs outside an fp16 auto_cast.
         raise RuntimeError("the fp16 loss scaler was disabled by Paddle (was the forward outside auto_cast?); "
                            "refusing to step with unscaled fp16 gradients")
-    grads = [grad for grad, _ in optimizer.counted_gradients()]
     factor = paddle.to_tensor([float(divisor)], dtype="float32")
     if scaler is not None:
         factor = scaler._scale * factor

@@ -25,7 +25,7 @@ from paddle.nn import ClipGradByGlobalNorm, ClipGradByNorm, ClipGradByValue
 from .collectives import _check_group, _scale_in_place, _squares
 from ..paddle_contract import optimizer_default_dict, optimizer_grad_clip, optimizer_param_groups
 
-__all__ = ["GradientClip", "take_gradient_clip", "clip_gradients", "check_gradient_clip", "clip_grad_norm"]
+__all__ = ["GradientClip", "take_gradient_clip", "clip_gradients", "clip_named_gradients", "check_gradient_clip", "clip_grad_norm"]
 
 _FILE = "paddletrainer/parallel/clipping.py"  # named by the private reads it makes through paddle_contract
 
@@ -129,18 +129,25 @@ def _group_of(name: str, groups: List[ClipGroup]) -> Optional[int]:
     return None
 
 
-@paddle.no_grad()
 def clip_gradients(optimizer, topology, clip: GradientClip, nonfinite=None):
     """Apply ``clip`` to the synchronised gradients of ``optimizer`` (a ``ParallelOptimizer``); return the
-    global norm of every gradient before clipping (float32 scalar tensor, unread).
+    global norm of every gradient before clipping (float32 scalar tensor, unread). Synchronises first unless this
+    step's gradients already are; :func:`clip_named_gradients` on the optimizer's ``named_counted_gradients()``.
+    """
+    optimizer.sync_gradients()
+    return clip_named_gradients(optimizer.named_counted_gradients(), topology, clip, nonfinite)
+
+
+@paddle.no_grad()
+def clip_named_gradients(entries, topology, clip: GradientClip, nonfinite=None):
+    """Apply ``clip`` to ``entries``, a ``ParallelOptimizer``'s ``named_counted_gradients()`` after its sync;
+    return the global norm of every gradient before clipping (float32 scalar tensor, unread).
 
     The squares of the whole model and of each global-norm group are summed on this rank into one vector and
     added over the hybrid check group with a single all-reduce, so each group's norm equals one process's (a
     group of every parameter uses the whole model's sum).
     ``nonfinite``: as in :func:`~.collectives.global_grad_norm` (poisons every norm on every rank).
     """
-    optimizer.sync_gradients()
-    entries = optimizer.named_counted_gradients()
     groups = clip.groups
     member = [_group_of(name, groups) if name not in clip.unclipped else None for name, _, _ in entries]
     # each global-norm group's place in the vector of square sums; 0 is the whole model's, which a group of every

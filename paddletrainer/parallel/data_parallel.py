@@ -282,14 +282,21 @@ class LocalOptimizer(ParallelOptimizer):
         super().__init__(optimizer, topology=topology, expert_grads=expert_grads)
         self._dp_buffers = dp_buffers
 
-    def _sync(self) -> None:
+    def sync_gradients(self) -> None:
+        if self._synced:
+            return
         if self._dp_buffers is not None:
-            self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
+            with paddle.no_grad():
+                self._dp_buffers.sync()  # waits for the all-reduces the backward hooks launched, launches the rest
+        self._finish_sync()
 
-    def _step(self) -> None:
-        self._optimizer.step()
+    def step(self) -> None:
+        self.sync_gradients()
+        with paddle.no_grad():
+            self._optimizer.step()
 
-    def _clear(self, set_to_zero: bool) -> None:
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        self._synced = False
         if self._dp_buffers is None:
             self._optimizer.clear_grad(set_to_zero)
             return
@@ -297,5 +304,5 @@ class LocalOptimizer(ParallelOptimizer):
         if self._expert_grads is not None:  # not in the buckets
             self._expert_grads.zero(set_to_zero)
 
-    def _gradients_with_ownership(self) -> list:
-        return [(p, p.grad, True) for p in flat_parameters(self._optimizer._parameter_list)]
+    def named_counted_gradients(self) -> list:
+        return self._counted([(p, p.grad, True) for p in flat_parameters(self._optimizer._parameter_list)])

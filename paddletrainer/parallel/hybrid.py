@@ -7,6 +7,7 @@ global norm sees the synchronised gradients, then the update alone (``_step``).
 """
 from __future__ import annotations
 
+import paddle
 from paddle.distributed.fleet.utils.hybrid_parallel_util import obtain_optimizer_parameters_list
 
 from ..paddle_contract import stage1_owner_ranks
@@ -39,19 +40,26 @@ class HybridOptimizer(ParallelOptimizer):
     def split_param(self):
         return self._split_param
 
-    def _sync(self) -> None:
-        if self._split_param is not None:
-            # before the sync: its dp all-reduce runs over the slice parameters' gradients
-            self._split_param.link_slice_gradients()
-        # expert parameters are reduced over their own (edp) group afterwards, never over dp
-        self._optimizer._hybrid_sync_grad([p for p in self._parameters() if id(p) not in self._expert_ids])
+    def sync_gradients(self) -> None:
+        if self._synced:
+            return
+        with paddle.no_grad():
+            if self._split_param is not None:
+                # before the sync: its dp all-reduce runs over the slice parameters' gradients
+                self._split_param.link_slice_gradients()
+            # expert parameters are reduced over their own (edp) group afterwards, never over dp
+            self._optimizer._hybrid_sync_grad([p for p in self._parameters() if id(p) not in self._expert_ids])
+        self._finish_sync()
 
-    def _step(self) -> None:
-        self._optimizer._step(self._parameters())
-        if self._local_experts:
-            self._expert_grads.apply(unwrap_optimizer(self._optimizer))
+    def step(self) -> None:
+        self.sync_gradients()
+        with paddle.no_grad():
+            self._optimizer._step(self._parameters())
+            if self._local_experts:
+                self._expert_grads.apply(unwrap_optimizer(self._optimizer))
 
-    def _clear(self, set_to_zero: bool) -> None:
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        self._synced = False
         if self._split_param is not None:
             self._split_param.zero_gradients()  # see SplitParamSharding.zero_gradients: never clear_grad
             return
@@ -59,14 +67,14 @@ class HybridOptimizer(ParallelOptimizer):
         if self._local_experts:  # not in the sharding optimizer's parameter list
             self._expert_grads.zero(set_to_zero)
 
-    def _gradients_with_ownership(self) -> list:
+    def named_counted_gradients(self) -> list:
         topo = self._topology
         if self._split_param is not None:
-            return [(p, g, True) for p, g in self._split_param.slice_gradients()]
+            return self._counted([(p, g, True) for p, g in self._split_param.slice_gradients()])
         owner = stage1_owner_ranks(self._optimizer._inner_opt) if topo.sharding_degree > 1 else None
         local = self._expert_grads.parameters if self._local_experts else []  # this rank's own experts
-        return [(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank) for p in self._parameters()] + \
-            [(p, p.grad, True) for p in local]
+        return self._counted([(p, p.grad, owner is None or owner[p.name] == topo.sharding_rank)
+                              for p in self._parameters()] + [(p, p.grad, True) for p in local])
 
     def _parameters(self) -> list:
         return list(obtain_optimizer_parameters_list(self._optimizer._inner_opt))

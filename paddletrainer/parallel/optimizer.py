@@ -10,13 +10,15 @@ Paddle finishes the gradient synchronisation of most layouts *inside* ``optimize
 * the stage-2 optimizer's step scales the reduced gradients by 1/sharding (and all-reduces over dp);
 * stage 3 all-reduces its unsliced parameters' gradients and moves slice gradients into place.
 
-A global gradient norm needs the synchronised gradients *before* the update, so this wrapper splits the
-step in two: :meth:`ParallelOptimizer.sync_gradients` runs Paddle's own synchronisation once (the very same
-functions ``step`` would call; each mode's ``_sync``), and :meth:`step` then runs only the update (``_step``). ``step`` without a preceding
-sync does both, so code that never clips still works. Everything else is forwarded to the wrapped optimizer.
+A global gradient norm needs the synchronised gradients *before* the update, so every mode splits the step in two:
+``sync_gradients`` runs Paddle's own synchronisation once (the very same functions ``step`` would call), and
+``step`` then runs only the update. ``step`` without a preceding sync does both, so code that never clips still
+works. Everything else is forwarded to the wrapped optimizer.
 
-:meth:`ParallelOptimizer.counted_gradients` lists, for this rank, the gradients whose squares it contributes
-to the global norm, so that a sum over the tp, pp and sharding groups counts every parameter exactly once.
+Each mode's class defines the four operations of a step itself — ``sync_gradients``, ``named_counted_gradients``,
+``step``, ``clear_grad`` — so a mode reads whole in its own module; what every mode shares is here: the end of a
+sync (:meth:`ParallelOptimizer._finish_sync`: the expert gradients, then the step marked synchronised) and the
+rules that decide which rank counts a gradient in the global norm (:meth:`ParallelOptimizer._counted`).
 """
 from __future__ import annotations
 
@@ -26,9 +28,7 @@ __all__ = ["ParallelOptimizer"]
 
 
 class ParallelOptimizer:
-    """The interface the Trainer, clipping and the checkpoint use; see the module docstring. A mode implements
-    ``_sync`` (Paddle's own gradient synchronisation), ``_step`` (the update alone), ``_clear`` and
-    ``_gradients_with_ownership`` (``(parameter, grad, owned)``: whether this rank owns the gradient's squares).
+    """The interface the Trainer, clipping and the checkpoint use; see the module docstring.
 
     Args:
         optimizer: what Paddle returned for this mode (a plain optimizer, ``HybridParallelOptimizer``,
@@ -46,7 +46,7 @@ class ParallelOptimizer:
         self._model = model
         self._expert_grads = expert_grads
         self._expert_ids = {id(p) for p in expert_grads.parameters} if expert_grads is not None else set()
-        self._synced = False
+        self._synced = False  # this step's gradients are synchronised (until clear_grad)
         self._shared_elsewhere = set()  # ids of weights another stage counts in the norm (pipeline parallel)
 
     # -- what the Trainer uses -------------------------------------------------------------------
@@ -64,45 +64,40 @@ class ParallelOptimizer:
         """The :class:`~.sharding.SplitParamSharding` view under sharding stage 1 V2, else None."""
         return None
 
-    @paddle.no_grad()
     def sync_gradients(self) -> None:
         """Finish this step's gradient synchronisation.
 
         Idempotent until :meth:`clear_grad`: every mode's synchronisation (reducing to the owners, stage 2's
         1/sharding scale, the dp all-reduce, stage 3's slice moves) must run once per step, so later calls —
         :func:`~.clipping.clip_grad_norm` and :func:`~.collectives.global_grad_norm` call it too, and so
-        may code that measures the norm after :meth:`step` — do nothing.
+        may code that measures the norm after :meth:`step` — do nothing. A mode returns at once when
+        ``self._synced`` is set and ends with :meth:`_finish_sync`.
         """
-        if self._synced:
-            return
-        self._sync()
-        if self._expert_grads is not None:
-            self._expert_grads.sync()
-        self._synced = True
+        raise NotImplementedError(f"{type(self).__name__} does not define its gradient synchronisation")
 
-    @paddle.no_grad()
     def step(self) -> None:
         """Update the parameters; synchronises first unless :meth:`sync_gradients` already did (this step's
         gradients stay marked synchronised until :meth:`clear_grad`)."""
-        self.sync_gradients()
-        self._step()
-
-    def clear_grad(self, set_to_zero: bool = True) -> None:
-        """Clear gradients and end the step: the next :meth:`sync_gradients` synchronises again."""
-        self._synced = False
-        self._clear(set_to_zero)
-
-    def _sync(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} does not define its gradient synchronisation")
-
-    def _step(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} does not define its update")
 
-    def _clear(self, set_to_zero: bool) -> None:
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        """Clear gradients and end the step: a mode unsets ``self._synced``, so the next :meth:`sync_gradients`
+        synchronises again."""
         raise NotImplementedError(f"{type(self).__name__} does not define how it clears gradients")
 
-    def _gradients_with_ownership(self) -> list:
+    def named_counted_gradients(self) -> list:
+        """``(parameter name, grad, counted)`` for every gradient this rank holds after :meth:`sync_gradients`
+        (stage 3's slices keep their ``slice@<name>``): :meth:`counted_gradients` with names, for per-group
+        clipping. A mode lists ``(parameter, grad, owned)`` and passes it through :meth:`_counted`."""
         raise NotImplementedError(f"{type(self).__name__} does not list its gradients")
+
+    def _finish_sync(self) -> None:
+        """The end of every mode's sync: the expert gradients are reduced over their own group after the dense
+        ones, then this step's gradients are marked synchronised."""
+        if self._expert_grads is not None:
+            with paddle.no_grad():
+                self._expert_grads.sync()
+        self._synced = True
 
     def state_dict(self):
         return self._optimizer.state_dict()
@@ -141,12 +136,13 @@ class ParallelOptimizer:
         """
         return [(grad, counted) for _, grad, counted in self.named_counted_gradients()]
 
-    def named_counted_gradients(self) -> list:
-        """``(parameter name, grad, counted)``: :meth:`counted_gradients` with the name of the parameter each
-        gradient belongs to (stage 3's slices keep their ``slice@<name>``), for per-group clipping."""
+    def _counted(self, with_ownership) -> list:
+        """``(parameter name, grad, counted)`` from a mode's ``(parameter, grad, owned)``: ``owned`` (whether the
+        mode's own sharding gives this rank the gradient's squares) narrowed by the rules every mode shares, listed
+        in :meth:`counted_gradients`; entries without a gradient are dropped."""
         topo = self._topology
         entries = []
-        for param, grad, owned in self._gradients_with_ownership():
+        for param, grad, owned in with_ownership:
             if grad is None:
                 continue
             counted = owned

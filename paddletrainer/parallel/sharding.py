@@ -468,19 +468,26 @@ class Stage2Optimizer(ParallelOptimizer):
 
     MODE = "stage2"
 
-    def _sync(self) -> None:
-        self._model._grad_scale()
-        self._model._dp_allreduce()
+    def sync_gradients(self) -> None:
+        if self._synced:
+            return
+        with paddle.no_grad():
+            self._model._grad_scale()  # the reduced gradients × 1/sharding
+            self._model._dp_allreduce()
+        self._finish_sync()
 
-    def _step(self) -> None:
-        type(self._optimizer).step(self._optimizer)  # the class's step: the instance's wrapper would scale again
+    def step(self) -> None:
+        self.sync_gradients()
+        with paddle.no_grad():
+            type(self._optimizer).step(self._optimizer)  # the class's step: the instance's wrapper would scale again
 
-    def _clear(self, set_to_zero: bool) -> None:
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        self._synced = False
         self._optimizer.clear_grad()  # the stage-2 wrapper's buffer-aware clear
 
-    def _gradients_with_ownership(self) -> list:
+    def named_counted_gradients(self) -> list:
         owner, rank = self._optimizer._param2rank, self._topology.sharding_rank
-        return [(p, p.grad, owner[p.name] == rank) for p in self._optimizer._local_params]
+        return self._counted([(p, p.grad, owner[p.name] == rank) for p in self._optimizer._local_params])
 
 
 class Stage3Optimizer(ParallelOptimizer):
@@ -489,24 +496,31 @@ class Stage3Optimizer(ParallelOptimizer):
 
     MODE = "stage3"
 
-    def _sync(self) -> None:
-        self._model._update_params_slice()
+    def sync_gradients(self) -> None:
+        if self._synced:
+            return
+        with paddle.no_grad():
+            self._model._update_params_slice()
+        self._finish_sync()
 
-    def _step(self) -> None:
+    def step(self) -> None:
+        self.sync_gradients()
         # Stage 3's step re-slices unless update_scaler is set (GroupShardedScaler uses the same flag).
         previous = getattr(self._optimizer, "update_scaler", None)
         self._optimizer.update_scaler = True
         try:
-            self._optimizer.step()
+            with paddle.no_grad():
+                self._optimizer.step()
         finally:
             self._optimizer.update_scaler = previous
 
-    def _clear(self, set_to_zero: bool) -> None:
+    def clear_grad(self, set_to_zero: bool = True) -> None:
+        self._synced = False
         self._optimizer.clear_grad()  # the stage-3 wrapper's buffer-aware clear
 
-    def _gradients_with_ownership(self) -> list:
+    def named_counted_gradients(self) -> list:
         # after the sync the inner optimizer's parameters are [slices..., unsliced params...] (with parameter
         # groups, only the groups hold the slices: Paddle leaves _parameter_list as built)
         unsliced = {id(p) for p in self._model._unslice_params}
-        return [(p, p.grad, id(p) not in unsliced or self._topology.sharding_rank == 0)
-                for p in flat_parameters(self._optimizer._param_groups)]
+        return self._counted([(p, p.grad, id(p) not in unsliced or self._topology.sharding_rank == 0)
+                              for p in flat_parameters(self._optimizer._param_groups)])

@@ -5,7 +5,8 @@ global batch's pairs on every layout, the reference model runs on the layout too
 under tp; through the pipeline under pp, whose last stage computes the DPO loss, micro-batches of unequal pair
 counts weighted by their pairs; under sep2 each rank holds half of every row, the preference mask and the
 positions whole, and the pairs' log-prob sums cross the halves). CI runs dp2, tp2, pp2·GA2 and sep2;
-``PT_FULL_MATRIX=1`` adds dp2·GA2, sharding stage2×2 and reference-free pp2·GA2."""
+``PT_FULL_MATRIX=1`` adds dp2·GA2, sharding stage2×2, reference-free pp2·GA2 and pp2·GA2 with a LoRA policy as its
+own reference (its adapters off for the reference pass)."""
 import os
 
 import pytest
@@ -62,10 +63,16 @@ def close(actual: dict, expected: dict, at: str):
     pytest.param("pp2_ga2_reference_free", 2, dict(per_device_train_batch_size=4, gradient_accumulation_steps=2,
                                                    pipeline_parallel_degree=2, reference_free="true"),
                  id="pp2_ga2_reference_free", marks=FULL_ONLY),
+    # a LoRA policy (paddlenlp.peft) as its own reference: the reference pass runs through the policy's own
+    # pipeline with its adapters off, then its 1F1B with them on
+    pytest.param("pp2_ga2_lora_policy_as_reference", 2,
+                 dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, pipeline_parallel_degree=2,
+                      lora_policy="true"),
+                 id="pp2_ga2_lora_policy_as_reference", marks=FULL_ONLY),
 ])
 def test_dpo_losses_and_metrics_on_a_layout_equal_one_process(tmp_path, llama_weights, one_process, name, nproc,
                                                                 options):
-    dpo_reference = one_process(**{k: v for k, v in options.items() if k == "reference_free"})
+    dpo_reference = one_process(**{k: v for k, v in options.items() if k in ("reference_free", "lora_policy")})
     launch(WORKER, nproc, worker_args(tmp_path, llama_weights, **options), tmp_path, timeout=300)
     assert len(dpo_reference["steps"]) == 4
     for r in read_results(tmp_path / "res", nproc):

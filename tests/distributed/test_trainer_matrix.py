@@ -14,9 +14,10 @@ One launch per layout (``workers/trainer_phases_worker.py``) checks all of it on
   loss is the mean over the global batch's trained tokens on every layout, and the reference's eval loss is the
   token mean computed without the Trainer (1e-6);
 * packed rows (``--packed``: several documents per 16-token row, PaddleNLP's zero-padding formats, FlashMask's
-  document ends and the block-diagonal mask; on dp2, tp2·SP, the tp2 launch of the interleaved test, sep2, cp2
-  and the full matrix's pp2): every logged loss, grad norm and the eval loss equal one process (1e-5) — the
-  document mask travels whole under sep and cp, the Pipe stages carry it under pp.
+  document ends and the block-diagonal mask; on dp2, tp2·SP, sharding stage3×2, the tp2 launch of the interleaved
+  test, sep2, cp2, and the full matrix's pp2 and sharding rows): every logged loss, grad norm and the eval loss
+  equal one process (1e-5) — the document mask travels whole under sep and cp, the Pipe stages carry it under pp,
+  and the sharding stages reduce the gradients of micro-batches of different trained-token counts.
 
 The interleaved pipeline (``virtual_pp_degree``) has its own CI test at the end: pp2·vpp2 as above, then its
 checkpoint resumed under tp2 and in one process.
@@ -74,23 +75,24 @@ LAYOUTS = [
     # dp2×GA2 and dp2 on fine-tuning documents; packed rows
     *layout("dp2", dp=2, ci=True, mlp=True, stream=True, uninterrupted=True, finetune="own,1", packed=True),
     *layout("dp4", dp=4, mlp=True),
-    *layout("s1x2", sharding=2, stage=1, mlp=True),
-    *layout("s2x2", sharding=2, stage=2, mlp=True),
+    *layout("s1x2", sharding=2, stage=1, mlp=True, packed=True),
+    *layout("s2x2", sharding=2, stage=2, mlp=True, packed=True),
     # stage 3 with every Llama weight matrix sliced across the 2 ranks (> 1000 elements; the norms stay whole):
     # the resumes must restore the slices' optimizer states (bit-exact against its own uninterrupted run)
-    *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True, sharding_stage3_segment_size=1000, uninterrupted=True),
-    *layout("s2x2_dp2", dp=2, sharding=2, stage=2, mlp=True),
+    *layout("s3x2", sharding=2, stage=3, ci=True, mlp=True, sharding_stage3_segment_size=1000, uninterrupted=True,
+            packed=True),
+    *layout("s2x2_dp2", dp=2, sharding=2, stage=2, mlp=True, packed=True),
     *layout("tp2", tp=2),
     *layout("pp2", pp=2, packed=True),
     *layout("pp4", pp=4, ga=4),  # the pipeline needs a micro-batch per stage
     *layout("tp2_pp2", tp=2, pp=2, ci=True, finetune="own"),
     *layout("dp2_tp2", dp=2, tp=2),
-    *layout("s1x2_tp2_pp2", sharding=2, stage=1, tp=2, pp=2),
+    *layout("s1x2_tp2_pp2", sharding=2, stage=1, tp=2, pp=2, packed=True),
     *layout("dp2_tp2_pp2", dp=2, tp=2, pp=2),
     *layout("dp2_s1x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True, uninterrupted=True),
     # sharding stage1 V2 (split_param: parameters cut into flat slices of reduce-scattered comm buffers; CI runs
     # s1v2x2 in the checkpoint test below)
-    *layout("s1v2x2", sharding=2, stage=1, mlp=True, sharding_parallel_config="split_param"),
+    *layout("s1v2x2", sharding=2, stage=1, mlp=True, sharding_parallel_config="split_param", packed=True),
     *layout("dp2_s1v2x2_tp2_pp2", dp=2, sharding=2, stage=1, tp=2, pp=2, ci=True,
             sharding_parallel_config="split_param"),
     # sequence parallel inside tp (CPU: parallel/cpu/reduce_scatter.py); the 8-process one fuses the
@@ -109,7 +111,7 @@ LAYOUTS = [
     *layout("tp2_sep2", tp=2, sep=2, ci=True),
     # the 8-process sep row: a dp replica's gradients average over dp x sep ranks, heads split over tp x sep
     *layout("dp2_tp2_sep2", dp=2, tp=2, sep=2, ci=True),
-    *layout("s1x2_sep2", sharding=2, stage=1, sep=2),
+    *layout("s1x2_sep2", sharding=2, stage=1, sep=2, packed=True),
     *layout("pp2_sep2", pp=2, sep=2),
     # ring context parallel (CPU: our ring attention, parallel/ring_attention.py, in Llama's RingFlashAttention
     # place): cp ranks read the same samples, each trains on chunks r and 3-r of 4 of every sequence (CI runs

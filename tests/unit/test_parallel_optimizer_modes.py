@@ -30,7 +30,7 @@ def test_every_mode_implements_the_interface_in_its_axis_module():
                        "stage2": "paddletrainer.parallel.sharding", "stage3": "paddletrainer.parallel.sharding"}
     for cls in (LocalOptimizer, HybridOptimizer, Stage2Optimizer, Stage3Optimizer):
         assert issubclass(cls, ParallelOptimizer)
-        assert all(name in vars(cls) for name in ("_sync", "_step", "_clear", "_gradients_with_ownership"))
+        assert all(name in vars(cls) for name in ("sync_gradients", "step", "clear_grad", "named_counted_gradients"))
 
 
 def test_no_module_compares_a_parallel_optimizer_mode():

@@ -1,9 +1,12 @@
 """DPO on one layout: a tiny PaddleNLP Llama (tp ranks from the layout, vocabulary-parallel logits under tp; its
 ``...Pipe`` form under pp, the DPO config on its model config as PaddleNLP's run_dpo.py sets it) and its frozen
-reference (or none: ``--reference_free``), preference pairs packed several to a row (PaddleNLP's zero-padding
-stream, so rows hold 1 or 2 pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
+reference (or none: ``--reference_free``; or, ``--lora_policy``, the policy with LoRA adapters, its own reference
+with them off), preference pairs packed several to a row (PaddleNLP's zero-padding stream, so rows hold 1 or 2
+pairs), 4 steps of a global batch of 8 rows, then ``evaluate()`` and ``predict()`` of the eval set.
 Writes rank<r>.json: every step's logged loss and DPO metrics, the eval metrics and the predict loss."""
 import os
+import re
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +21,7 @@ class DPOWorkerArguments:
     result_dir: str = field(default=None, metadata={"help": "where rank<r>.json goes"})
     weights: str = field(default=None, metadata={"help": "the tiny Llama's from_pretrained directory"})
     reference_free: bool = field(default=False, metadata={"help": "no reference model (DPOConfig.reference_free)"})
+    lora_policy: bool = field(default=False, metadata={"help": "a LoRA policy, its own reference (DPOConfig.lora)"})
 
 
 class CharTokenizer:
@@ -60,15 +64,37 @@ def build_llama(weights, topology, dpo_config):
     return cls.from_pretrained(weights, config=config, dtype="float32")
 
 
+def lora_policy(model):
+    """``model`` with ``paddlenlp.peft`` LoRA adapters on q/v (its base frozen by ``LoRAModel``), returned as the
+    model inside the ``LoRAModel``, as PaddleNLP's Trainer hands a LoRA model to the pipeline (the Trainer refuses a
+    ``LoRAModel`` over a pipeline model for its checkpoints' sake; none is written here). Every adapter matrix,
+    B included, is filled from a seed of its plain-model name, so a pipeline stage holds the one process's values
+    and the policy differs from its LoRA-off reference from the first step."""
+    from paddlenlp.peft import LoRAConfig, LoRAModel
+
+    inner = LoRAModel(model, LoRAConfig(target_modules=[".*q_proj.*", ".*v_proj.*"], r=4, lora_alpha=8)).model
+    adapters = {name: t for name, t in inner.state_dict().items() if ".lora_" in name}
+    plain_name = r"llama\.layers\.\d+\.self_attn\.[qv]_proj\.lora_[AB]"
+    assert adapters and all(re.fullmatch(plain_name, n) for n in adapters), sorted(adapters)
+    for name, tensor in adapters.items():
+        rng = np.random.RandomState(zlib.crc32(name.encode()))
+        tensor.set_value((0.05 * rng.randn(*tensor.shape)).astype("float32"))
+    return inner
+
+
 def main():
     worker_args, args = parse_worker_arguments(DPOWorkerArguments)
     from paddletrainer.parallel import init_topology
     from paddletrainer.trl import DPOConfig, DPOTrainer, preference_collate_fn
 
     topology = init_topology(args.parallel_config)
-    dpo_config = DPOConfig(beta=0.5, reference_free=worker_args.reference_free)
-    reference = None if worker_args.reference_free else build_llama(worker_args.weights, topology, dpo_config)
-    trainer = DPOTrainer(model=build_llama(worker_args.weights, topology, dpo_config), ref_model=reference,
+    dpo_config = DPOConfig(beta=0.5, reference_free=worker_args.reference_free, lora=worker_args.lora_policy)
+    policy = build_llama(worker_args.weights, topology, dpo_config)
+    if worker_args.lora_policy:
+        policy = lora_policy(policy)
+    own_reference = worker_args.reference_free or worker_args.lora_policy
+    reference = None if own_reference else build_llama(worker_args.weights, topology, dpo_config)
+    trainer = DPOTrainer(model=policy, ref_model=reference,
                          dpo_config=dpo_config,
                          args=args, train_dataset=preference_rows(70, 0), eval_dataset=preference_rows(20, 1),
                          data_collator=lambda batch: preference_collate_fn(batch, MAX_LEN), ignore_eos_token=True)

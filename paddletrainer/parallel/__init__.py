@@ -45,7 +45,7 @@ _PADDLE_NAMES = {
     "all_gather_object": "collectives",
     "all_gather_object_over_data_group": "collectives", "global_grad_norm": "collectives",
     "GradientClip": "clipping", "take_gradient_clip": "clipping", "clip_gradients": "clipping",
-    "check_gradient_clip": "clipping", "clip_grad_norm": "clipping",
+    "check_gradient_clip": "clipping", "clip_grad_norm": "clipping", "clip_named_gradients": "clipping",
 }
 # modules reachable as attributes themselves (``parallel.pipeline``)
 _SUBMODULES = ("pipeline",)
@@ -54,7 +54,7 @@ _EAGER = {"AXES", "Axis", "Layout", "ParallelConfig", "resolve_layout", "coordin
 if TYPE_CHECKING:  # the same names for type checkers and editors' go-to-definition (never executed)
     from . import pipeline
     from .apply import parallelize, wrap_captures_accumulation
-    from .clipping import (GradientClip, check_gradient_clip, clip_grad_norm, clip_gradients,
+    from .clipping import (GradientClip, check_gradient_clip, clip_grad_norm, clip_gradients, clip_named_gradients,
                            take_gradient_clip)
     from .collectives import (all_gather_object, all_gather_object_over_data_group, global_grad_norm,
                               mean_over_data_group, sum_over_data_group)

@@ -274,7 +274,8 @@ def no_sync(model):
 
 class LocalOptimizer(ParallelOptimizer):
     """:class:`~.optimizer.ParallelOptimizer` of one process, or of plain data parallel: ``dp_buffers`` (the
-    model's :class:`GradientBuffers`) finish their reduction in ``_sync`` and are zeroed in place by ``_clear``."""
+    model's :class:`GradientBuffers`) finish their reduction in :meth:`sync_gradients` and are zeroed in place by
+    :meth:`clear_grad`."""
 
     MODE = "local"
 

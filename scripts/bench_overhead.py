@@ -189,10 +189,11 @@ PROFILE_PARTS = [
     ("  _prepare_inputs", "paddletrainer/trainer.py", "_prepare_inputs"),
     ("  compute_loss (forward)", "paddletrainer/trainer.py", "compute_loss"),
     ("optimizer: _optimizer_step", "paddletrainer/trainer.py", "_optimizer_step"),
-    ("  clip_gradients (norm + clip)", "paddletrainer/parallel/clipping.py", "clip_gradients"),
-    ("    named_counted_gradients", "paddletrainer/parallel/optimizer.py", "named_counted_gradients"),
-    ("  ParallelOptimizer.step (AdamW update)", "paddletrainer/parallel/optimizer.py", "step"),
-    ("  clear_grad", "paddletrainer/parallel/optimizer.py", "clear_grad"),
+    # one process: the optimizer's mode is data_parallel.LocalOptimizer, which defines the step's operations
+    ("  named_counted_gradients", "paddletrainer/parallel/data_parallel.py", "named_counted_gradients"),
+    ("  clip_named_gradients (norm + clip)", "paddletrainer/parallel/clipping.py", "clip_named_gradients"),
+    ("  LocalOptimizer.step (AdamW update)", "paddletrainer/parallel/data_parallel.py", "step"),
+    ("  clear_grad", "paddletrainer/parallel/data_parallel.py", "clear_grad"),
     ("  lr_scheduler.step", "paddle/optimizer/lr.py", "step"),
     ("callbacks: CallbackHandler.call_event", "paddletrainer/trainer_callback.py", "call_event"),
     ("throughput: ThroughputMeter.update", "paddletrainer/metrics/throughput.py", "update"),
@@ -233,20 +234,20 @@ def profile(spec, steps, logging_steps) -> list:
 def micro_costs(spec, repeat: int = 200) -> list:
     """[(what, microseconds per call)]: the pieces of paddletrainer's step that the bare loop does not
     have or does differently, timed directly (no profiler) on the workload's model and real gradients."""
-    import types
 
     import paddle
 
     from paddletrainer.parallel import clip_grad_norm
-    from paddletrainer.parallel.optimizer import LOCAL, ParallelOptimizer
+    from paddletrainer.parallel.data_parallel import LocalOptimizer
+    from paddletrainer.parallel.topology import Topology
 
     model = build_model(spec)
     batch = build_dataset(spec, spec["batch"])
     inputs = {k: paddle.to_tensor(np.stack([b[k] for b in batch])) for k in batch[0]}
     loss_of(model(**inputs)).backward()
     params_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
-    topo = types.SimpleNamespace(tp_rank=0, sharding_degree=1, sharding_rank=0, hcg=None)  # one process
-    popt = ParallelOptimizer(paddle.optimizer.AdamW(parameters=model.parameters()), mode=LOCAL, topology=topo)
+    topo = Topology.of()  # one process
+    popt = LocalOptimizer(paddle.optimizer.AdamW(parameters=model.parameters()), topology=topo)
     popt.sync_gradients()
     # max_norm so large that neither clips: clip_grad_norm scales in place, so an active clip would make
     # every later call see an already-clipped gradient; this compares the norm computations alike.
@@ -268,7 +269,7 @@ def micro_costs(spec, repeat: int = 200) -> list:
     return [
         (f"paddletrainer clip_grad_norm ({n} grads; squared-L2 norm + clip, no host read)", per_call(lambda: clip_grad_norm(model, popt, topo, big))),
         ("paddle ClipGradByGlobalNorm, same grads (bare loop and PaddleNLP)", per_call(lambda: paddle_clip(params_grads))),
-        ("  counted_gradients() (called 2x per step)", per_call(popt.counted_gradients)),
+        ("  named_counted_gradients() (called once per step)", per_call(popt.named_counted_gradients)),
         ("model.train() (only after an evaluation now)", per_call(model.train)),
         ("float(norm) host read (now only at logging steps)", per_call(lambda: float(norm))),
     ]

@@ -100,3 +100,14 @@ def test_the_live_loss_scale_is_saved_and_restored_on_resume(tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-3"))
     assert overflow.loss_scale(resumed.scaler) == 512.0  # not the initial 1024
     assert resumed.scaler.state_dict()["incr_count"] == 3  # good steps since the overflow: 3 (saved 1, then 4 and 5)
+
+
+def test_unscale_gradients_divides_every_gradient_by_the_divisor_and_flags_a_nonfinite_one():
+    finite = [paddle.to_tensor([2.0, 4.0]), paddle.to_tensor([[6.0]])]
+    assert overflow.unscale_gradients(None, finite, divisor=1.0) is None  # nothing to do: untouched
+    flag = overflow.unscale_gradients(None, finite, divisor=2.0)
+    np.testing.assert_array_equal(finite[0].numpy(), [1.0, 2.0])
+    np.testing.assert_array_equal(finite[1].numpy(), [[3.0]])
+    assert not bool(flag)
+    poisoned = [paddle.to_tensor([1.0]), paddle.to_tensor([float("inf")])]
+    assert bool(overflow.unscale_gradients(None, poisoned, divisor=2.0))

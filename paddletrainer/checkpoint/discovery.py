@@ -306,10 +306,9 @@ def saved_global_batch(ckpt_dir: str) -> Optional[int]:
     layout its index records. Every value read is checked (``checkpoint.validate``: integers >= 1), so a
     damaged file is an error naming it and its field, never an accumulation of 0 steps."""
     index, data_state = _read_ours(ckpt_dir, L.DATA_STATE_NAME)  # the index's ``topology`` degrees are checked there
-    if data_state is not None:
-        if "global_batch_size" in data_state:
-            return data_state["global_batch_size"]
-    _, saved_args = _read_ours(ckpt_dir, L.TRAINING_ARGS_NAME)
+    if data_state is not None and "global_batch_size" in data_state:
+        return data_state["global_batch_size"]
+    saved_args = read_valid_json(ckpt_dir, index, L.TRAINING_ARGS_NAME)  # the index already read and checked
     if saved_args is None:
         return None  # saved without args: no record of it, nothing to keep
     if len(saved_args.keys() & BATCH_ARGS_SCHEMA.fields.keys()) < 2:

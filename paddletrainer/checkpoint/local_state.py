@@ -175,6 +175,7 @@ class LocalTensor:
             value = padded
         set_in_place(self.tensor, value.reshape(self.tensor.shape))
 
+
 def _stage3_slice(t, topo):
     """The ``fw_storage`` of a parameter sliced by GroupShardedStage3 (None for any other tensor): flat range
     ``[r·n, (r+1)·n)`` of the (padded) flattened parameter, r = sharding rank, n = slice length. The parameter
@@ -256,6 +257,7 @@ def _stepped_parameters(inner) -> list:
     return [p for p in params if not p.stop_gradient
             and (p._is_initialized() or isinstance(getattr(p, "fw_storage", None), paddle.Tensor))]
 
+
 def _host_device():
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import device_guard
 
@@ -275,6 +277,7 @@ def _optimized_tensor(param):
     stand_in.optimize_attr = dict(param.optimize_attr)
     stand_in.regularizer = param.regularizer
     return stand_in
+
 
 def _optimizer_holdings(optimizer):
     """This rank's optimizer states as ``(HeldState, tensor)`` (multi-precision optimizers key moments by the

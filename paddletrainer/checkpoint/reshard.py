@@ -47,7 +47,6 @@ def row_block_of_flat(shape: Sequence[int], flat: Tuple[int, int]) -> Tuple[int,
     return flat[0] // row_width, -(-flat[1] // row_width)
 
 
-
 class MemoryFile:
     """A safetensors file held in memory, with ``safe_open``'s reading interface (views, no copies): what
     :func:`read_box` reads besides an open file. Either a verified file :func:`~.read.read_verified` read into
